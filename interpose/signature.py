@@ -1,0 +1,114 @@
+"""Turn one live aten call (func, args, kwargs, result) into a phantora.ops.OpSignature.
+
+This runs for every intercepted op, so it avoids pytree and other generic machinery: arguments
+are walked by the op schema, once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from phantora.ops import FLOAT_PLACEHOLDER, OpSignature, TensorMeta
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def _never_pinned(t: torch.Tensor) -> bool:
+    return False
+
+
+def tensor_meta(t: torch.Tensor, is_pinned: Callable[[torch.Tensor], bool] = _never_pinned) -> TensorMeta:
+    dev = t.device
+    device = f"{dev.type}:{dev.index if dev.index is not None else 0}" if dev.type == "cuda" else dev.type
+    pinned = dev.type == "cpu" and is_pinned(t)
+    return TensorMeta(tuple(t.shape), dtype_name(t.dtype), tuple(t.stride()), device, pinned)
+
+
+def _arg(a: Any, is_pinned: Callable[[torch.Tensor], bool]) -> Any:
+    if isinstance(a, torch.Tensor):
+        return tensor_meta(a, is_pinned)
+    if isinstance(a, (list, tuple)):
+        return tuple(_arg(x, is_pinned) for x in a)
+    if isinstance(a, bool) or a is None or isinstance(a, (int, str)):
+        return a
+    if isinstance(a, float):
+        return FLOAT_PLACEHOLDER
+    if isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return str(a).removeprefix("torch.")
+    if isinstance(a, torch.SymInt):
+        return int(a)
+    return repr(type(a).__name__)
+
+
+_SCHEMA_ARGS: dict[Any, tuple[tuple[str, ...], tuple[Any, ...]]] = {}
+
+
+def _schema_of(func: Any) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    cached = _SCHEMA_ARGS.get(func)
+    if cached is None:
+        names, defaults = [], []
+        for a in func._schema.arguments:
+            names.append(a.name)
+            defaults.append(a.default_value if a.has_default_value() else None)
+        cached = _SCHEMA_ARGS[func] = (tuple(names), tuple(defaults))
+    return cached
+
+
+_TAGS: dict[Any, frozenset[str]] = {}
+
+
+def op_tags(func: Any) -> frozenset[str]:
+    tags = _TAGS.get(func)
+    if tags is None:
+        tags = frozenset(str(t).removeprefix("Tag.") for t in getattr(func, "tags", ()))
+        if getattr(func, "is_view", False):
+            tags = tags | {"view"}
+        _TAGS[func] = tags
+    return tags
+
+
+def positional_args(func: Any, args: tuple, kwargs: dict) -> list[Any]:
+    """Arguments in schema order, keyword arguments placed where the schema puts them."""
+    names, defaults = _schema_of(func)
+    out = list(args)
+    if len(out) < len(names):
+        for i in range(len(out), len(names)):
+            out.append(kwargs.get(names[i], defaults[i]))
+    return out
+
+
+def signature_of(
+    func: Any,
+    args: tuple,
+    kwargs: dict,
+    result: Any,
+    is_pinned: Callable[[torch.Tensor], bool] = _never_pinned,
+) -> OpSignature:
+    """The signature of `func(*args, **kwargs)` that returned `result`."""
+    schema_name = func._schema.name  # "aten::mm"
+    overload = func._overloadname
+    in_args = tuple(_arg(a, is_pinned) for a in positional_args(func, args, kwargs))
+    if isinstance(result, torch.Tensor):
+        outs: tuple = (tensor_meta(result, is_pinned),)
+    elif isinstance(result, (list, tuple)):
+        flat: list = []
+        for r in result:
+            if isinstance(r, torch.Tensor):
+                flat.append(tensor_meta(r, is_pinned))
+            elif isinstance(r, (list, tuple)):
+                flat.extend(tensor_meta(x, is_pinned) for x in r if isinstance(x, torch.Tensor))
+            else:
+                flat.append(None)
+        outs = tuple(flat)
+    else:
+        outs = ()
+    return OpSignature(schema_name, overload, in_args, outs, op_tags(func))
