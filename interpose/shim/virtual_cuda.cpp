@@ -137,7 +137,7 @@ enum Backend : int64_t { kMath = 0, kFlash = 1, kEfficient = 2, kCudnn = 3 };
 
 struct SdpaPolicy {
   std::vector<int64_t> priority{kFlash, kEfficient};
-  int64_t max_headdim[4] = {0, 256, 1024, 128};
+  int64_t max_headdim[4] = {0, 256, 1 << 30, 256};
 };
 
 const SdpaPolicy& sdpa_policy() {
@@ -179,9 +179,11 @@ bool backend_enabled(int64_t b) {
   }
 }
 
-// The constraints below follow sdp_utils.cpp's checks that depend only on metadata: dtype,
-// rank, head dim, mask support, and the nested/GQA cases we do not model (those fall through to
-// the next backend, as on a real GPU).
+// The constraints below follow sdp_utils.cpp's checks that depend only on metadata (dtype, rank,
+// head dim, mask, GQA). They reproduce what a real H100 with torch 2.11 picks for a grid of
+// inputs (tests/data/groundtruth/sdpa_choice.json): fp16/bf16 -> cuDNN up to head dim 256 with
+// any mask, dropout or GQA; larger head dims and fp32 -> memory-efficient, which has no GQA
+// support, so GQA there -> math.
 bool backend_supports(int64_t b, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const std::optional<at::Tensor>& mask, double dropout, bool enable_gqa) {
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return false;
@@ -194,9 +196,10 @@ bool backend_supports(int64_t b, const at::Tensor& q, const at::Tensor& k, const
     case kFlash:
       return half && !mask.has_value() && d_qk == d_v && d_qk % 8 == 0;
     case kCudnn:
-      return half && d_qk % 8 == 0 && d_v % 8 == 0 && !enable_gqa;
+      return half && d_qk % 8 == 0 && d_v % 8 == 0;
     case kEfficient:
-      return (half || dt == at::kFloat) && d_qk % (half ? 8 : 4) == 0 && d_v % (half ? 8 : 4) == 0;
+      return (half || dt == at::kFloat) && !enable_gqa && d_qk % (half ? 8 : 4) == 0 &&
+             d_v % (half ? 8 : 4) == 0;
     default:
       return true;
   }

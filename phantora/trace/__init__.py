@@ -1,0 +1,63 @@
+"""Trace sinks: where the simulator writes what happened.
+
+The engine talks to a sink through the small `TraceSink` protocol below; each output format
+implements it (Chrome JSON today). Times are integer nanoseconds since simulation start.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class TraceSink(Protocol):
+    def process(self, pid: int, name: str, sort_index: int) -> None: ...
+
+    def thread(self, pid: int, tid: int, name: str, sort_index: int) -> None: ...
+
+    def slice(
+        self,
+        pid: int,
+        tid: int,
+        name: str,
+        ts_ns: int,
+        dur_ns: int,
+        cat: str,
+        args: dict[str, Any] | None = None,
+        flow_out: int | None = None,
+        flow_in: int | None = None,
+    ) -> None: ...
+
+    def instant(self, pid: int, tid: int, name: str, ts_ns: int, cat: str, args: dict[str, Any] | None = None) -> None: ...
+
+    def counter(self, pid: int, name: str, ts_ns: int, values: dict[str, float]) -> None: ...
+
+    def close(self, metadata: dict[str, Any]) -> None: ...
+
+
+class NullSink:
+    """Discards everything (benchmarks of the simulator without trace I/O)."""
+
+    def process(self, *a: Any, **k: Any) -> None: ...
+    def thread(self, *a: Any, **k: Any) -> None: ...
+    def slice(self, *a: Any, **k: Any) -> None: ...
+    def instant(self, *a: Any, **k: Any) -> None: ...
+    def counter(self, *a: Any, **k: Any) -> None: ...
+    def close(self, metadata: dict[str, Any]) -> None: ...
+
+
+class UnsupportedTraceFormat(ValueError):
+    pass
+
+
+def open_sink(path: str | Path) -> TraceSink:
+    """A sink for `path`, chosen by its extension (.json or .json.gz)."""
+    p = str(path)
+    if p.endswith(".json") or p.endswith(".json.gz"):
+        from phantora.trace.chrome import ChromeJsonSink
+
+        return ChromeJsonSink(Path(p))
+    raise UnsupportedTraceFormat(
+        f"cannot write a trace to {p!r}: use a name ending in .json or .json.gz (Chrome JSON, "
+        "opens in ui.perfetto.dev)"
+    )

@@ -1,0 +1,126 @@
+"""The rank process's one connection to the simulator.
+
+Records are buffered and sent in batches; a call flushes the batch and waits for its answer
+with a timeout (no wait in phantora is unbounded). The connection is opened lazily, on the
+first record or call, so processes that never touch CUDA (torchrun's agent, DataLoader
+workers) never become ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Any
+
+from phantora import protocol as P
+
+BATCH_RECORDS = 2048
+
+
+class SimulatorGone(RuntimeError):
+    pass
+
+
+class SimClient:
+    def __init__(self, socket_path: str, hello: dict[str, Any], timeout_s: float) -> None:
+        self._path = socket_path
+        self._hello = hello
+        self._timeout = timeout_s
+        self._sock: socket.socket | None = None
+        self._records: list[list[Any]] = []
+        self._lock = threading.RLock()
+        self._next_call = 0
+        self.disabled_reason: str | None = None
+        self.hello_reply: dict[str, Any] = {}
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def disable(self, reason: str) -> None:
+        """Stop talking to the simulator (e.g. in a forked child, which must not share the socket)."""
+        self.disabled_reason = reason
+        self._sock = None
+        self._records = []
+
+    def _connect(self) -> None:
+        if self.disabled_reason:
+            raise SimulatorGone(f"phantora: this process cannot use the virtual GPUs: {self.disabled_reason}")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self._timeout)
+        try:
+            sock.connect(self._path)
+        except OSError as e:
+            raise SimulatorGone(f"phantora: cannot reach the simulator at {self._path}: {e}") from e
+        self._sock = sock
+        hello = dict(self._hello, pid=os.getpid())
+        self.hello_reply = self._roundtrip([], [self._call_id(), P.C_HELLO, hello]) or {}
+
+    def _call_id(self) -> int:
+        self._next_call += 1
+        return self._next_call
+
+    def record(self, rec: list[Any]) -> None:
+        with self._lock:
+            if self._sock is None:  # the first GPU activity makes this process a rank
+                self._connect()
+            self._records.append(rec)
+            if len(self._records) >= BATCH_RECORDS:
+                self._send_batch()
+
+    def _send_batch(self) -> None:
+        if not self._records:
+            return
+        if self._sock is None:
+            self._connect()
+        batch, self._records = self._records, []
+        try:
+            P.send_message(self._sock, [batch, None])  # type: ignore[arg-type]
+        except OSError as e:
+            raise SimulatorGone(f"phantora: lost the connection to the simulator: {e}") from e
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._records:
+                self._send_batch()
+
+    def call(self, kind: int, *args: Any) -> Any:
+        with self._lock:
+            if self._sock is None:
+                self._connect()
+            batch, self._records = self._records, []
+            return self._roundtrip(batch, [self._call_id(), kind, *args])
+
+    def _roundtrip(self, batch: list[list[Any]], call: list[Any]) -> Any:
+        assert self._sock is not None
+        try:
+            P.send_message(self._sock, [batch, call])
+            reply = P.recv_message(self._sock)
+        except socket.timeout as e:
+            raise TimeoutError(
+                f"phantora: the simulator did not answer within {self._timeout:.0f} s "
+                f"(call kind {call[1]}); set PHANTORA_CALL_TIMEOUT to wait longer"
+            ) from e
+        except (OSError, ConnectionError) as e:
+            raise SimulatorGone(f"phantora: lost the connection to the simulator: {e}") from e
+        call_id, ok, value = reply  # type: ignore[misc]
+        if call_id != call[0]:
+            raise SimulatorGone(f"phantora: protocol error: reply to call {call_id}, expected {call[0]}")
+        if not ok:
+            raise RuntimeError(value)
+        return value
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is None:
+                return
+            try:
+                if self._records:
+                    self._send_batch()
+                self._roundtrip([], [self._call_id(), P.C_BYE, {}])
+            except (SimulatorGone, TimeoutError, RuntimeError):
+                pass
+            finally:
+                self._sock.close()
+                self._sock = None

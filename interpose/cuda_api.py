@@ -1,0 +1,482 @@
+"""torch.cuda as a real GPU of the simulated model would answer it.
+
+Two layers, each the smallest that works:
+  * the torch._C._cuda_* bindings that torch.cuda's own Python code calls for memory and
+    device state (so torch.cuda.memory_stats / memory_allocated / memory_summary / device
+    context managers run as shipped), and
+  * replacements for torch.cuda functions whose CPU-build versions are dummies or refuse
+    (is_available, Stream, Event, synchronize, device properties, RNG, nvtx, ...).
+Stream and Event subclass torch.Stream / torch.Event (FSDP calls stream.wait_event with them)
+and report to the simulator; the current device and stream live in the native shim, so
+autograd's stream switching in backward is seen too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from typing import Any, Iterator
+
+import torch
+
+from interpose import runtime as rt_mod
+from phantora import protocol as P
+
+_CUDA_TYPE = 1  # c10::DeviceType::CUDA
+
+# Properties of real cards that the GPU table does not need for cost modelling; defaults are
+# an H100 SXM's, as read from a real one (tests/data/groundtruth/device.json).
+_PROPERTY_DEFAULTS = dict(
+    is_integrated=0, is_multi_gpu_board=0, max_threads_per_block=1024,
+    shared_memory_per_block=49152, shared_memory_per_block_optin=232448,
+    shared_memory_per_multiprocessor=233472, clock_rate=1980000, memory_clock_rate=2619000,
+    memory_bus_width=5120, pci_domain_id=0, pci_device_id=0,
+)
+
+
+class VirtualDeviceProperties:
+    """What torch.cuda.get_device_properties returns (fields of torch._C._CudaDeviceProperties)."""
+
+    def __init__(self, index: int, gpu: Any, total_memory: int) -> None:
+        self.name = gpu.device_name
+        self.gcnArchName = gpu.device_name
+        self.major, self.minor = gpu.capability
+        self.total_memory = total_memory
+        self.multi_processor_count = gpu.sm_count
+        self.L2_cache_size = gpu.l2_cache_bytes
+        self.max_threads_per_multi_processor = gpu.max_threads_per_sm
+        self.regs_per_multiprocessor = gpu.regs_per_sm
+        self.warp_size = gpu.warp_size
+        self.uuid = f"00000000-0000-0000-0000-{index:012x}"
+        self.pci_bus_id = index
+        for k, v in _PROPERTY_DEFAULTS.items():
+            setattr(self, k, v)
+
+    def __repr__(self) -> str:
+        return (
+            f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+            f"total_memory={self.total_memory // (1024 * 1024)}MB, multi_processor_count="
+            f"{self.multi_processor_count}, uuid={self.uuid}, pci_bus_id={self.pci_bus_id}, "
+            f"pci_device_id={self.pci_device_id}, pci_domain_id={self.pci_domain_id}, "
+            f"L2_cache_size={self.L2_cache_size // (1024 * 1024)}MB)"
+        )
+
+
+def _rt() -> rt_mod.Runtime:
+    return rt_mod.get()
+
+
+def _device_index(device: Any = None, optional: bool = True) -> int:
+    if device is None:
+        return torch._C._accelerator_getDeviceIndex()
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "cuda":
+            raise ValueError(f"Expected a cuda device, but got: {device}")
+        return device.index if device.index is not None else torch._C._accelerator_getDeviceIndex()
+    index = getattr(device, "device_index", None)
+    if index is not None:
+        return int(index)
+    raise ValueError(f"Expected a cuda device, but got: {device!r}")
+
+
+def _check_device(index: int) -> int:
+    n = _rt().config.device_count
+    if not 0 <= index < n:
+        raise torch.AcceleratorError(
+            f"CUDA error: invalid device ordinal\nphantora: cuda:{index} does not exist; the simulated node has {n} GPUs"
+        ) if hasattr(torch, "AcceleratorError") else RuntimeError(f"CUDA error: invalid device ordinal (cuda:{index} of {n})")
+    return index
+
+
+# --- streams and events --------------------------------------------------------------------
+class Stream(torch.Stream):
+    """A CUDA stream of a virtual GPU."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> "Stream":
+        if "stream_id" in kwargs:  # wrapping an existing stream (current_stream & co)
+            return super().__new__(cls, stream_id=kwargs["stream_id"], device_index=kwargs["device_index"],
+                                   device_type=kwargs.get("device_type", _CUDA_TYPE))
+        index = _check_device(_device_index(device))
+        s = super().__new__(cls, device=torch.device("cuda", index), priority=priority)
+        _rt().client.record([P.R_STREAM, index, s.stream_id, priority])
+        return s
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        pass
+
+    @property
+    def cuda_stream(self) -> int:
+        return self.stream_id
+
+    def wait_event(self, event: "Event") -> None:
+        event.wait(self)
+
+    def wait_stream(self, stream: torch.Stream) -> None:
+        self.wait_event(_as_stream(stream).record_event())
+
+    def record_event(self, event: "Event | None" = None) -> "Event":
+        event = event if event is not None else Event()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return bool(_rt().client.call(P.C_QUERY_STREAM, self.device_index, self.stream_id))
+
+    def synchronize(self) -> None:
+        _rt().client.record([P.R_SYNC_STREAM, self.device_index, self.stream_id])
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Stream device=cuda:{self.device_index} cuda_stream={self.stream_id:#x}>"
+
+
+class ExternalStream(Stream):
+    def __new__(cls, stream_ptr: int, device: Any = None, **kwargs: Any) -> "ExternalStream":
+        return super().__new__(cls, stream_id=int(stream_ptr), device_index=_device_index(device))
+
+
+def _as_stream(s: Any) -> Stream:
+    if isinstance(s, Stream):
+        return s
+    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=_CUDA_TYPE)
+
+
+class Event(torch.Event):
+    """A CUDA event; its timestamps are simulated GPU time."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                external: bool = False) -> "Event":
+        return super().__new__(cls, device="cuda", enable_timing=enable_timing, blocking=blocking,
+                               interprocess=interprocess)
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                 external: bool = False) -> None:
+        self.phantora_id = _rt().new_event_id()
+        self.enable_timing = enable_timing
+        self.recorded = False
+
+    def record(self, stream: Any = None) -> None:
+        s = _as_stream(stream) if stream is not None else current_stream()
+        self.recorded = True
+        self._device = s.device_index
+        _rt().client.record([P.R_EVENT_RECORD, self.phantora_id, s.device_index, s.stream_id])
+
+    def wait(self, stream: Any = None) -> None:
+        s = _as_stream(stream) if stream is not None else current_stream()
+        _rt().client.record([P.R_EVENT_WAIT, self.phantora_id, s.device_index, s.stream_id])
+
+    def query(self) -> bool:
+        if not self.recorded:
+            return True
+        return bool(_rt().client.call(P.C_QUERY_EVENT, self.phantora_id))
+
+    def synchronize(self) -> None:
+        if self.recorded:
+            _rt().client.record([P.R_SYNC_EVENT, self.phantora_id])
+
+    def elapsed_time(self, end_event: "Event") -> float:
+        if not (self.enable_timing and end_event.enable_timing):
+            raise ValueError("Both events must be created with argument 'enable_timing=True'.")
+        if not (self.recorded and end_event.recorded):
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
+        return float(_rt().client.call(P.C_ELAPSED, self.phantora_id, end_event.phantora_id))
+
+    @property
+    def cuda_event(self) -> int:
+        return self.phantora_id
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Event {self.phantora_id:#x}>" if self.recorded else "<torch.cuda.Event uninitialized>"
+
+
+def current_stream(device: Any = None) -> Stream:
+    index = _device_index(device)
+    s = torch._C._accelerator_getStream(index)
+    return Stream(stream_id=s.stream_id, device_index=index, device_type=_CUDA_TYPE)
+
+
+def default_stream(device: Any = None) -> Stream:
+    return Stream(stream_id=0, device_index=_device_index(device), device_type=_CUDA_TYPE)
+
+
+def set_stream(stream: torch.Stream | None) -> None:
+    if stream is None:
+        return
+    torch._C._accelerator_setStream(stream)
+
+
+class StreamContext:
+    """torch.cuda.stream(s): make s current on its device (and that device current) inside."""
+
+    def __init__(self, stream: torch.Stream | None) -> None:
+        self.stream = stream
+        self._saved: list[Any] = []
+
+    def __enter__(self) -> None:
+        if self.stream is None:
+            return
+        prev_device = torch._C._accelerator_getDeviceIndex()
+        target = self.stream.device_index
+        prev_on_target = torch._C._accelerator_getStream(target)
+        prev_on_current = torch._C._accelerator_getStream(prev_device) if prev_device != target else None
+        self._saved.append((prev_device, prev_on_target, prev_on_current))
+        torch._C._accelerator_setStream(self.stream)
+        torch._C._accelerator_setDeviceIndex(prev_device)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.stream is None:
+            return
+        prev_device, prev_on_target, prev_on_current = self._saved.pop()
+        torch._C._accelerator_setStream(prev_on_target)
+        if prev_on_current is not None:
+            torch._C._accelerator_setStream(prev_on_current)
+        torch._C._accelerator_setDeviceIndex(prev_device)
+
+
+def stream(stream: torch.Stream | None) -> StreamContext:
+    return StreamContext(stream)
+
+
+def synchronize(device: Any = None) -> None:
+    _rt().client.record([P.R_SYNC_DEVICE, _check_device(_device_index(device))])
+
+
+# --- devices -------------------------------------------------------------------------------
+def is_available() -> bool:
+    return True
+
+
+def device_count() -> int:
+    return _rt().config.device_count
+
+
+def current_device() -> int:
+    return torch._C._accelerator_getDeviceIndex()
+
+
+def set_device(device: Any) -> None:
+    index = _device_index(device)
+    if index >= 0:
+        torch._C._accelerator_setDeviceIndex(_check_device(index))
+
+
+def get_device_properties(device: Any = None) -> VirtualDeviceProperties:
+    index = _check_device(_device_index(device))
+    cfg = _rt().config
+    return VirtualDeviceProperties(index, cfg.gpu, cfg.total_memory)
+
+
+def get_device_name(device: Any = None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    p = get_device_properties(device)
+    return (p.major, p.minor)
+
+
+def get_arch_list() -> list[str]:
+    return ["sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return get_device_capability()[0] >= 8
+
+
+def is_tf32_supported() -> bool:
+    return get_device_capability()[0] >= 8
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    return _rt().device_memory(_check_device(_device_index(device))).allocator.mem_get_info()
+
+
+def _lazy_init() -> None:
+    return None
+
+
+def _unsupported(feature: str, advice: str) -> Any:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"phantora does not simulate {feature}; {advice}")
+
+    return fail
+
+
+# --- RNG: fake tensors draw no random numbers, so generators only need to remember seeds ------
+class _Seeds:
+    initial = 0
+
+
+def manual_seed(seed: int) -> None:
+    _Seeds.initial = int(seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    _Seeds.initial = int(seed)
+
+
+def seed() -> None:
+    _Seeds.initial = 67280421310721
+
+
+def initial_seed() -> int:
+    return _Seeds.initial
+
+
+def get_rng_state(device: Any = "cuda") -> torch.Tensor:
+    with _real_cpu():
+        return torch.zeros(16, dtype=torch.uint8)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
+    return None
+
+
+def set_rng_state_all(new_states: Any) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def _real_cpu() -> Iterator[None]:
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        yield
+
+
+# --- memory: the torch._C bindings torch.cuda.memory calls ---------------------------------
+def _nested(flat: dict[str, int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        parts = key.split(".")
+        d = out
+        for p in parts[:-1]:
+            d = d.setdefault(p, {})
+        d[parts[-1]] = value
+    return out
+
+
+def _cuda_memoryStats(device: int) -> dict[str, Any]:
+    return _nested(_rt().device_memory(device).allocator.memory_stats())
+
+
+def _cuda_resetPeakMemoryStats(device: int) -> None:
+    _rt().device_memory(device).allocator.reset_peak_stats()
+
+
+def _cuda_resetAccumulatedMemoryStats(device: int) -> None:
+    _rt().device_memory(device).allocator.reset_accumulated_stats()
+
+
+def _cuda_emptyCache() -> None:
+    rt = _rt()
+    for index, dm in rt.devices.items():
+        dm.allocator.empty_cache()
+        rt._report_memory(index, dm)
+
+
+def _cuda_setMemoryFraction(fraction: float, device: int) -> None:
+    _rt().device_memory(device).allocator.set_memory_fraction(fraction)
+
+
+def _cuda_memorySnapshot(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    return {"segments": [], "device_traces": [], "allocator_settings": {}}
+
+
+_C_BINDINGS = {
+    "_cuda_memoryStats": _cuda_memoryStats,
+    "_cuda_resetPeakMemoryStats": _cuda_resetPeakMemoryStats,
+    "_cuda_resetAccumulatedMemoryStats": _cuda_resetAccumulatedMemoryStats,
+    "_cuda_emptyCache": _cuda_emptyCache,
+    "_cuda_setMemoryFraction": _cuda_setMemoryFraction,
+    "_cuda_memorySnapshot": _cuda_memorySnapshot,
+    "_cuda_getDevice": lambda: torch._C._accelerator_getDeviceIndex(),
+    "_cuda_setDevice": lambda d: set_device(d),
+    "_cuda_exchangeDevice": lambda d: torch._C._accelerator_exchangeDevice(d),
+    "_cuda_maybeExchangeDevice": lambda d: torch._C._accelerator_maybeExchangeDevice(d),
+    "_cuda_synchronize": lambda: synchronize(),
+    "_cuda_init": lambda: None,
+    "_cuda_getArchFlags": lambda: " ".join(get_arch_list()),
+    "_cuda_get_sync_debug_mode": lambda: 0,
+    "_cuda_set_sync_debug_mode": lambda mode: None,
+    "_cuda_getAllocatorBackend": lambda: "native",
+}
+
+
+# --- nvtx ----------------------------------------------------------------------------------
+def _range_push(msg: str) -> int:
+    _rt().client.record([P.R_NVTX_PUSH, str(msg)])
+    return 0
+
+
+def _range_pop() -> int:
+    _rt().client.record([P.R_NVTX_POP])
+    return 0
+
+
+def install_cuda_api() -> None:
+    import torch.cuda.memory as cmem
+    import torch.cuda.nvtx as nvtx
+    import torch.cuda.random as crandom
+
+    for name, fn in _C_BINDINGS.items():
+        setattr(torch._C, name, fn)
+
+    cuda = torch.cuda
+    replacements: dict[str, Any] = dict(
+        Stream=Stream, Event=Event, ExternalStream=ExternalStream, StreamContext=StreamContext,
+        current_stream=current_stream, default_stream=default_stream, set_stream=set_stream,
+        stream=stream, synchronize=synchronize, is_available=is_available, device_count=device_count,
+        current_device=current_device, set_device=set_device, get_device_properties=get_device_properties,
+        get_device_name=get_device_name, get_device_capability=get_device_capability,
+        get_arch_list=get_arch_list, is_bf16_supported=is_bf16_supported, is_tf32_supported=is_tf32_supported,
+        mem_get_info=mem_get_info, _lazy_init=_lazy_init, init=_lazy_init,
+        is_initialized=lambda: True,
+        manual_seed=manual_seed, manual_seed_all=manual_seed_all, seed=seed, seed_all=seed,
+        initial_seed=initial_seed, get_rng_state=get_rng_state, get_rng_state_all=get_rng_state_all,
+        set_rng_state=set_rng_state, set_rng_state_all=set_rng_state_all,
+        is_current_stream_capturing=lambda: False,
+        CUDAGraph=_unsupported("CUDA graphs (torch.cuda.CUDAGraph)", "run the script without CUDA graph capture"),
+        graph=_unsupported("CUDA graphs (torch.cuda.graph)", "run the script without CUDA graph capture"),
+        make_graphed_callables=_unsupported("CUDA graphs (make_graphed_callables)", "run eagerly instead"),
+        utilization=_unsupported("GPU utilization queries", "read utilization from the trace instead"),
+        temperature=_unsupported("GPU temperature queries", "remove the call"),
+        power_draw=_unsupported("GPU power queries", "remove the call"),
+        clock_rate=lambda device=None: get_device_properties(device).clock_rate // 1000,
+        ipc_collect=lambda: None, empty_cache=_cuda_emptyCache,
+    )
+    cuda._initialized = True
+    cuda._tls.is_initializing = False
+    for name, value in replacements.items():
+        setattr(cuda, name, value)
+    for mod, names in ((cmem, ("mem_get_info", "empty_cache")), (crandom, (
+            "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
+            "get_rng_state_all", "set_rng_state", "set_rng_state_all"))):
+        for name in names:
+            setattr(mod, name, replacements[name])
+    cuda.streams.Stream = Stream  # type: ignore[attr-defined]
+    cuda.streams.Event = Event  # type: ignore[attr-defined]
+    nvtx.range_push = _range_push
+    nvtx.range_pop = _range_pop
+    nvtx.mark = lambda msg: 0
+    nvtx._nvtx = types.SimpleNamespace(rangePushA=_range_push, rangePop=_range_pop, markA=lambda m: 0,
+                                       rangeStartA=lambda m: 0, rangeEnd=lambda r: None)
+
+    torch.version.cuda = "13.0"  # type: ignore[misc]
+    torch.backends.cudnn.is_available = lambda: True  # type: ignore[assignment]
+    torch.backends.cudnn.version = lambda: 91900  # type: ignore[assignment]
+
+    # torch.accelerator hands out plain torch.Stream objects; give ours so that their
+    # wait_event/record_event/synchronize reach the simulator.
+    acc = torch.accelerator
+    acc.current_stream = current_stream  # type: ignore[assignment]
+    acc.synchronize = synchronize  # type: ignore[assignment]
+    acc.device_count = device_count  # type: ignore[assignment]
+    acc.is_available = is_available  # type: ignore[assignment]

@@ -1,0 +1,270 @@
+"""The dispatch observer: sees every post-autograd aten op of the process and reports it.
+
+It is a TorchDispatchMode entered after FakeTensorMode, so it runs first for every op
+(FakeTensorMode is an infra mode and always runs last). For each op it
+  * runs the op (in FakeTensorMode, or for real when every input is a real CPU tensor, see
+    `_run_for_real`),
+  * interns the op's signature (shapes, dtypes, strides, devices) and sends [R_OP, sig, stream],
+  * accounts new device storages in the virtual GPU's caching allocator (raising
+    torch.OutOfMemoryError where the real GPU would),
+  * answers the ops that need data (.item(), pin_memory, is_pinned) itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from interpose import runtime as rt_mod
+from interpose import values
+from interpose.signature import signature_of
+from phantora import protocol as P
+from phantora.engine.memory import OutOfMemory
+
+aten = torch.ops.aten
+
+# Metadata queries that never reach a GPU and cost nothing worth modelling.
+_SKIP = {
+    torch.ops.prim.device.default, aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default,
+    aten.sym_storage_offset.default, aten.is_same_size.default, aten.dim.default,
+    aten.is_contiguous.default, aten.is_contiguous.memory_format, aten.is_strides_like_format.default,
+    aten.is_non_overlapping_and_dense.default, aten.size.default, aten.stride.default,
+    aten.numel.default, aten.storage_offset.default,
+}
+_SKIP = {op for op in _SKIP if op is not None}
+
+# Ops that use cuBLAS (which allocates its workspace at the first call on a stream).
+_GEMMS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+          aten._addmm_activation.default, aten.mv.default, aten.addmv.default, aten.dot.default,
+          aten.vdot.default, aten.addbmm.default}
+
+_SMALL_REAL_NUMEL = 1 << 16  # integer/bool CPU factory results up to this size are made real
+
+
+def _is_fake(t: Any) -> bool:
+    return isinstance(t, FakeTensor)
+
+
+class OpObserver(TorchDispatchMode):
+    def __init__(self, runtime: rt_mod.Runtime) -> None:
+        super().__init__()
+        self.rt = runtime
+        self.ops_seen = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _SKIP:
+            return func(*args, **kwargs)
+        special = _SPECIAL.get(func)
+        if special is not None:
+            return special(self, func, args, kwargs)
+        if not self.rt.active:
+            return func(*args, **kwargs)
+        any_fake, any_tensor, wants_cuda = _scan(args, kwargs)
+        if not any_fake and any_tensor and not wants_cuda:
+            # Every input is a real CPU tensor (a DataLoader batch, an optimizer step counter):
+            # compute it for real so its values stay meaningful.
+            with unset_fake_temporarily():
+                out = func(*args, **kwargs)
+            self._report(func, args, kwargs, out)
+            return out
+        out = func(*args, **kwargs)
+        if not any_tensor and not wants_cuda:
+            out = _make_small_cpu_factory_real(func, args, kwargs, out)
+        values.note_result(func, args, out)
+        self._report(func, args, kwargs, out)
+        return out
+
+    # --- reporting ----------------------------------------------------------------------------
+    def _report(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        rt = self.rt
+        self.ops_seen += 1
+        key, device = _signature_key(func, args, kwargs, rt)
+        if device < 0 and not rt.client.connected:
+            return  # host-only work of a process that is not a rank (yet)
+        with rt.lock:
+            sig_id = rt.sig_ids.get(key)
+            if sig_id is None:
+                sig_id = rt.sig_ids[key] = len(rt.sig_ids)
+                sig = signature_of(func, args, kwargs, out, is_pinned=_pinned_checker(rt))
+                rt.client.record([P.R_SIG, sig_id, sig.to_wire()])
+            stream = current_stream_id(device) if device >= 0 else 0
+            rt.client.record([P.R_OP, sig_id, stream, 0])
+            if device >= 0:
+                self._account_outputs(func, out, stream)
+
+    def _account_outputs(self, func: Any, out: Any, stream: int) -> None:
+        rt = self.rt
+        try:
+            for t in _cuda_tensors(out):
+                rt.track_storage(t.untyped_storage(), t.device.index or 0, stream)
+            if func in _GEMMS:
+                dev = _first_cuda_device(out)
+                if dev is not None:
+                    rt.cublas_workspace(dev, stream)
+        except OutOfMemory as e:
+            dev = _first_cuda_device(out)
+            rt.client.record([P.R_OOM, dev if dev is not None else 0, e.info.requested_bytes if e.info else 0, str(e)])
+            raise torch.OutOfMemoryError(str(e)) from None
+
+
+def _cuda_tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out] if out.device.type == "cuda" else []
+    found: list[torch.Tensor] = []
+    if isinstance(out, (tuple, list)):
+        for o in out:
+            found.extend(_cuda_tensors(o))
+    return found
+
+
+def _first_cuda_device(out: Any) -> int | None:
+    ts = _cuda_tensors(out)
+    return (ts[0].device.index or 0) if ts else None
+
+
+def _pinned_checker(rt: rt_mod.Runtime) -> Any:
+    def is_pinned(t: torch.Tensor) -> bool:
+        return t.untyped_storage()._cdata in rt.pinned
+
+    return is_pinned
+
+
+def current_stream_id(device: int) -> int:
+    return torch._C._accelerator_getStream(device).stream_id
+
+
+def _scan(args: tuple, kwargs: dict) -> tuple[bool, bool, bool]:
+    """(any fake tensor, any tensor, asks for a cuda device) over the op's arguments."""
+    any_fake = any_tensor = False
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            any_tensor = True
+            if isinstance(a, FakeTensor):
+                any_fake = True
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                if isinstance(x, torch.Tensor):
+                    any_tensor = True
+                    if isinstance(x, FakeTensor):
+                        any_fake = True
+    wants_cuda = False
+    for v in kwargs.values():
+        if isinstance(v, torch.Tensor):
+            any_tensor = True
+            if isinstance(v, FakeTensor):
+                any_fake = True
+        elif isinstance(v, torch.device) and v.type == "cuda":
+            wants_cuda = True
+        elif isinstance(v, str) and v.startswith("cuda"):
+            wants_cuda = True
+    return any_fake, any_tensor, wants_cuda
+
+
+def _make_small_cpu_factory_real(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
+    """A factory (no tensor inputs) that made a tiny CPU tensor is redone for real.
+
+    Optimizers and GradScaler keep step counters and flags in such tensors and read them back
+    with .item(); they must hold real values. Large CPU factories (a model initialised on the
+    CPU) stay fake so they cost no host memory; small float tensors also stay fake unless they
+    hold a single element (LayerNorm-sized float parameters must stay fake for FSDP)."""
+    if not isinstance(out, FakeTensor) or out.device.type != "cpu":
+        return out
+    n = out.numel()
+    small = n <= 1 or (n <= _SMALL_REAL_NUMEL and not out.dtype.is_floating_point and not out.dtype.is_complex)
+    if not small:
+        return out
+    with unset_fake_temporarily():
+        return func(*args, **kwargs)
+
+
+def _tensor_key(t: torch.Tensor, rt: rt_mod.Runtime) -> tuple:
+    dev = t.device
+    pinned = dev.type == "cpu" and t.untyped_storage()._cdata in rt.pinned
+    return (tuple(t.shape), t.dtype, t.stride(), dev, pinned)
+
+
+def _signature_key(func: Any, args: tuple, kwargs: dict, rt: rt_mod.Runtime) -> tuple[tuple, int]:
+    """A hashable key equal for calls with equal signatures, and the op's CUDA device (-1: none).
+
+    Float scalars are left out so that, e.g., a changing learning rate does not create a new
+    signature every step (they do not change kernel times)."""
+    device = -1
+    parts: list[Any] = [func]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            parts.append(_tensor_key(a, rt))
+            if device < 0 and a.device.type == "cuda":
+                device = a.device.index or 0
+        elif isinstance(a, (list, tuple)):
+            sub = []
+            for x in a:
+                if isinstance(x, torch.Tensor):
+                    sub.append(_tensor_key(x, rt))
+                    if device < 0 and x.device.type == "cuda":
+                        device = x.device.index or 0
+                elif isinstance(x, float):
+                    sub.append(float)
+                else:
+                    sub.append(x)
+            parts.append(tuple(sub))
+        elif isinstance(a, float):
+            parts.append(float)
+        else:
+            parts.append(a)
+    for k, v in kwargs.items():
+        if isinstance(v, torch.Tensor):
+            parts.append((k, _tensor_key(v, rt)))
+            if device < 0 and v.device.type == "cuda":
+                device = v.device.index or 0
+        elif isinstance(v, float):
+            parts.append((k, float))
+        else:
+            if device < 0 and isinstance(v, torch.device) and v.type == "cuda":
+                device = v.index if v.index is not None else torch._C._accelerator_getDeviceIndex()
+            parts.append((k, v))
+    return tuple(parts), device
+
+
+# --- ops answered here ----------------------------------------------------------------------
+def _local_scalar_dense(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:
+    t = args[0]
+    if not _is_fake(t):
+        with unset_fake_temporarily():
+            return func(*args, **kwargs)
+    obs._report(func, args, kwargs, None)
+    return values.scalar_value(t)
+
+
+def _pin_memory(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:
+    t = args[0]
+    if _is_fake(t):
+        out = aten.clone.default(t)  # page-locked copy of the data; fake, so free
+    else:
+        with unset_fake_temporarily():
+            out = func(*args, **kwargs)
+    obs.rt.pinned.add(out.untyped_storage()._cdata)
+    obs._report(func, args, kwargs, out)
+    return out
+
+
+def _is_pinned(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:
+    t = args[0]
+    return t.device.type == "cpu" and t.untyped_storage()._cdata in obs.rt.pinned
+
+
+def _record_stream(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:
+    # Tensor.record_stream delays the reuse of a block until the other stream's work is done;
+    # the allocator model treats such frees as immediate (documented in phantora/engine/memory.py).
+    return None
+
+
+_SPECIAL = {
+    aten._local_scalar_dense.default: _local_scalar_dense,
+    aten._pin_memory.default: _pin_memory,
+    aten.is_pinned.default: _is_pinned,
+    aten.record_stream.default: _record_stream,
+}

@@ -1,0 +1,111 @@
+"""The `phantora` command line."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from phantora import __version__
+from phantora.hardware import DEFAULT_GPU, GPUS, UnknownGPUError, lookup_gpu
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10, "kb": 10**3,
+          "m": 1 << 20, "mi": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+          "g": 1 << 30, "gi": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+          "t": 1 << 40, "ti": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+
+
+def parse_size(text: str) -> int:
+    """'80GiB', '80G' (binary), '80GB' (decimal), '85017493504' -> bytes."""
+    m = _SIZE.match(text)
+    if not m or m.group(2) is not None and m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a size; examples: 40GiB, 40G, 42949672960")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+def _gpu_help() -> str:
+    return ", ".join(f"{g.aliases[0]} ({g.key})" for g in GPUS)
+
+
+class _GpuType(click.ParamType):
+    name = "GPU"
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        try:
+            return lookup_gpu(value)
+        except UnknownGPUError as e:
+            self.fail(str(e), param, ctx)
+
+
+class _SizeType(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        try:
+            n = parse_size(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        if n <= 0:
+            self.fail("must be positive", param, ctx)
+        return n
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="phantora")
+def main() -> None:
+    """Predict how a PyTorch training job performs on GPUs you do not have.
+
+    phantora runs your unmodified script on virtual GPUs, estimates every kernel, allocation
+    and copy, makes the script's own clock show simulated time, and writes a Perfetto trace.
+
+    \b
+    Examples:
+      phantora trace -o run.json -- python examples/gpt_train.py
+      phantora trace --gpu a100 -o run.json.gz -- python train.py --batch 8
+    """
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Trace file to write: .json or .json.gz (Chrome JSON; opens in ui.perfetto.dev).")
+@click.option("--gpu", "gpu", default=DEFAULT_GPU, type=_GpuType(), show_default=True,
+              help=f"GPU model to simulate, short or full name (case-insensitive): {_gpu_help()}.")
+@click.option("--vram", type=_SizeType(), default=None,
+              help="Memory per GPU instead of the model's, e.g. 40GiB (G/GiB binary, GB decimal).")
+@click.option("--gpus-per-node", type=click.IntRange(1, 256), default=8, show_default=True,
+              help="GPUs visible to the script (torch.cuda.device_count()).")
+@click.option("--call-timeout", type=click.FloatRange(1.0), default=600.0, show_default=True,
+              help="Seconds a script waits for any answer from the simulator before failing.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def trace(output: Path, gpu, vram: int | None, gpus_per_node: int, call_timeout: float, command: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+    """Run COMMAND on simulated GPUs and write a trace.
+
+    Put `--` before the command. The exit code is the command's. A short summary (simulated
+    time, kernels, peak memory, unknown ops) is printed on stderr at the end.
+
+    \b
+    Examples:
+      phantora trace -o run.json -- python examples/gpt_train.py
+      phantora trace --gpu h200 --vram 100GiB -o run.json -- python train.py
+    """
+    from phantora.simulator.launch import CommandNotFound, TraceRun, print_summary, run_trace
+    from phantora.trace import UnsupportedTraceFormat
+
+    run = TraceRun(command=list(command), output=output, gpu=gpu, vram_bytes=vram,
+                   gpus_per_node=gpus_per_node, call_timeout_s=call_timeout)
+    try:
+        result = run_trace(run)
+    except CommandNotFound as e:
+        click.echo(f"phantora: {e}", err=True)
+        sys.exit(127)
+    except UnsupportedTraceFormat as e:
+        raise click.BadParameter(str(e), param_hint="'-o' / '--output'") from None
+    print_summary(run, result)
+    sys.exit(result.exit_code)
+
+
+if __name__ == "__main__":
+    main()

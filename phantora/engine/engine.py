@@ -1,0 +1,333 @@
+"""The simulator's engine: applies the record stream of every rank to its timelines, asks the
+cost model for kernel times, answers calls, and writes everything to a trace sink.
+
+Records arrive per rank in program order (phantora/protocol.py). A rank's records only touch
+that rank's timeline, so ranks can be fed in any interleaving.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import orjson
+
+from phantora import protocol as P
+from phantora.cost import COPY_D2H, COPY_H2D, NO_GPU_WORK, Estimator, KernelEstimate
+from phantora.engine.timeline import RankTimeline, Stream, TimingConfig
+from phantora.hardware import GPUSpec
+from phantora.ops import OpSignature, TensorMeta
+from phantora.trace import TraceSink
+
+HOST_TRACK = 1
+_MAX_ARG_SHAPES = 16
+
+
+class CallError(Exception):
+    """A call the user's script made cannot be answered; the message is raised there."""
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    node: int
+    local_rank: int
+    pid: int  # OS pid of the rank process (for messages only; the trace uses `trace_pid`)
+
+    @property
+    def trace_pid(self) -> int:
+        return self.rank + 1
+
+
+@dataclass
+class DeviceMemory:
+    allocated: int = 0
+    reserved: int = 0
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+
+
+@dataclass
+class RankState:
+    info: RankInfo
+    timeline: RankTimeline
+    sigs: dict[int, tuple[OpSignature, KernelEstimate]] = field(default_factory=dict)
+    nvtx: list[tuple[str, int]] = field(default_factory=list)
+    memory: dict[int, DeviceMemory] = field(default_factory=dict)
+    kernels: int = 0
+    ops: int = 0
+    gpu_busy_ns: int = 0
+    flops: float = 0.0
+    ooms: list[str] = field(default_factory=list)
+    finished: bool = False
+
+
+@dataclass
+class EngineSummary:
+    simulated_ns: int
+    ranks: int
+    ops: int
+    kernels: int
+    gpu_busy_ns: int
+    flops: float
+    peak_allocated: dict[tuple[int, int], int]  # (rank, device) -> bytes
+    peak_reserved: dict[tuple[int, int], int]
+    unknown_ops: dict[str, int]
+    warnings: list[str]
+
+
+def _copy_flags(sig: OpSignature) -> tuple[bool, TensorMeta | None, TensorMeta | None]:
+    """(non_blocking, source, destination) of a copy op, from the schema's argument order."""
+    name = sig.name
+    if name == "aten::copy_":  # copy_(self, src, non_blocking=False): self is the destination
+        dst, src = sig.args[0], sig.args[1]
+        nb = bool(sig.args[2]) if len(sig.args) > 2 else False
+        return nb, src if isinstance(src, TensorMeta) else None, dst if isinstance(dst, TensorMeta) else None
+    if name == "aten::_to_copy":  # (self, *, dtype, layout, device, pin_memory, non_blocking, memory_format)
+        src = sig.args[0]
+        nb = bool(sig.args[5]) if len(sig.args) > 5 else False
+        dst = sig.outputs[0] if sig.outputs else None
+        return nb, src if isinstance(src, TensorMeta) else None, dst
+    if name == "aten::_local_scalar_dense":  # .item(): a blocking 1-element D2H copy
+        return False, None, None
+    outs = sig.tensors_out()
+    ins = sig.tensors_in()
+    return False, ins[0] if ins else None, outs[0] if outs else None
+
+
+def host_waits_for_copy(sig: OpSignature, est: KernelEstimate) -> bool:
+    """Does the host block until this copy has finished on the GPU?
+
+    Mirrors CUDA: D2H is synchronous unless non_blocking into pinned memory; H2D from pageable
+    memory is staged synchronously; non_blocking H2D from pinned memory is asynchronous; a copy
+    with non_blocking=False ends with a stream synchronisation in PyTorch."""
+    if est.kind not in (COPY_D2H, COPY_H2D):
+        return False
+    nb, src, dst = _copy_flags(sig)
+    if not nb:
+        return True
+    host_side = dst if est.kind == COPY_D2H else src
+    return not (host_side is not None and host_side.pinned)
+
+
+def _shape_args(sig: OpSignature) -> tuple[list[Any], list[str]]:
+    shapes, dtypes = [], []
+    for t in sig.tensors_in()[:_MAX_ARG_SHAPES]:
+        shapes.append(list(t.shape))
+        dtypes.append(t.dtype)
+    n = len(sig.tensors_in())
+    if n > _MAX_ARG_SHAPES:
+        shapes.append(f"... {n - _MAX_ARG_SHAPES} more tensors")
+    return shapes, dtypes
+
+
+class Engine:
+    def __init__(
+        self,
+        gpu: GPUSpec,
+        estimator: Estimator,
+        sink: TraceSink,
+        timing: TimingConfig | None = None,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        self.gpu = gpu
+        self.estimator = estimator
+        self.sink = sink
+        self.timing = timing or TimingConfig()
+        self.ranks: dict[int, RankState] = {}
+        self._estimates: dict[bytes, KernelEstimate] = {}
+        self._flow_ids = 0
+        self.unknown_ops: Counter[str] = Counter()
+        self.warnings: list[str] = []
+        self._warn = warn or (lambda msg: print(f"phantora: warning: {msg}", file=sys.stderr, flush=True))
+
+    # --- ranks --------------------------------------------------------------------------------
+    def add_rank(self, info: RankInfo) -> RankState:
+        if info.rank in self.ranks:
+            raise CallError(
+                f"two processes claim rank {info.rank} (pids {self.ranks[info.rank].info.pid} and {info.pid}); "
+                "each rank process must have a distinct RANK"
+            )
+        state = RankState(info, RankTimeline(info.rank, self.timing))
+        self.ranks[info.rank] = state
+        pid = info.trace_pid
+        self.sink.process(pid, f"rank {info.rank} · node {info.node} · GPU {info.local_rank} · {self.gpu.aliases[0].upper()}", info.rank)
+        self.sink.thread(pid, HOST_TRACK, "host (aten op launches)", 0)
+        return state
+
+    # --- records ------------------------------------------------------------------------------
+    def apply(self, rank: int, records: list[list[Any]]) -> None:
+        st = self.ranks[rank]
+        for rec in records:
+            kind = rec[0]
+            if kind == P.R_OP:
+                self._op(st, rec[1], rec[2])
+            elif kind == P.R_SIG:
+                self._define_sig(st, rec[1], rec[2])
+            elif kind == P.R_MEM:
+                self._memory(st, rec[1], rec[2], rec[3])
+            elif kind == P.R_EVENT_RECORD:
+                tl = st.timeline
+                stream = self._stream(st, rec[2], rec[3])
+                tl.advance_host(self.timing.event_record_host_ns)
+                tl.record_event(rec[1], stream)
+            elif kind == P.R_EVENT_WAIT:
+                st.timeline.advance_host(self.timing.event_record_host_ns)
+                st.timeline.wait_event(rec[1], self._stream(st, rec[2], rec[3]))
+            elif kind == P.R_SYNC_DEVICE:
+                self._host_sync(st, "cudaDeviceSynchronize", st.timeline.device_idle_ns(rec[1]))
+            elif kind == P.R_SYNC_STREAM:
+                self._host_sync(st, "cudaStreamSynchronize", self._stream(st, rec[1], rec[2]).tail_ns)
+            elif kind == P.R_SYNC_EVENT:
+                self._host_sync(st, "cudaEventSynchronize", st.timeline.events.get(rec[1], 0))
+            elif kind == P.R_NVTX_PUSH:
+                st.nvtx.append((str(rec[1]), st.timeline.host_ns))
+            elif kind == P.R_NVTX_POP:
+                if st.nvtx:
+                    name, start = st.nvtx.pop()
+                    self.sink.slice(st.info.trace_pid, HOST_TRACK, name, start, st.timeline.host_ns - start, "nvtx")
+            elif kind == P.R_SLEEP:
+                st.timeline.advance_host(int(rec[1]))
+            elif kind == P.R_STREAM:
+                self._stream(st, rec[1], rec[2])
+            elif kind == P.R_WARN:
+                self._warn_once(str(rec[1]))
+            elif kind == P.R_OOM:
+                st.ooms.append(str(rec[3]))
+                self.sink.instant(st.info.trace_pid, HOST_TRACK, "CUDA out of memory", st.timeline.host_ns, "memory",
+                                  {"device": rec[1], "requested_bytes": rec[2], "message": rec[3]})
+            else:
+                raise CallError(f"unknown record kind {kind!r} from rank {rank}")
+
+    def _warn_once(self, msg: str) -> None:
+        if msg not in self.warnings:
+            self.warnings.append(msg)
+            self._warn(msg)
+
+    def _define_sig(self, st: RankState, sig_id: int, wire: list[Any]) -> None:
+        key = orjson.dumps(wire)
+        sig = OpSignature.from_wire(wire)
+        est = self._estimates.get(key)
+        if est is None:
+            est = self._estimates[key] = self.estimator.estimate(sig)
+            if not est.known:
+                if self.unknown_ops[sig.full_name] == 0:
+                    self._warn(
+                        f"no cost model for {sig.full_name}; it is timed as a memory-bound kernel "
+                        f"({est.duration_ns / 1000:.1f} us for these shapes) and counted as unknown in the summary"
+                    )
+        st.sigs[sig_id] = (sig, est)
+
+    def _stream(self, st: RankState, device: int, stream_id: int) -> Stream:
+        stream, new = st.timeline.stream(device, stream_id)
+        if new:
+            label = "default stream" if stream_id == 0 else f"stream {stream_id}"
+            self.sink.thread(st.info.trace_pid, stream.track, f"cuda:{device} {label}", stream.track)
+        return stream
+
+    def _next_flow(self) -> int:
+        self._flow_ids += 1
+        return self._flow_ids
+
+    def _op(self, st: RankState, sig_id: int, stream_id: int) -> None:
+        sig, est = st.sigs[sig_id]
+        tl = st.timeline
+        st.ops += 1
+        if not est.known:
+            self.unknown_ops[sig.full_name] += 1
+        launch = tl.host_ns
+        tl.advance_host(est.host_ns)
+        pid = st.info.trace_pid
+        device = sig.cuda_device()
+        if est.kind == NO_GPU_WORK or device is None or est.kernels == 0:
+            self.sink.slice(pid, HOST_TRACK, sig.name, launch, tl.host_ns - launch, "cpu_op")
+            return
+        stream = self._stream(st, device, stream_id)
+        work = tl.enqueue(stream, launch, est.duration_ns)
+        if host_waits_for_copy(sig, est) or sig.name == "aten::_local_scalar_dense":
+            tl.wait_host_until(work.end_ns, self.timing.sync_overhead_ns)
+        st.kernels += est.kernels
+        st.gpu_busy_ns += est.duration_ns
+        st.flops += est.flops
+        flow = self._next_flow()
+        shapes, dtypes = _shape_args(sig)
+        self.sink.slice(pid, HOST_TRACK, sig.name, launch, tl.host_ns - launch, "cpu_op",
+                        {"Input Dims": shapes, "correlation": flow}, flow_out=flow)
+        cat = "kernel" if est.kind not in (COPY_D2H, COPY_H2D) else "gpu_memcpy"
+        self.sink.slice(pid, stream.track, est.kernel_name, work.start_ns, work.end_ns - work.start_ns, cat, {
+            "op": sig.full_name, "shapes": shapes, "dtypes": dtypes, "flops": est.flops, "bytes": est.bytes,
+            "kernels": est.kernels, "estimator": est.estimator if est.known else f"{est.estimator} (unknown op: generic)",
+            "device": device, "stream": stream.stream_id, "correlation": flow,
+        }, flow_in=flow)
+
+    def _host_sync(self, st: RankState, name: str, until_ns: int) -> None:
+        tl = st.timeline
+        start = tl.host_ns
+        tl.wait_host_until(until_ns, self.timing.sync_overhead_ns)
+        self.sink.slice(st.info.trace_pid, HOST_TRACK, name, start, tl.host_ns - start, "cuda_runtime")
+
+    def _memory(self, st: RankState, device: int, allocated: int, reserved: int) -> None:
+        mem = st.memory.setdefault(device, DeviceMemory())
+        mem.allocated, mem.reserved = allocated, reserved
+        mem.peak_allocated = max(mem.peak_allocated, allocated)
+        mem.peak_reserved = max(mem.peak_reserved, reserved)
+        self.sink.counter(st.info.trace_pid, f"cuda:{device} memory", st.timeline.host_ns,
+                          {"allocated": allocated, "reserved": reserved})
+
+    # --- calls --------------------------------------------------------------------------------
+    def now(self, rank: int) -> int:
+        return self.ranks[rank].timeline.host_ns
+
+    def elapsed_ms(self, rank: int, start_event: int, end_event: int) -> float:
+        events = self.ranks[rank].timeline.events
+        if start_event not in events or end_event not in events:
+            raise CallError("elapsed_time: both events must have been recorded before computing the elapsed time")
+        return (events[end_event] - events[start_event]) / 1e6
+
+    def query_event(self, rank: int, event_id: int) -> bool:
+        tl = self.ranks[rank].timeline
+        tl.advance_host(self.timing.event_query_host_ns)
+        return tl.events.get(event_id, 0) <= tl.host_ns
+
+    def query_stream(self, rank: int, device: int, stream_id: int) -> bool:
+        st = self.ranks[rank]
+        tl = st.timeline
+        tl.advance_host(self.timing.event_query_host_ns)
+        return self._stream(st, device, stream_id).tail_ns <= tl.host_ns
+
+    # --- end ----------------------------------------------------------------------------------
+    def finish_rank(self, rank: int) -> None:
+        st = self.ranks[rank]
+        if st.finished:
+            return
+        st.finished = True
+        end = st.timeline.host_ns
+        while st.nvtx:  # ranges still open when the process ended
+            name, start = st.nvtx.pop()
+            self.sink.slice(st.info.trace_pid, HOST_TRACK, name, start, end - start, "nvtx", {"unclosed": True})
+
+    def summary(self) -> EngineSummary:
+        peak_alloc, peak_res = {}, {}
+        for r, st in self.ranks.items():
+            for d, m in st.memory.items():
+                peak_alloc[(r, d)] = m.peak_allocated
+                peak_res[(r, d)] = m.peak_reserved
+        return EngineSummary(
+            simulated_ns=max((max(st.timeline.host_ns, st.timeline.gpu_end_ns()) for st in self.ranks.values()), default=0),
+            ranks=len(self.ranks),
+            ops=sum(st.ops for st in self.ranks.values()),
+            kernels=sum(st.kernels for st in self.ranks.values()),
+            gpu_busy_ns=sum(st.gpu_busy_ns for st in self.ranks.values()),
+            flops=sum(st.flops for st in self.ranks.values()),
+            peak_allocated=peak_alloc,
+            peak_reserved=peak_res,
+            unknown_ops=dict(self.unknown_ops),
+            warnings=list(self.warnings),
+        )
+
+    def close(self, metadata: dict[str, Any]) -> None:
+        for r in list(self.ranks):
+            self.finish_rank(r)
+        self.sink.close(metadata)

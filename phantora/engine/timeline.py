@@ -1,0 +1,91 @@
+"""One rank's timelines: its host clock, the CUDA streams of its devices, and its events.
+
+The time model (DESIGN.md): the host clock advances by each call's modelled host cost; a GPU
+op launched at host time h on stream s starts at max(h + launch latency, end of the previous
+work on s, events s waits on) and lasts its estimated duration; synchronisations move the
+host clock to the completion time they wait for. All times are integer ns since simulation
+start. Nothing here knows about torch, sockets or file formats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    launch_latency_ns: int = 2_500  # from a launch call returning to the kernel starting on an idle GPU
+    sync_overhead_ns: int = 4_000  # host cost of a cudaStreamSynchronize/cudaDeviceSynchronize that returns
+    event_record_host_ns: int = 2_000  # host cost of cudaEventRecord / cudaStreamWaitEvent
+    event_query_host_ns: int = 1_000
+
+
+@dataclass
+class Stream:
+    device: int
+    stream_id: int
+    track: int  # trace thread id of this stream's track
+    tail_ns: int = 0  # when the last work enqueued on this stream finishes
+
+
+@dataclass
+class GpuWork:
+    """One piece of GPU work placed on a stream."""
+
+    stream: Stream
+    start_ns: int
+    end_ns: int
+
+
+@dataclass
+class RankTimeline:
+    rank: int
+    config: TimingConfig = field(default_factory=TimingConfig)
+    host_ns: int = 0
+    streams: dict[tuple[int, int], Stream] = field(default_factory=dict)
+    events: dict[int, int] = field(default_factory=dict)  # event id -> completion time
+    first_stream_track: int = 10
+
+    def stream(self, device: int, stream_id: int) -> tuple[Stream, bool]:
+        """The stream, and whether it was created by this call (so a caller can name its track)."""
+        key = (device, stream_id)
+        s = self.streams.get(key)
+        if s is not None:
+            return s, False
+        s = Stream(device, stream_id, track=self.first_stream_track + len(self.streams))
+        self.streams[key] = s
+        return s, True
+
+    # --- host ---------------------------------------------------------------------------------
+    def advance_host(self, ns: int) -> None:
+        self.host_ns += max(0, ns)
+
+    def wait_host_until(self, t_ns: int, overhead_ns: int = 0) -> None:
+        """Block the host until t_ns (if later), then pay overhead_ns."""
+        self.host_ns = max(self.host_ns, t_ns) + overhead_ns
+
+    # --- GPU work -----------------------------------------------------------------------------
+    def enqueue(self, stream: Stream, launch_ns: int, duration_ns: int) -> GpuWork:
+        start = max(launch_ns + self.config.launch_latency_ns, stream.tail_ns)
+        end = start + duration_ns
+        stream.tail_ns = end
+        return GpuWork(stream, start, end)
+
+    def record_event(self, event_id: int, stream: Stream) -> int:
+        """cudaEventRecord: the event completes when the stream reaches it."""
+        t = max(self.host_ns + self.config.launch_latency_ns, stream.tail_ns)
+        self.events[event_id] = t
+        return t
+
+    def wait_event(self, event_id: int, stream: Stream) -> None:
+        """cudaStreamWaitEvent: later work on the stream starts after the event. Waiting on an
+        event that was never recorded is a no-op, as in CUDA."""
+        t = self.events.get(event_id)
+        if t is not None and t > stream.tail_ns:
+            stream.tail_ns = t
+
+    def device_idle_ns(self, device: int) -> int:
+        return max((s.tail_ns for s in self.streams.values() if s.device == device), default=0)
+
+    def gpu_end_ns(self) -> int:
+        return max((s.tail_ns for s in self.streams.values()), default=0)

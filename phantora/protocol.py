@@ -1,0 +1,106 @@
+"""Wire protocol between a rank process (interpose/client.py) and the simulator.
+
+One Unix stream socket per rank process. Each message is a 4-byte little-endian length followed
+by an orjson array `[records, call]`:
+  records  a batch of fire-and-forget records, applied in order (see the R_* kinds below)
+  call     null, or `[call_id, kind, *args]` for a request that needs an answer (C_* kinds);
+           it is answered after the records in the same message have been applied.
+A reply is `[call_id, ok, value]`: ok is true and value the result, or false and value an error
+message the client raises in the user's script.
+
+Records are plain lists whose first element is the kind, so that batching thousands of them per
+step costs one orjson call. This module must not import torch.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import orjson
+
+# --- records (no reply) ------------------------------------------------------------------------
+R_SIG = 0  # [R_SIG, sig_id, OpSignature wire form]: define an interned op signature
+R_OP = 1  # [R_OP, sig_id, stream_id, flags]: the op was called now, on this stream of its device
+R_MEM = 2  # [R_MEM, device, allocated, reserved]: allocator totals changed
+R_EVENT_RECORD = 3  # [R_EVENT_RECORD, event_id, device, stream_id]
+R_EVENT_WAIT = 4  # [R_EVENT_WAIT, event_id, device, stream_id]: stream waits for the event
+R_SYNC_DEVICE = 5  # [R_SYNC_DEVICE, device]: host blocks until the device is idle
+R_SYNC_STREAM = 6  # [R_SYNC_STREAM, device, stream_id]
+R_SYNC_EVENT = 7  # [R_SYNC_EVENT, event_id]
+R_NVTX_PUSH = 8  # [R_NVTX_PUSH, name]
+R_NVTX_POP = 9  # [R_NVTX_POP]
+R_SLEEP = 10  # [R_SLEEP, ns]: time.sleep on the host
+R_STREAM = 11  # [R_STREAM, device, stream_id, priority]: a stream was created
+R_WARN = 12  # [R_WARN, text]: the user side hit something worth reporting in the summary
+R_OOM = 13  # [R_OOM, device, requested_bytes, message]: an allocation failed in the script
+
+# R_OP flags
+OPF_NONBLOCKING_SYNC = 0  # nothing special
+OPF_THREAD_SIDE = 1  # launched from a user-created thread (does not advance the main host clock)
+
+# --- calls (reply expected) --------------------------------------------------------------------
+C_HELLO = 0  # [id, C_HELLO, info dict] -> config dict
+C_NOW = 1  # [id, C_NOW] -> host clock of this rank in ns since simulation start
+C_ELAPSED = 2  # [id, C_ELAPSED, start_event_id, end_event_id] -> milliseconds (float)
+C_QUERY_EVENT = 3  # [id, C_QUERY_EVENT, event_id] -> bool: has the event completed by now?
+C_QUERY_STREAM = 4  # [id, C_QUERY_STREAM, device, stream_id] -> bool
+C_BYE = 5  # [id, C_BYE, exit info] -> None: the process is exiting normally
+
+_LEN = struct.Struct("<I")
+MAX_MESSAGE = 1 << 30
+
+
+class ProtocolError(RuntimeError):
+    pass
+
+
+def encode(obj: object) -> bytes:
+    body = orjson.dumps(obj)
+    return _LEN.pack(len(body)) + body
+
+
+def send_message(sock: socket.socket, obj: object) -> None:
+    sock.sendall(encode(obj))
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
+            raise ConnectionError("connection closed by peer")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def recv_message(sock: socket.socket) -> object:
+    (n,) = _LEN.unpack(recv_exact(sock, 4))
+    if n > MAX_MESSAGE:
+        raise ProtocolError(f"message of {n} bytes exceeds the {MAX_MESSAGE}-byte limit")
+    return orjson.loads(recv_exact(sock, n))
+
+
+class MessageBuffer:
+    """Reassembles length-prefixed messages from a non-blocking socket's byte stream."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[object]:
+        self._buf += data
+        out = []
+        while len(self._buf) >= 4:
+            (n,) = _LEN.unpack_from(self._buf, 0)
+            if n > MAX_MESSAGE:
+                raise ProtocolError(f"message of {n} bytes exceeds the {MAX_MESSAGE}-byte limit")
+            if len(self._buf) < 4 + n:
+                break
+            out.append(orjson.loads(bytes(self._buf[4 : 4 + n])))
+            del self._buf[: 4 + n]
+        return out
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._buf)

@@ -1,0 +1,177 @@
+"""The simulator's socket server: one thread, one selector, every rank process's connection.
+
+Rank processes connect to a Unix domain socket inside a private (0700) temporary directory;
+nothing listens on the network. Each message carries a batch of records and at most one call
+(phantora/protocol.py). Everything runs on the thread that calls `serve`, so the engine needs
+no locks.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from phantora import protocol as P
+from phantora.engine.engine import CallError, Engine, RankInfo
+
+
+@dataclass
+class Connection:
+    sock: socket.socket
+    buffer: P.MessageBuffer = field(default_factory=P.MessageBuffer)
+    rank: int | None = None
+    pid: int | None = None
+    said_bye: bool = False
+
+
+class SimulatorServer:
+    def __init__(self, engine: Engine, hello_reply: dict[str, Any] | None = None) -> None:
+        self.engine = engine
+        self.hello_reply = hello_reply or {}
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="phantora-"))
+        os.chmod(self.tmpdir, 0o700)
+        self.socket_path = str(self.tmpdir / "sim.sock")
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self.socket_path)
+        self._listener.listen(256)
+        self._listener.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listener, selectors.EVENT_READ, None)
+        self.connections: list[Connection] = []
+        self.internal_errors: list[str] = []
+        self.ranks_seen: set[int] = set()
+
+    # --- loop ---------------------------------------------------------------------------------
+    def serve(self, keep_going: Callable[[], bool], poll_s: float = 0.05) -> None:
+        """Serve until keep_going() is false, then drain what connected processes already sent."""
+        while keep_going():
+            self._poll(poll_s)
+        deadline = time.monotonic() + 2.0
+        while self.open_connections() and time.monotonic() < deadline:
+            if not self._poll(0.05):
+                break
+
+    def open_connections(self) -> int:
+        return sum(1 for c in self.connections if c.sock.fileno() >= 0)
+
+    def _poll(self, timeout: float) -> bool:
+        events = self._sel.select(timeout)
+        for key, _ in events:
+            if key.data is None:
+                self._accept()
+            else:
+                self._read(key.data)
+        return bool(events)
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self._listener.accept()
+        except BlockingIOError:
+            return
+        sock.setblocking(False)
+        conn = Connection(sock)
+        self.connections.append(conn)
+        self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _close(self, conn: Connection) -> None:
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+        if conn.rank is not None:
+            self.engine.finish_rank(conn.rank)
+
+    def _read(self, conn: Connection) -> None:
+        try:
+            data = conn.sock.recv(1 << 20)
+        except (ConnectionError, OSError):
+            data = b""
+        if not data:
+            self._close(conn)
+            return
+        try:
+            messages = conn.buffer.feed(data)
+        except P.ProtocolError as e:
+            self.internal_errors.append(f"rank {conn.rank}: {e}")
+            self._close(conn)
+            return
+        for msg in messages:
+            self._handle(conn, msg)
+
+    # --- messages -----------------------------------------------------------------------------
+    def _handle(self, conn: Connection, msg: Any) -> None:
+        records, call = msg
+        try:
+            if records:
+                if conn.rank is None:
+                    raise CallError("a rank process sent records before saying hello")
+                self.engine.apply(conn.rank, records)
+            if call is not None:
+                self._reply(conn, call[0], True, self._call(conn, call))
+        except CallError as e:
+            if call is not None:
+                self._reply(conn, call[0], False, str(e))
+            else:
+                self.internal_errors.append(str(e))
+        except Exception:  # a bug in the simulator: tell the rank and the user, keep the trace
+            tb = traceback.format_exc()
+            self.internal_errors.append(tb)
+            print(f"phantora: internal error while simulating rank {conn.rank}:\n{tb}", file=sys.stderr, flush=True)
+            if call is not None:
+                self._reply(conn, call[0], False, "phantora internal error (see the simulator's message above)")
+
+    def _call(self, conn: Connection, call: list[Any]) -> Any:
+        kind = call[1]
+        if kind == P.C_HELLO:
+            info = call[2]
+            rank = int(info["rank"])
+            self.engine.add_rank(RankInfo(rank, int(info.get("node", 0)), int(info.get("local_rank", 0)), int(info.get("pid", 0))))
+            conn.rank, conn.pid = rank, info.get("pid")
+            self.ranks_seen.add(rank)
+            return self.hello_reply
+        if conn.rank is None:
+            raise CallError("a rank process made a call before saying hello")
+        if kind == P.C_NOW:
+            return self.engine.now(conn.rank)
+        if kind == P.C_ELAPSED:
+            return self.engine.elapsed_ms(conn.rank, call[2], call[3])
+        if kind == P.C_QUERY_EVENT:
+            return self.engine.query_event(conn.rank, call[2])
+        if kind == P.C_QUERY_STREAM:
+            return self.engine.query_stream(conn.rank, call[2], call[3])
+        if kind == P.C_BYE:
+            conn.said_bye = True
+            self.engine.finish_rank(conn.rank)
+            return None
+        raise CallError(f"unknown call kind {kind!r}")
+
+    def _reply(self, conn: Connection, call_id: int, ok: bool, value: Any) -> None:
+        try:
+            conn.sock.setblocking(True)
+            P.send_message(conn.sock, [call_id, ok, value])
+        except OSError:
+            self._close(conn)
+        finally:
+            if conn.sock.fileno() >= 0:
+                conn.sock.setblocking(False)
+
+    def close(self) -> None:
+        for conn in self.connections:
+            if conn.sock.fileno() >= 0:
+                self._close(conn)
+        self._sel.close()
+        self._listener.close()
+        try:
+            os.unlink(self.socket_path)
+            os.rmdir(self.tmpdir)
+        except OSError:
+            pass

@@ -1,0 +1,105 @@
+"""Chrome JSON trace writer (the format ui.perfetto.dev and chrome://tracing import).
+
+Events are streamed to disk in chunks so memory stays flat on long runs. The file is written
+to `<path>.partial` and renamed on close; `close` runs on every exit path of the simulator
+(normal end, script failure, Ctrl-C), so a finished file is always complete JSON.
+
+Timestamps: Chrome JSON uses microseconds; we write ns / 1000 with three decimals, which keeps
+nanosecond precision because times are relative to simulation start (notes/perfetto.md).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+_CHUNK_EVENTS = 4096
+
+
+def _us(ns: int) -> float:
+    return round(ns / 1000.0, 3)
+
+
+class ChromeJsonSink:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._partial = path.with_name(path.name + ".partial")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        raw: IO[bytes] = open(self._partial, "wb")
+        self._file: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if path.name.endswith(".gz") else raw
+        self._raw = raw
+        self._file.write(b'{"traceEvents":[\n')
+        self._pending: list[bytes] = []
+        self._first = True
+        self.events_written = 0
+        self.closed = False
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        self._pending.append(orjson.dumps(event))
+        if len(self._pending) >= _CHUNK_EVENTS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        body = b",\n".join(self._pending)
+        self._file.write(body if self._first else b",\n" + body)
+        self._first = False
+        self.events_written += len(self._pending)
+        self._pending.clear()
+
+    def process(self, pid: int, name: str, sort_index: int) -> None:
+        self._emit({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
+        self._emit({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": sort_index}})
+
+    def thread(self, pid: int, tid: int, name: str, sort_index: int) -> None:
+        self._emit({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+        self._emit({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": sort_index}})
+
+    def slice(
+        self,
+        pid: int,
+        tid: int,
+        name: str,
+        ts_ns: int,
+        dur_ns: int,
+        cat: str,
+        args: dict[str, Any] | None = None,
+        flow_out: int | None = None,
+        flow_in: int | None = None,
+    ) -> None:
+        ev: dict[str, Any] = {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": cat,
+                              "ts": _us(ts_ns), "dur": _us(dur_ns)}
+        if args:
+            ev["args"] = args
+        if flow_out is not None:
+            ev["bind_id"] = flow_out
+            ev["flow_out"] = True
+        elif flow_in is not None:
+            ev["bind_id"] = flow_in
+            ev["flow_in"] = True
+        self._emit(ev)
+
+    def instant(self, pid: int, tid: int, name: str, ts_ns: int, cat: str, args: dict[str, Any] | None = None) -> None:
+        ev: dict[str, Any] = {"ph": "i", "s": "t", "pid": pid, "tid": tid, "name": name, "cat": cat, "ts": _us(ts_ns)}
+        if args:
+            ev["args"] = args
+        self._emit(ev)
+
+    def counter(self, pid: int, name: str, ts_ns: int, values: dict[str, float]) -> None:
+        self._emit({"ph": "C", "pid": pid, "tid": 0, "name": name, "ts": _us(ts_ns), "args": values})
+
+    def close(self, metadata: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._flush()
+        self._file.write(b'\n],"displayTimeUnit":"ns","metadata":' + orjson.dumps(metadata) + b"}\n")
+        self._file.close()
+        if self._raw is not self._file:
+            self._raw.close()
+        os.replace(self._partial, self.path)
