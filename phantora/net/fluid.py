@@ -1,0 +1,368 @@
+"""Flow-level ("fluid") simulation: flows share links at max-min fair rates, event by event.
+
+State. A flow is one rate variable (a point-to-point transfer, or a ring/tree of them that
+moves in lockstep; see collectives.py) that starts at an integer-ns time with some bytes to
+deliver. Between events every rate is constant. Each flow keeps its rate history as segments
+(t, bytes remaining at t, rate from t on); that history is what rollback rewinds.
+
+Events. At each event time t (a batch): flows starting at t join, flows whose bytes run out at
+t leave; then the rates of every connected component (flows linked through shared links)
+that gained or lost a flow are recomputed, and nothing else: a change cannot propagate
+beyond its component. That is the incremental part of the max-min solve.
+
+Islands. Flows that ever shared a link (within the history kept) form an island, with its own
+event queue and its own "processed up to" time. Islands never interact, so each runs only
+as far as someone asks, and a late arrival rolls back only its island: on a cluster running
+tensor-parallel all-reduces per node, a late arrival on node 3 never rewinds node 200.
+
+Exactness. Event times are integers (a flow's drain time is rounded up to the next ns), and
+everything computed at an event depends only on the flows involved, taken in a canonical
+order (their `key`, which does not depend on arrival order) - not on island boundaries,
+arrival order or how far anything was simulated before. Hence the rollback invariant: any
+arrival order gives bit-identical completion times to a run that knew every flow in advance.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from phantora.net.maxmin import max_min_rates
+
+PENDING, ACTIVE, DONE = 0, 1, 2
+_MANY_LINKS = 64  # above this, a flow's links are scanned with numpy rather than in Python
+
+
+class Flow:
+    __slots__ = ("fid", "key", "handle", "start", "nbytes", "latency_ns", "links", "coefs",
+                 "link_list", "cap", "state", "seg_t", "seg_rem", "seg_rate", "done_t",
+                 "version", "island", "members")
+
+    def __init__(self, fid: int, key: tuple, handle: int, start: int, nbytes: float,
+                 latency_ns: int, links: np.ndarray, coefs: np.ndarray, cap: float,
+                 members=None):
+        self.fid = fid
+        self.key = key  # canonical order: independent of arrival order
+        self.handle = handle
+        self.start = start
+        self.nbytes = nbytes
+        self.latency_ns = latency_ns
+        self.links = links  # unique link ids (int64)
+        self.coefs = coefs  # link bytes per delivered byte, per link
+        self.link_list = links.tolist()
+        self.cap = cap
+        self.state = PENDING
+        self.seg_t: list[int] = []
+        self.seg_rem: list[float] = []
+        self.seg_rate: list[float] = []
+        self.done_t = -1
+        self.version = 0  # bumps whenever a queued drain event of this flow goes stale
+        self.island = -1
+        self.members = members  # (src, dst, weight, salt) of the transfers it stands for
+
+    def projected_drain(self) -> int | None:
+        return drain_time(self.seg_t[-1], self.seg_rem[-1], self.seg_rate[-1])
+
+    def end_ns(self) -> int:
+        return self.done_t + self.latency_ns
+
+
+def drain_time(t: int, remaining: float, rate: float) -> int | None:
+    """The integer ns at which a flow with `remaining` bytes at t, at `rate`, has delivered
+    them: rounded up (the 1e-6 ns slack keeps an exact quotient from rounding up a whole ns),
+    and at least one ns after t (a flow still active at t needs some time)."""
+    if rate <= 0:
+        return None
+    return max(t + 1, math.ceil(t + remaining / rate - 1e-6))
+
+
+class Island:
+    __slots__ = ("iid", "fids", "arrivals", "drains", "processed_until")
+
+    def __init__(self, iid: int):
+        self.iid = iid
+        self.fids: set[int] = set()
+        self.arrivals: list[tuple[int, int]] = []  # heap of (start, fid)
+        self.drains: list[tuple[int, int, int]] = []  # heap of (time, fid, version)
+        self.processed_until = -1  # time of the last event batch applied
+
+
+class FlowSimulator:
+    def __init__(self, capacity: np.ndarray):
+        self.capacity = capacity
+        self.flows: dict[int, Flow] = {}
+        self.islands: dict[int, Island] = {}
+        self._island_parent: list[int] = []
+        self._link_island = np.full(len(capacity), -1, dtype=np.int64)
+        self._on_link: dict[int, set[int]] = {}  # link -> active flows
+        self._flows_on_link = np.zeros(len(capacity), dtype=np.int32)
+        self._link_seen = np.zeros(len(capacity), dtype=bool)
+        self.batches = 0
+        self.solves = 0
+
+    # ---- islands ---------------------------------------------------------------------
+
+    def _find(self, iid: int) -> int:
+        parent = self._island_parent
+        root = iid
+        while parent[root] != root:
+            root = parent[root]
+        while parent[iid] != root:
+            parent[iid], iid = root, parent[iid]
+        return root
+
+    def _new_island(self) -> Island:
+        iid = len(self._island_parent)
+        self._island_parent.append(iid)
+        island = self.islands[iid] = Island(iid)
+        return island
+
+    def island_of(self, flow: Flow) -> Island:
+        return self.islands[flow.island]
+
+    def attach(self, flows: list[Flow]) -> Island:
+        """Put new (pending) flows into the island their links lead to, merging islands they
+        connect. Returns the island; its processed_until is what the newcomers must beat to
+        avoid a rollback (the caller decides)."""
+        links = np.unique(np.concatenate([f.links for f in flows]))
+        ids = self._link_island[links]
+        roots = sorted({self._find(int(i)) for i in np.unique(ids[ids >= 0])})
+        if not roots:
+            island = self._new_island()
+        else:
+            island = max((self.islands[r] for r in roots), key=lambda i: (len(i.fids), -i.iid))
+            for r in roots:
+                if r != island.iid:
+                    self._merge(island, self.islands[r])
+        self._link_island[links] = island.iid
+        for f in flows:
+            self.flows[f.fid] = f
+            f.island = island.iid
+            island.fids.add(f.fid)
+            heapq.heappush(island.arrivals, (f.start, f.fid))
+        return island
+
+    def _merge(self, into: Island, other: Island) -> None:
+        # Islands being merged never shared a link before this moment, so their queued
+        # events can simply be interleaved: events of one never involve flows of the other.
+        for fid in other.fids:
+            self.flows[fid].island = into.iid
+        into.fids |= other.fids
+        into.arrivals.extend(other.arrivals)
+        heapq.heapify(into.arrivals)
+        into.drains.extend(other.drains)
+        heapq.heapify(into.drains)
+        into.processed_until = max(into.processed_until, other.processed_until)
+        self._island_parent[other.iid] = into.iid
+        del self.islands[other.iid]
+
+    def rebuild_islands(self) -> None:
+        """Recompute islands from the live flows (after pruning dropped the flows that tied
+        them together), so that they split again."""
+        self.islands.clear()
+        self._island_parent.clear()
+        self._link_island[:] = -1
+        for fid in sorted(self.flows):
+            f = self.flows[fid]
+            ids = self._link_island[f.links]
+            roots = sorted({self._find(int(i)) for i in np.unique(ids[ids >= 0])})
+            island = self._new_island() if not roots else self.islands[roots[0]]
+            for r in roots[1:]:
+                other = self.islands.pop(r)
+                for g in other.fids:
+                    self.flows[g].island = island.iid
+                island.fids |= other.fids
+                self._island_parent[r] = island.iid
+            self._link_island[f.links] = island.iid
+            f.island = island.iid
+            island.fids.add(fid)
+        for island in self.islands.values():
+            for fid in island.fids:
+                f = self.flows[fid]
+                if f.state == PENDING:
+                    island.arrivals.append((f.start, fid))
+                elif f.state == ACTIVE:
+                    self._queue_drain(island, f)
+                island.processed_until = max(island.processed_until, last_event_time(f))
+            heapq.heapify(island.arrivals)
+
+    # ---- the link index of active flows -------------------------------------------------
+
+    def activate(self, f: Flow) -> None:
+        for link in f.link_list:
+            s = self._on_link.get(link)
+            if s is None:
+                self._on_link[link] = {f.fid}
+            else:
+                s.add(f.fid)
+        self._flows_on_link[f.links] += 1
+
+    def deactivate(self, f: Flow) -> None:
+        for link in f.link_list:
+            s = self._on_link[link]
+            s.discard(f.fid)
+            if not s:
+                del self._on_link[link]
+        self._flows_on_link[f.links] -= 1
+
+    def remove(self, f: Flow) -> None:
+        """Forget a finished flow (pruning)."""
+        assert f.state == DONE
+        del self.flows[f.fid]
+        island = self.islands.get(f.island)
+        if island is not None:
+            island.fids.discard(f.fid)
+
+    # ---- events ------------------------------------------------------------------------
+
+    def _queue_drain(self, island: Island, f: Flow) -> None:
+        t = f.projected_drain()
+        if t is not None:
+            heapq.heappush(island.drains, (t, f.fid, f.version))
+
+    def queue_drain(self, f: Flow) -> None:
+        self._queue_drain(self.island_of(f), f)
+
+    def next_time(self, island: Island) -> int | None:
+        drains = island.drains
+        while drains:
+            t, fid, version = drains[0]
+            f = self.flows.get(fid)
+            if f is not None and f.state == ACTIVE and f.version == version:
+                break
+            heapq.heappop(drains)  # stale: the flow's rate changed, or it was rolled back
+        arrivals = island.arrivals
+        while arrivals:
+            f = self.flows.get(arrivals[0][1])
+            if f is not None and f.state == PENDING and f.start == arrivals[0][0]:
+                break
+            heapq.heappop(arrivals)
+        candidates = []
+        if drains:
+            candidates.append(drains[0][0])
+        if arrivals:
+            candidates.append(arrivals[0][0])
+        return min(candidates) if candidates else None
+
+    def step(self, island: Island) -> int | None:
+        """Apply the next event batch of an island; returns its time (None: nothing left)."""
+        t = self.next_time(island)
+        if t is None:
+            return None
+        self.batches += 1
+        flows = self.flows
+        drained = []
+        while island.drains and island.drains[0][0] == t:
+            _, fid, version = heapq.heappop(island.drains)
+            f = flows.get(fid)
+            if f is not None and f.state == ACTIVE and f.version == version:
+                drained.append(f)
+        arrived = []
+        while island.arrivals and island.arrivals[0][0] == t:
+            _, fid = heapq.heappop(island.arrivals)
+            f = flows.get(fid)
+            if f is not None and f.state == PENDING and f.start == t:
+                arrived.append(f)
+        seeds: set[int] = set()
+        for f in drained:
+            f.state = DONE
+            f.done_t = t
+            f.version += 1
+            self.deactivate(f)
+        for f in drained:
+            for link in f.link_list:
+                s = self._on_link.get(link)
+                if s:
+                    seeds |= s
+        for f in arrived:
+            if f.state != PENDING:
+                continue  # listed twice in the heap
+            f.state = ACTIVE
+            f.seg_t.append(t)
+            f.seg_rem.append(f.nbytes)
+            f.seg_rate.append(0.0)
+            self.activate(f)
+            seeds.add(f.fid)
+        for component in self._components(seeds):
+            self._solve(island, component, t)
+        island.processed_until = max(island.processed_until, t)
+        return t
+
+    def run_before(self, island: Island, t: int) -> None:
+        """Apply every event batch of the island earlier than t."""
+        while True:
+            nxt = self.next_time(island)
+            if nxt is None or nxt >= t:
+                return
+            self.step(island)
+
+    def run_until_done(self, f: Flow) -> None:
+        while f.state != DONE:
+            if self.step(self.island_of(f)) is None:
+                raise RuntimeError(f"flow {f.fid} can never finish (no link capacity?)")
+
+    # ---- rates -------------------------------------------------------------------------
+
+    def _components(self, seeds: set[int]) -> list[list[int]]:
+        """Connected components (through links shared by active flows) containing the seeds."""
+        flows, on_link, shared, seen_link = (self.flows, self._on_link, self._flows_on_link,
+                                             self._link_seen)
+        seen: set[int] = set()
+        seen_small: set[int] = set()
+        components = []
+        touched: list[np.ndarray] = []
+        for s in sorted(seeds):
+            if s in seen:
+                continue
+            seen.add(s)
+            component, stack = [s], [s]
+            while stack:
+                f = flows[stack.pop()]
+                if len(f.link_list) > _MANY_LINKS:
+                    # a ring over thousands of GPUs: filter its links in numpy; links only
+                    # this flow uses lead nowhere
+                    links = f.links[shared[f.links] > 1]
+                    links = links[~seen_link[links]]
+                    seen_link[links] = True
+                    touched.append(links)
+                    links = links.tolist()
+                else:
+                    links = [x for x in f.link_list if x not in seen_small]
+                    seen_small.update(links)
+                for link in links:
+                    on = on_link[link]
+                    if len(on) > 1:
+                        for g in on:
+                            if g not in seen:
+                                seen.add(g)
+                                component.append(g)
+                                stack.append(g)
+            components.append(component)
+        for links in touched:
+            seen_link[links] = False
+        return components
+
+    def _solve(self, island: Island, component: list[int], t: int) -> None:
+        flows = sorted((self.flows[i] for i in component), key=lambda f: f.key)
+        rates = max_min_rates([f.links for f in flows], [f.coefs for f in flows],
+                              np.array([f.cap for f in flows]), self.capacity)
+        self.solves += 1
+        for f, rate in zip(flows, rates.tolist()):
+            last = f.seg_t[-1]
+            if last == t:
+                f.seg_rate[-1] = rate
+            else:
+                remaining = f.seg_rem[-1] - f.seg_rate[-1] * (t - last)
+                f.seg_t.append(t)
+                f.seg_rem.append(remaining)
+                f.seg_rate.append(rate)
+            f.version += 1
+            self._queue_drain(island, f)
+
+
+def last_event_time(f: Flow) -> int:
+    """The latest event batch that left a trace on this flow (-1: none)."""
+    last = f.seg_t[-1] if f.seg_t else -1
+    return max(last, f.done_t) if f.state == DONE else last

@@ -1,0 +1,557 @@
+"""The network simulator as the engine sees it: submit collectives, ask when they finish.
+
+    net = Network(load_cluster("dgx-h100", nodes=2))
+    h = net.submit(CollectiveSpec("all_reduce", 256 << 20, tuple(range(16))), start_ns=0)
+    end = net.finish_time(h)          # simulates as far as needed
+    net.take_corrections()            # ends already returned that a late arrival changed
+    net.prune(horizon_ns)             # every participant's clock is past horizon_ns
+
+Modes. "optimistic": finish_time simulates ahead; a collective that later arrives with an
+earlier start rolls the affected part of the network back (rollback.py), re-simulates, and
+every completion time already returned that changed is reported by take_corrections(), the
+rollback itself by take_rollbacks(). "conservative": the caller promises, through
+advance_horizon(t), that no future submission starts before t; the network never simulates
+past that horizon, finish_time returns None while the answer could still change, and no
+rollback ever happens. Both give the same times for the same submissions.
+
+Deterministic: the same submissions give the same times, whatever the arrival order (in
+optimistic mode, after corrections) and whatever was queried in between.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from phantora.net import collectives as coll
+from phantora.net.cluster import Cluster
+from phantora.net.fluid import ACTIVE, DONE, PENDING, Flow, FlowSimulator
+from phantora.net.records import (OPS, CollectiveInfo, CollectiveSpec, Correction, FlowRecord,
+                                  LinkInfo, LinkSegment, NetworkStats, RollbackRecord)
+from phantora.net.rollback import prune_history, roll_back
+from phantora.net.topology import Topology
+from phantora.net.tuning import (P2P, NcclConstants, collective_latency_us, default_algorithms,
+                                 parse_override, predicted_time_us, ring_plateau_applies,
+                                 runnable_algorithms, runnable_protocols)
+
+MODES = ("optimistic", "conservative")
+_CACHE_SIZE = 1024  # communicators (and their algorithm candidates) remembered
+_CACHE_LINK_ENTRIES = 8_000_000  # routed plans are kept up to this many (link, load) pairs
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """mode: "optimistic" (simulate ahead, roll back) or "conservative" (never past the
+    horizon). algorithm / protocol: like NCCL_ALGO / NCCL_PROTO ("ring", "tree,ring",
+    "^nvls", "allreduce:tree"); None lets the model choose as NCCL would. pxn: route
+    cross-rail traffic through the GPU on the destination's rail (NCCL's PXN).
+    record_flows: include per-transfer FlowRecords in the CollectiveInfo prune() returns."""
+
+    mode: str = "optimistic"
+    algorithm: str | None = None
+    protocol: str | None = None
+    pxn: bool = True
+    record_flows: bool = False
+    constants: NcclConstants = field(default_factory=NcclConstants)
+
+
+@dataclass
+class _RoutedGroup:
+    """A FlowGroup with its routes folded into per-link load coefficients."""
+
+    links: np.ndarray
+    coefs: np.ndarray
+    cap: float
+    latency_ns: int
+    fraction: float
+    fixed_bytes: int | None
+    members: tuple  # (src, dst, payload, salt), for FlowRecords
+
+
+@dataclass
+class _Choice:
+    algorithm: str
+    protocol: str
+    groups: list[_RoutedGroup]
+    latency_ns: int  # NCCL's latency for this communicator, before size-dependent terms
+
+
+class _Collective:
+    __slots__ = ("handle", "spec", "start", "algorithm", "protocol", "channels", "transfers",
+                 "flows", "latency_ns", "end", "reported", "pruned_end", "pruned_records")
+
+    def __init__(self, handle, spec, start, algorithm, protocol, channels, transfers, latency_ns):
+        self.handle, self.spec, self.start = handle, spec, start
+        self.algorithm, self.protocol = algorithm, protocol
+        self.channels, self.transfers, self.latency_ns = channels, transfers, latency_ns
+        self.flows: list[Flow] = []
+        self.end: int | None = None  # known and final unless a rollback resets it
+        self.reported: int | None = None  # the last end finish_time returned
+        self.pruned_end = -1  # latest end among flows already forgotten
+        self.pruned_records: list[FlowRecord] = []
+
+
+class Network:
+    def __init__(self, cluster: Cluster, config: NetworkConfig | None = None):
+        self.cluster = cluster
+        self.config = config = config or NetworkConfig()
+        if config.mode not in MODES:
+            raise ValueError(f"mode: {config.mode!r} is not allowed (allowed: {', '.join(MODES)})")
+        self._algorithms = parse_override(config.algorithm, "algorithm")
+        self._protocols = parse_override(config.protocol, "protocol")
+        self.topology = Topology(cluster)
+        self._sim = FlowSimulator(self.topology.capacity)
+        self._collectives: dict[int, _Collective] = {}
+        self._next_handle = 0
+        self._next_fid = 0
+        self._horizon = 0
+        self._corrections: list[Correction] = []
+        self._rollbacks: list[RollbackRecord] = []
+        self._rollback_count = 0
+        self._plans: OrderedDict[tuple, _Choice] = OrderedDict()  # LRU of routed plans
+        self._plan_entries = 0
+        self._candidates: OrderedDict[tuple, list[tuple[str, str]]] = OrderedDict()
+        self._communicators: OrderedDict[tuple, coll.Communicator] = OrderedDict()
+        self.flows_submitted = 0
+        self.transfers_submitted = 0
+
+    # ---- the engine's interface ------------------------------------------------------------
+
+    def submit(self, spec: CollectiveSpec, start_ns: int) -> int:
+        """Start a collective at start_ns (when its last participant reaches it); returns a
+        handle. If start_ns is before what the network has simulated, the affected part rolls
+        back (optimistic mode); corrections are then waiting in take_corrections()."""
+        spec = self._validated(spec)
+        if isinstance(start_ns, bool) or not isinstance(start_ns, (int, np.integer)):
+            raise ValueError(f"start_ns must be an integer (ns), got {start_ns!r}")
+        start = int(start_ns)
+        if start < self._horizon:
+            raise ValueError(f"start_ns {start} is before the horizon {self._horizon}: the "
+                             "caller promised (advance_horizon/prune) no earlier submissions")
+        model = replace(spec, op="all_reduce", nbytes=4) if spec.op == "barrier" else spec
+        handle = self._next_handle
+        self._next_handle += 1
+        if len(spec.ranks) == 1:
+            c = _Collective(handle, spec, start, "none", "none", 0, 0, 0)
+            c.end = start
+            self._collectives[handle] = c
+            return handle
+        choice = self._choose(model)
+        const = self.config.constants
+        # NCCL's size-dependent terms: multi-node rings pay more latency on large messages;
+        # trees deliver less than their bandwidth on medium ones (charged as extra bytes).
+        latency_scale = byte_scale = 1.0
+        if choice.algorithm == "ring" and ring_plateau_applies(
+                model.op, choice.protocol, self._communicator(model.ranks).shape, model.nbytes,
+                const):
+            latency_scale = const.ring_plateau
+        if choice.algorithm == "tree":
+            byte_scale = 1.0 / const.tree_factor(choice.protocol, model.nbytes)
+        latency = int(round(choice.latency_ns * latency_scale))
+        c = _Collective(handle, spec, start, choice.algorithm, choice.protocol,
+                        len(choice.groups), sum(len(g.members[0]) for g in choice.groups),
+                        latency)
+        self._collectives[handle] = c
+        key = _content_key(model, choice)
+        for i, g in enumerate(choice.groups):
+            if g.fixed_bytes is not None:
+                nbytes = g.fixed_bytes
+            else:
+                nbytes = g.fraction * model.nbytes * byte_scale
+            if nbytes <= 0:
+                continue
+            f = Flow(self._next_fid, (start, key, i), handle, start, float(nbytes),
+                     int(round(g.latency_ns * latency_scale)), g.links, g.coefs, g.cap,
+                     g.members)
+            self._next_fid += 1
+            c.flows.append(f)
+        self.flows_submitted += len(c.flows)
+        self.transfers_submitted += c.transfers
+        if not c.flows:  # nothing to move: only the latency
+            c.end = start + latency
+            return handle
+        island = self._sim.attach(c.flows)
+        if start <= island.processed_until:
+            if self.config.mode == "conservative":  # cannot happen: nothing runs past the horizon
+                raise AssertionError("conservative network simulated past its horizon")
+            self._roll_back(c, island)
+        return handle
+
+    def finish_time(self, handle: int) -> int | None:
+        """Completion time (ns) of a collective. Optimistic: simulates as far as needed.
+        Conservative: None until no submission allowed by the horizon can change it."""
+        c = self._get(handle)
+        end = self._end(c)
+        if end is not None:
+            c.reported = end
+        return end
+
+    def advance_horizon(self, t_ns: int) -> None:
+        """Promise: no future submit() starts before t_ns."""
+        self._horizon = max(self._horizon, int(t_ns))
+
+    def take_corrections(self) -> list[Correction]:
+        out, self._corrections = self._corrections, []
+        return out
+
+    def take_rollbacks(self) -> list[RollbackRecord]:
+        out, self._rollbacks = self._rollbacks, []
+        return out
+
+    def prune(self, horizon_ns: int) -> list[CollectiveInfo]:
+        """Every participant's clock is past horizon_ns (so is every future start): simulate
+        up to it, forget history before it, and retire the collectives that finished before
+        it. Returns their final CollectiveInfo (with flows if config.record_flows); their
+        handles are unknown afterwards."""
+        self.advance_horizon(horizon_ns)
+        h = self._horizon
+        sim = self._sim
+        for island in list(sim.islands.values()):
+            sim.run_before(island, h)
+        retired = []
+        for handle in sorted(self._collectives):
+            c = self._collectives[handle]
+            if all(f.state == DONE and f.done_t < h for f in c.flows):
+                end = self._end(c)
+                if end is not None and end <= h:
+                    retired.append(self._info(c, end, self.config.record_flows))
+                    for f in c.flows:
+                        sim.remove(f)
+                    del self._collectives[handle]
+                    continue
+            early = [f for f in c.flows if f.state == DONE and f.done_t < h]
+            if len(early) < len(c.flows):
+                for f in early:
+                    if self.config.record_flows:
+                        c.pruned_records.extend(self._flow_records(c, [f]))
+                    c.pruned_end = max(c.pruned_end, f.end_ns())
+                    sim.remove(f)
+                c.flows = [f for f in c.flows if not (f.state == DONE and f.done_t < h)]
+        prune_history(sim, h)
+        return retired
+
+    # ---- information for the trace -----------------------------------------------------------
+
+    def collective_info(self, handle: int) -> CollectiveInfo:
+        """Algorithm, protocol, channels, bandwidths of a live collective (end_ns -1 while
+        unknown in conservative mode)."""
+        c = self._get(handle)
+        return self._info(c, self._end(c), False)
+
+    def flow_records(self, handle: int) -> list[FlowRecord]:
+        c = self._get(handle)
+        self._end(c)
+        return c.pruned_records + self._flow_records(c, c.flows)
+
+    def links(self) -> list[LinkInfo]:
+        return self.topology.link_infos()
+
+    def link_utilization(self, start_ns: int, end_ns: int,
+                         links: list[int] | None = None) -> list[LinkSegment]:
+        """Load on each link as piecewise-constant segments within [start_ns, end_ns), from
+        the history still held (call before prune() forgets it). Segments of flows still
+        running extend to their currently projected end."""
+        pieces_link, pieces_load, pieces_t0, pieces_t1 = [], [], [], []
+        for fid in sorted(self._sim.flows):
+            f = self._sim.flows[fid]
+            if f.state == PENDING:
+                continue
+            for k, t0 in enumerate(f.seg_t):
+                if k + 1 < len(f.seg_t):
+                    t1 = f.seg_t[k + 1]
+                elif f.state == DONE:
+                    t1 = f.done_t
+                else:
+                    drain = f.projected_drain()
+                    t1 = end_ns if drain is None else drain
+                a, b = max(t0, start_ns), min(t1, end_ns)
+                if a >= b or f.seg_rate[k] <= 0:
+                    continue
+                pieces_link.append(f.links)
+                pieces_load.append(f.coefs * f.seg_rate[k])
+                pieces_t0.append(np.full(len(f.links), a))
+                pieces_t1.append(np.full(len(f.links), b))
+        if not pieces_link:
+            return []
+        link = np.concatenate(pieces_link)
+        load = np.concatenate(pieces_load)
+        t0, t1 = np.concatenate(pieces_t0), np.concatenate(pieces_t1)
+        if links is not None:
+            keep = np.isin(link, np.asarray(links))
+            link, load, t0, t1 = link[keep], load[keep], t0[keep], t1[keep]
+        ev_link = np.concatenate([link, link])
+        ev_time = np.concatenate([t0, t1])
+        ev_delta = np.concatenate([load, -load])
+        order = np.lexsort((ev_time, ev_link))
+        ev_link, ev_time, ev_delta = ev_link[order], ev_time[order], ev_delta[order]
+        level = np.cumsum(ev_delta)  # every + has its -, so the sum restarts at 0 per link
+        out = []
+        cap = self.topology.capacity
+        for i in range(len(ev_link) - 1):
+            if ev_link[i] == ev_link[i + 1] and ev_time[i] < ev_time[i + 1] and level[i] > 1e-9:
+                lk = int(ev_link[i])
+                out.append(LinkSegment(lk, int(ev_time[i]), int(ev_time[i + 1]),
+                                       float(level[i]), float(level[i] / cap[lk])))
+        return out
+
+    def stats(self) -> NetworkStats:
+        sim = self._sim
+        return NetworkStats(
+            live_collectives=len(self._collectives),
+            live_flows=len(sim.flows),
+            history_segments=sum(len(f.seg_t) for f in sim.flows.values()),
+            islands=len(sim.islands),
+            route_cache_entries=len(self._plans),
+            event_batches=sim.batches,
+            rollbacks=self._rollback_count,
+        )
+
+    @property
+    def rollback_count(self) -> int:
+        return self._rollback_count
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _get(self, handle: int) -> _Collective:
+        try:
+            return self._collectives[handle]
+        except KeyError:
+            if 0 <= handle < self._next_handle:
+                raise KeyError(f"collective {handle} was retired by prune()") from None
+            raise KeyError(f"no collective {handle}") from None
+
+    def _end(self, c: _Collective) -> int | None:
+        if c.end is not None:
+            return c.end
+        sim = self._sim
+        if self.config.mode == "optimistic":
+            for f in c.flows:
+                sim.run_until_done(f)
+        else:
+            ends = [c.pruned_end]
+            for f in c.flows:
+                if f.state != DONE:
+                    sim.run_before(sim.island_of(f), self._horizon)
+                if f.state == DONE:
+                    ends.append(f.end_ns())
+                    continue
+                drain = f.projected_drain() if f.state == ACTIVE else None
+                if drain is None or drain > self._horizon:
+                    return None  # a submission at the horizon could still slow it down
+                ends.append(drain + f.latency_ns)
+            if any(f.state != DONE for f in c.flows):
+                return max(ends)
+        c.end = max([c.pruned_end] + [f.end_ns() for f in c.flows])
+        return c.end
+
+    def _roll_back(self, late: _Collective, island) -> None:
+        network_time = max(i.processed_until for i in self._sim.islands.values())
+        from_ns = island.processed_until
+        affected = roll_back(self._sim, island, late.start)
+        handles = sorted({f.handle for f in affected})
+        for h in handles:
+            self._collectives[h].end = None
+        corrections = []
+        for h in handles:
+            c = self._collectives[h]
+            if c.reported is None:
+                continue
+            new = self._end(c)
+            if new != c.reported:
+                corrections.append(Correction(h, c.spec.label, c.reported, new))
+                c.reported = new
+        self._corrections.extend(corrections)
+        self._rollbacks.append(RollbackRecord(
+            seq=self._rollback_count, handle=late.handle, label=late.spec.label,
+            network_time_ns=network_time, from_ns=from_ns, to_ns=late.start,
+            flows_rolled_back=len(affected), corrections=tuple(corrections)))
+        self._rollback_count += 1
+
+    def _validated(self, spec: CollectiveSpec) -> CollectiveSpec:
+        if not isinstance(spec, CollectiveSpec):
+            raise TypeError(f"expected a CollectiveSpec, got {type(spec).__name__}")
+        if spec.op not in OPS:
+            raise ValueError(f"op: {spec.op!r} is not allowed (allowed: {', '.join(OPS)})")
+        if isinstance(spec.nbytes, bool) or not isinstance(spec.nbytes, (int, np.integer)) \
+                or spec.nbytes < 0:
+            raise ValueError(f"nbytes: must be an integer >= 0, got {spec.nbytes!r}")
+        ranks = tuple(int(r) for r in spec.ranks)
+        n = self.topology.num_gpus
+        if not ranks:
+            raise ValueError("ranks: empty")
+        bad = [r for r in ranks if not 0 <= r < n]
+        if bad:
+            raise ValueError(f"ranks: GPU {bad[0]} does not exist (cluster has GPUs 0..{n - 1})")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"ranks: a GPU appears twice in {ranks}")
+        root = spec.root
+        if spec.op in ("broadcast", "reduce"):
+            if root is None or root not in ranks:
+                raise ValueError(f"root: {spec.op} needs a root among ranks, got {root!r}")
+        if spec.op == "send_recv" and len(ranks) != 2:
+            raise ValueError(f"ranks: send_recv takes (sender, receiver), got {ranks}")
+        split = spec.split_bytes
+        if split is not None:
+            if spec.op != "all_to_all":
+                raise ValueError("split_bytes: only for all_to_all")
+            split = tuple(tuple(int(x) for x in row) for row in split)
+            if len(split) != len(ranks) or any(len(row) != len(ranks) for row in split) \
+                    or any(x < 0 for row in split for x in row):
+                raise ValueError(f"split_bytes: must be a {len(ranks)}x{len(ranks)} matrix of "
+                                 "byte counts >= 0")
+        return replace(spec, ranks=ranks, nbytes=int(spec.nbytes), split_bytes=split)
+
+    def _choose(self, spec: CollectiveSpec) -> _Choice:
+        """Algorithm and protocol, the way NCCL picks them: the smallest time NCCL's own model
+        predicts (tuning.predicted_time_us)."""
+        if spec.op in ("send_recv", "all_to_all"):
+            return self._routed(spec, P2P, "")
+        comm = self._communicator(spec.ranks)
+        key = (spec.op, spec.ranks)
+        candidates = self._candidates.get(key)
+        if candidates is None:
+            candidates = self._candidates[key] = self._candidate_list(spec.op, comm)
+            if len(self._candidates) > _CACHE_SIZE:
+                self._candidates.popitem(last=False)
+        const = self.config.constants
+        cc = self.cluster.gpu_spec.capability[0]
+        best, best_time = None, None
+        for algorithm, protocol in candidates:
+            latency = self._latency_us(spec.op, algorithm, protocol, comm)
+            t = predicted_time_us(spec.op, algorithm, protocol, comm.shape, spec.nbytes,
+                                  latency, const, cc)
+            if best_time is None or t < best_time:
+                best, best_time = (algorithm, protocol), t
+        return self._routed(spec, *best)
+
+    def _communicator(self, ranks: tuple[int, ...]) -> coll.Communicator:
+        comm = self._communicators.get(ranks)
+        if comm is None:
+            comm = self._communicators[ranks] = coll.communicator(ranks, self.topology)
+            if len(self._communicators) > _CACHE_SIZE:
+                self._communicators.popitem(last=False)
+        return comm
+
+    def _latency_us(self, op: str, algorithm: str, protocol: str, comm: coll.Communicator) -> float:
+        return collective_latency_us(op, algorithm, protocol, comm.shape, self.config.constants,
+                                     comm.intra_hop_ns / 1e3, comm.inter_hop_ns / 1e3)
+
+    def _candidate_list(self, op: str, comm: coll.Communicator) -> list[tuple[str, str]]:
+        nvswitch = self.topology.nvswitch
+        nodes, nvls = comm.shape.n_nodes, self.cluster.node.nvls
+        algos = self._algorithms.allowed(op, runnable_algorithms(op, nodes, comm.min_ppn, nvls))
+        if self._algorithms.text is None or not algos:
+            algos = default_algorithms(op, nodes, comm.min_ppn, nvls)
+        pairs = [(a, p) for a in algos
+                 for p in self._protocols.allowed(op, runnable_protocols(a, nvswitch))]
+        if not pairs:  # the protocol override excludes everything: ignore it, like NCCL
+            pairs = [(a, p) for a in algos for p in runnable_protocols(a, nvswitch)]
+        return pairs
+
+    def _routed(self, spec: CollectiveSpec, algorithm: str, protocol: str) -> _Choice:
+        if algorithm == P2P:
+            key = (spec.op, spec.ranks, spec.nbytes, spec.split_bytes, P2P)
+        else:
+            key = (spec.op, spec.ranks, spec.root, algorithm, protocol)
+        choice = self._plans.get(key)
+        if choice is not None:
+            self._plans.move_to_end(key)
+            return choice
+        choice = self._plan(spec, algorithm, protocol)
+        self._plans[key] = choice
+        self._plan_entries += _entries(choice)
+        while self._plan_entries > _CACHE_LINK_ENTRIES and len(self._plans) > 1:
+            _, old = self._plans.popitem(last=False)
+            self._plan_entries -= _entries(old)
+        return choice
+
+    def _plan(self, spec: CollectiveSpec, algorithm: str, protocol: str) -> _Choice:
+        topo, const = self.topology, self.config.constants
+        if algorithm == P2P:
+            plan = coll.p2p_plan(spec, topo, const)
+        else:
+            comm = self._communicator(spec.ranks)
+            ll_cap = const.ll_max_busbw(comm.shape.n_nodes, self.cluster.gpu_spec.capability[0])
+            if algorithm == "ring":
+                plan = coll.ring_plan(spec, protocol, topo, const, ll_cap)
+            elif algorithm == "tree":
+                plan = coll.tree_plan(spec, protocol, topo, const, ll_cap)
+            elif algorithm == "nvls":
+                plan = coll.nvls_plan(spec, topo, const)
+            else:
+                plan = coll.nvls_tree_plan(spec, topo, const)
+            latency_ns = int(round(self._latency_us(spec.op, algorithm, protocol, comm) * 1e3))
+            for g in plan.groups:
+                g.latency_ns = latency_ns
+        routed = self._route_groups(plan.groups)
+        latency = max((g.latency_ns for g in routed), default=0)
+        return _Choice(plan.algorithm, plan.protocol, routed, latency)
+
+    def _route_groups(self, groups: list[coll.FlowGroup]) -> list[_RoutedGroup]:
+        """Route every transfer of every group at once, and fold each group's routes into
+        one load coefficient per link."""
+        if not groups:
+            return []
+        topo = self.topology
+        sizes = np.array([len(g.src) for g in groups])
+        gid = np.repeat(np.arange(len(groups)), sizes)
+        src = np.concatenate([g.src for g in groups])
+        dst = np.concatenate([g.dst for g in groups])
+        salt = np.repeat(np.array([g.salt for g in groups], dtype=np.int64), sizes)
+        weight = np.concatenate([g.weight for g in groups])
+        member, link, share = topo.route_many(src, dst, salt, self.config.pxn)
+        key = gid[member] * topo.n_links + link
+        uniq, inverse = np.unique(key, return_inverse=True)
+        coefs = np.bincount(inverse, weights=share * weight[member])
+        group_of, link_of = uniq // topo.n_links, uniq % topo.n_links
+        bounds = np.searchsorted(group_of, np.arange(len(groups) + 1))
+        out = []
+        for i, g in enumerate(groups):
+            a, b = bounds[i], bounds[i + 1]
+            out.append(_RoutedGroup(links=link_of[a:b].copy(), coefs=coefs[a:b].copy(),
+                                    cap=g.cap, latency_ns=g.latency_ns, fraction=g.fraction,
+                                    fixed_bytes=g.fixed_bytes,
+                                    members=(g.src, g.dst, g.payload, g.salt)))
+        return out
+
+    def _flow_records(self, c: _Collective, flows: list[Flow]) -> list[FlowRecord]:
+        out = []
+        for f in flows:
+            src, dst, payload, salt = f.members
+            member, link, _ = self.topology.route_many(src, dst, salt, self.config.pxn)
+            order = np.argsort(member, kind="stable")
+            bounds = np.searchsorted(member[order], np.arange(len(src) + 1))
+            end = f.end_ns() if f.state == DONE else -1
+            for i in range(len(src)):
+                links = tuple(int(x) for x in link[order[bounds[i]:bounds[i + 1]]])
+                out.append(FlowRecord(c.handle, int(src[i]), int(dst[i]),
+                                      int(round(f.nbytes * payload[i])), c.start, end, links))
+        return out
+
+    def _info(self, c: _Collective, end: int | None, with_flows: bool) -> CollectiveInfo:
+        n = len(c.spec.ranks)
+        duration = (end - c.start) if end is not None else 0
+        nbytes = 4 if c.spec.op == "barrier" else c.spec.nbytes
+        algbw = nbytes / duration if duration > 0 else 0.0
+        flows = None
+        if with_flows:
+            flows = tuple(c.pruned_records + self._flow_records(c, c.flows))
+        return CollectiveInfo(
+            handle=c.handle, label=c.spec.label, op=c.spec.op, nbytes=c.spec.nbytes,
+            n_ranks=n, algorithm=c.algorithm, protocol=c.protocol, channels=c.channels,
+            transfers=c.transfers, start_ns=c.start, end_ns=end if end is not None else -1,
+            latency_ns=c.latency_ns, algbw=algbw, busbw=algbw * coll.bus_factor(c.spec.op, n),
+            flows=flows)
+
+
+def _entries(choice: _Choice) -> int:
+    return sum(len(g.links) for g in choice.groups)
+
+
+def _content_key(spec: CollectiveSpec, choice: _Choice) -> tuple:
+    """What a collective's flows are made of, for the canonical flow order: two collectives
+    with equal keys (and starts) have identical flows, so their relative order is moot."""
+    return (spec.op, spec.nbytes, spec.ranks, spec.root if spec.root is not None else -1,
+            spec.split_bytes or (), choice.algorithm, choice.protocol)
