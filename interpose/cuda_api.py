@@ -84,12 +84,7 @@ def _device_index(device: Any = None, optional: bool = True) -> int:
 
 
 def _check_device(index: int) -> int:
-    n = _rt().config.device_count
-    if not 0 <= index < n:
-        raise torch.AcceleratorError(
-            f"CUDA error: invalid device ordinal\nphantora: cuda:{index} does not exist; the simulated node has {n} GPUs"
-        ) if hasattr(torch, "AcceleratorError") else RuntimeError(f"CUDA error: invalid device ordinal (cuda:{index} of {n})")
-    return index
+    return _rt().check_device(index)
 
 
 # --- streams and events --------------------------------------------------------------------
@@ -294,6 +289,18 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
     return _rt().device_memory(_check_device(_device_index(device))).allocator.mem_get_info()
 
 
+def _exchange_device(device: int) -> int:
+    if device < 0:
+        return -1
+    return torch._C._accelerator_exchangeDevice(_check_device(device))
+
+
+def _maybe_exchange_device(device: int) -> int:
+    if device < 0:
+        return -1
+    return torch._C._accelerator_maybeExchangeDevice(_check_device(device))
+
+
 def _lazy_init() -> None:
     return None
 
@@ -451,6 +458,7 @@ def install_cuda_api() -> None:
         power_draw=_unsupported("GPU power queries", "remove the call"),
         clock_rate=lambda device=None: get_device_properties(device).clock_rate // 1000,
         ipc_collect=lambda: None, empty_cache=_cuda_emptyCache,
+        _exchange_device=_exchange_device, _maybe_exchange_device=_maybe_exchange_device,
     )
     cuda._initialized = True
     cuda._tls.is_initializing = False

@@ -59,6 +59,18 @@ def _fake_format(self: torch.Tensor, spec: str) -> str:
     return _orig_format(self, spec)
 
 
+def _fake_repr(self: torch.Tensor, *, tensor_contents: Any = None) -> str:
+    """print(t) on a virtual GPU tensor: torch's layout, and a plain statement that no data exists."""
+    parts = [f"size={tuple(self.shape)}", f"dtype={self.dtype}"]
+    if self.device.type != "cpu":
+        parts.append(f"device='{self.device}'")
+    if self.grad_fn is not None:
+        parts.append(f"grad_fn=<{type(self.grad_fn).__name__}>")
+    elif self.requires_grad:
+        parts.append("requires_grad=True")
+    return f"tensor(<no data: virtual>, {', '.join(parts)})"
+
+
 def _fake_numpy(self: torch.Tensor, *, force: bool = False) -> Any:
     if isinstance(self, FakeTensor):
         import numpy as np
@@ -117,6 +129,8 @@ def _save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
 def install_fake_fixes() -> None:
     _ft.FakeTensorConverter.from_meta_and_device = _from_meta_and_device
     FakeTensor.data = property(_get_data, _set_data)  # type: ignore[assignment]
+    FakeTensor.__repr__ = _fake_repr  # type: ignore[method-assign]
+    FakeTensor.__str__ = _fake_repr  # type: ignore[method-assign]
     torch.Tensor.tolist = _fake_tolist  # type: ignore[method-assign]
     torch.Tensor.__format__ = _fake_format  # type: ignore[method-assign]
     torch.Tensor.numpy = _fake_numpy  # type: ignore[method-assign]

@@ -56,9 +56,11 @@ def after_torch_import() -> None:
     from interpose.cuda_api import install_cuda_api
     from interpose.fake import install_fake_fixes, make_fake_mode
     from interpose.observer import OpObserver
+    from interpose.values import install_value_hints
 
     rt = rt_mod.install_runtime(rt_mod.RankConfig.from_env())
     install_fake_fixes()
+    install_value_hints()
     install_cuda_api()
     clock = VirtualClock(rt.client)
     install_clock(clock)

@@ -108,7 +108,13 @@ class OpObserver(TorchDispatchMode):
         except OutOfMemory as e:
             dev = _first_cuda_device(out)
             rt.client.record([P.R_OOM, dev if dev is not None else 0, e.info.requested_bytes if e.info else 0, str(e)])
-            raise torch.OutOfMemoryError(str(e)) from None
+            gpu = rt.config.gpu
+            hint = (
+                f"\nphantora: rank {rt.config.rank} ran out of memory on simulated cuda:{dev} ({gpu.device_name}) "
+                f"in {func}. To fit: a smaller batch or sequence, activation checkpointing, sharding "
+                f"(FSDP), or a GPU with more memory (--gpu, --vram)."
+            )
+            raise torch.OutOfMemoryError(str(e) + hint) from None
 
 
 def _cuda_tensors(out: Any) -> list[torch.Tensor]:
@@ -239,6 +245,25 @@ def _local_scalar_dense(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -
     return values.scalar_value(t)
 
 
+def _is_nonzero(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:
+    """bool(t): FakeTensorMode would decompose it into .item() below this mode."""
+    t = args[0]
+    if not _is_fake(t):
+        with unset_fake_temporarily():
+            return func(*args, **kwargs)
+    obs._report(aten._local_scalar_dense.default, (t,), {}, None)
+    return bool(values.scalar_value(t))
+
+
+def _equal(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:
+    """torch.equal reads data: real tensors compare for real, virtual ones read as equal."""
+    if not any(_is_fake(a) for a in args):
+        with unset_fake_temporarily():
+            return func(*args, **kwargs)
+    obs._report(func, args, kwargs, None)
+    return tuple(args[0].shape) == tuple(args[1].shape)
+
+
 def _pin_memory(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:
     t = args[0]
     if _is_fake(t):
@@ -264,6 +289,8 @@ def _record_stream(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any
 
 _SPECIAL = {
     aten._local_scalar_dense.default: _local_scalar_dense,
+    aten.is_nonzero.default: _is_nonzero,
+    aten.equal.default: _equal,
     aten._pin_memory.default: _pin_memory,
     aten.is_pinned.default: _is_pinned,
     aten.record_stream.default: _record_stream,

@@ -89,9 +89,22 @@ class Runtime:
         self.active = True  # False in DataLoader workers and forked children
 
     # --- memory ----------------------------------------------------------------------------
+    def check_device(self, index: int) -> int:
+        n = self.config.device_count
+        if not 0 <= index < n:
+            import torch
+
+            error = getattr(torch, "AcceleratorError", RuntimeError)
+            raise error(
+                f"CUDA error: invalid device ordinal\nphantora: cuda:{index} does not exist; the simulated "
+                f"node has {n} GPUs (cuda:0 to cuda:{n - 1}); change the device index or --gpus-per-node"
+            )
+        return index
+
     def device_memory(self, device: int) -> DeviceMemory:
         dm = self.devices.get(device)
         if dm is None:
+            self.check_device(device)
             alloc = CachingAllocator(self.config.total_memory, NON_PYTORCH_BYTES, device)
             dm = self.devices[device] = DeviceMemory(alloc)
         return dm

@@ -16,7 +16,25 @@ import torch
 
 aten = torch.ops.aten
 
-_bool_hints: "weakref.WeakKeyDictionary[torch.Tensor, bool]" = weakref.WeakKeyDictionary()
+class _IdentityHints:
+    """Tensor -> bool by identity. (WeakKeyDictionary compares keys with ==, which on tensors is
+    an elementwise op whose truth value is itself a data read.)"""
+
+    def __init__(self) -> None:
+        self._hints: dict[int, tuple[weakref.ref, bool]] = {}
+
+    def __setitem__(self, t: torch.Tensor, value: bool) -> None:
+        key = id(t)
+        self._hints[key] = (weakref.ref(t, lambda _r, key=key: self._hints.pop(key, None)), value)
+
+    def get(self, t: torch.Tensor, default: bool | None = None) -> bool | None:
+        entry = self._hints.get(id(t))
+        if entry is None or entry[0]() is not t:
+            return default
+        return entry[1]
+
+
+_bool_hints = _IdentityHints()
 
 _TRUE_SOURCES = {aten.isfinite.default}
 _FALSE_SOURCES = {aten.isnan.default, aten.isinf.default, aten.isposinf.default, aten.isneginf.default}
@@ -39,6 +57,22 @@ def note_result(func: Any, args: tuple, out: Any) -> None:
         hint = _bool_hints.get(args[0])
         if hint is not None:
             _bool_hints[out] = (not hint) if func in _NEGATE else hint
+
+
+def _hinting_isfinite(original: Any) -> Any:
+    # torch.isfinite decomposes (abs, ne, eq, mul) before dispatch, so it is tagged here.
+    def isfinite(t: torch.Tensor) -> torch.Tensor:
+        out = original(t)
+        if isinstance(out, torch.Tensor):
+            _bool_hints[out] = True
+        return out
+
+    return isfinite
+
+
+def install_value_hints() -> None:
+    torch.isfinite = _hinting_isfinite(torch.isfinite)
+    torch.Tensor.isfinite = _hinting_isfinite(torch.Tensor.isfinite)  # type: ignore[method-assign]
 
 
 def scalar_value(t: torch.Tensor) -> bool | int | float | complex:

@@ -76,6 +76,7 @@ class EngineSummary:
     peak_reserved: dict[tuple[int, int], int]
     unknown_ops: dict[str, int]
     warnings: list[str]
+    ooms: int = 0
 
 
 def _copy_flags(sig: OpSignature) -> tuple[bool, TensorMeta | None, TensorMeta | None]:
@@ -325,6 +326,7 @@ class Engine:
             peak_reserved=peak_res,
             unknown_ops=dict(self.unknown_ops),
             warnings=list(self.warnings),
+            ooms=sum(len(st.ooms) for st in self.ranks.values()),
         )
 
     def close(self, metadata: dict[str, Any]) -> None:

@@ -157,6 +157,8 @@ def format_summary(run: TraceRun, result: TraceResult) -> str:
         lines.append(f"  unknown ops: {len(s.unknown_ops)} kinds, {calls} calls, timed as memory-bound: {top}")
     else:
         lines.append("  unknown ops: none")
+    if s.ooms:
+        lines.append(f"  out-of-memory errors raised in the script: {s.ooms}")
     if result.internal_errors:
         lines.append(f"  simulator errors: {len(result.internal_errors)} (see messages above)")
     lines.append(f"  trace: {run.output}")
