@@ -5,6 +5,11 @@ Public surface:
     Estimator           the protocol every estimator implements
     make_estimator()    pick an estimator by name for a GPU
 
+Where each op family is modelled (analytical estimator): analytical.py (the estimator),
+families.py (op -> family table), roofline.py (shared pieces), gemm.py, conv.py,
+attention.py, pointwise.py, normalization.py, reductions.py, indexing.py, movement.py,
+losses.py, optimizers.py, copies.py, spectral.py, recurrent.py, host.py (host-side cost).
+
 The simulator calls `estimate` once per distinct op signature and caches the result, so an
 estimator may be slow-ish (tens of microseconds) but must be deterministic.
 """
@@ -45,10 +50,15 @@ class Estimator(Protocol):
     def estimate(self, sig: OpSignature) -> KernelEstimate: ...
 
 
-def make_estimator(kind: str, gpu: GPUSpec) -> Estimator:
-    """The estimator named `kind` ("analytical" for now) for `gpu`."""
+def make_estimator(kind: str, gpu: GPUSpec, *, allow_tf32: bool = False, cudnn_allow_tf32: bool = True) -> Estimator:
+    """The estimator named `kind` ("analytical" for now) for `gpu`.
+
+    allow_tf32 / cudnn_allow_tf32 mirror torch.backends.cuda.matmul.allow_tf32 (default off)
+    and torch.backends.cudnn.allow_tf32 (default on): whether fp32 matmuls / convolutions may
+    run on tensor cores as TF32.
+    """
     if kind in ("analytical", "auto"):
         from phantora.cost.analytical import AnalyticalEstimator
 
-        return AnalyticalEstimator(gpu)
+        return AnalyticalEstimator(gpu, allow_tf32=allow_tf32, cudnn_allow_tf32=cudnn_allow_tf32)
     raise ValueError(f"unknown kernel-time estimator {kind!r}; choose from: analytical, auto")

@@ -1,0 +1,274 @@
+"""Matrix products: mm, addmm, bmm, baddbmm, addmv, mv, dot, _scaled_mm, _addmm_activation, ...
+
+Time model (cuBLAS-like): the output is cut into tiles, one thread block per tile, run in waves
+of one tile per SM. For each candidate tile shape (and split-K factor when there are too few
+tiles to fill the GPU) the time is
+
+    waves * tile_m * tile_n * 2 * (K / split + K_OVERHEAD) / (per-SM rate * tile efficiency)
+
+and the fastest candidate wins, as cuBLAS's heuristics pick one. This captures
+- wave quantization: 133 tiles on 132 SMs take two waves on Ampere. Hopper and later cuBLAS
+  kernels are persistent with stream-K load balancing: the last partial wave is spread over all
+  SMs for a small fix-up cost (H100 profile: 1537x2816x4096 bf16 takes 4.7% longer than
+  1536x2816x4096, whose 132 tiles of 128x256 exactly fill the GPU);
+- small K: each tile pays a fixed prologue/epilogue worth K_OVERHEAD steps of its main loop;
+- skinny shapes: few tiles leave SMs idle unless split-K or smaller tiles help, and the
+  memory roofline (reading A and B once) takes over for matrix-vector-like shapes.
+The per-SM rate is the dtype's dense peak times GPUSpec.gemm_efficiency (fp32 is true FP32 on
+CUDA cores unless TF32 is allowed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from phantora.cost.roofline import (
+    CostContext,
+    Kernel,
+    OpCost,
+    ceil_div,
+    footprint_bytes,
+    matmul_compute_type,
+    memory_ns,
+    peak_flops,
+    prod,
+    single,
+    streaming_kernel,
+    uses_tensor_cores,
+)
+from phantora.hardware import GPUSpec
+from phantora.ops import OpSignature, TensorMeta
+
+
+@dataclass(frozen=True, slots=True)
+class Tile:
+    m: int
+    n: int
+    efficiency: float  # main-loop rate relative to the largest tile (less operand reuse)
+
+
+# Thread-block tiles cuBLAS/CUTLASS pick from. Smaller tiles reuse each loaded operand less,
+# so they run their main loop slower; they win only when they fix quantization.
+TENSOR_CORE_TILES = (
+    Tile(128, 256, 1.0), Tile(256, 128, 1.0), Tile(128, 128, 0.92),
+    Tile(64, 128, 0.75), Tile(128, 64, 0.75), Tile(64, 64, 0.55),
+)
+SIMT_TILES = (Tile(128, 128, 1.0), Tile(128, 64, 0.92), Tile(64, 64, 0.8), Tile(32, 32, 0.45))
+
+# Prologue (pipeline fill) plus epilogue (C tile store) of one tile, in K steps of its main loop.
+# Tensor cores: fitted to H100 bf16 8192x8192xK (profiled 67 us at K=256, 510 vs ~730 TFLOP/s).
+K_OVERHEAD = {True: 128, False: 64}  # keyed by uses_tensor_cores
+# Stream-K (compute capability 9.0+): fix-up cost of a partial last wave, in waves.
+STREAM_K_FROM_MAJOR = 9
+STREAM_K_FIXUP_WAVES = 0.05
+SPLIT_K_FACTORS = (2, 3, 4, 6, 8, 12, 16)
+# GEMMs stream their operands through shared memory in tiles, not as one linear sweep: the
+# memory roofline of skinny GEMMs sits a little under a plain copy's (H100 profile:
+# 256x8192x8192 bf16 in 50.7 us, 2.8 TB/s).
+OPERAND_STREAMING_EFFICIENCY = 0.93
+MIN_K_PER_SPLIT = 256
+
+
+@dataclass(frozen=True, slots=True)
+class GemmShape:
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.batch * self.m * self.n * self.k
+
+
+def gemm_kernel_name(gpu: GPUSpec, compute_type: str, dtype_out: str) -> str:
+    """A cuBLAS-like kernel name, e.g. sm90_xmma_gemm_bf16bf16_bf16f32 (deterministic)."""
+    arch = f"sm{gpu.capability[0]}{gpu.capability[1]}"
+    if compute_type == "fp64":
+        return f"{arch}_dgemm"
+    if not uses_tensor_cores(compute_type):
+        return f"{arch}_sgemm_f32"
+    t = {"bf16": "bf16", "fp16": "f16", "tf32": "tf32", "fp8": "e4m3", "int8": "i8"}[compute_type]
+    out = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(dtype_out, t)
+    acc = "s32" if compute_type == "int8" else "f32"
+    return f"{arch}_xmma_gemm_{t}{t}_{out}{acc}"
+
+
+def _waves(work_units: int, sm_count: int, stream_k: bool) -> float:
+    """Waves of one tile per SM; stream-K spreads a partial last wave over all SMs."""
+    if not stream_k:
+        return float(ceil_div(work_units, sm_count))
+    full, partial = divmod(work_units, sm_count)
+    return full + (partial / sm_count + STREAM_K_FIXUP_WAVES if partial else 0.0)
+
+
+def gemm_compute_ns(shape: GemmShape, compute_type: str, gpu: GPUSpec) -> float:
+    """Main-loop time of the best tile / split-K configuration (no memory roofline, no ramp)."""
+    tensor_cores = uses_tensor_cores(compute_type)
+    tiles = TENSOR_CORE_TILES if tensor_cores else SIMT_TILES
+    k_overhead = K_OVERHEAD[tensor_cores]
+    rate_per_sm = peak_flops(gpu, compute_type) * gpu.gemm_efficiency / gpu.sm_count
+    m, n, k = max(shape.m, 1), max(shape.n, 1), max(shape.k, 1)
+    stream_k = gpu.capability[0] >= STREAM_K_FROM_MAJOR
+    best = float("inf")
+    for tile in tiles:
+        tiles_mn = ceil_div(m, tile.m) * ceil_div(n, tile.n) * shape.batch
+        splits = (1,)
+        if shape.batch == 1 and tiles_mn < gpu.sm_count:
+            splits = (1,) + tuple(s for s in SPLIT_K_FACTORS if k // s >= MIN_K_PER_SPLIT)
+        for split in splits:
+            waves = _waves(tiles_mn * split, gpu.sm_count, stream_k)
+            tile_flops = 2.0 * tile.m * tile.n * (k / split + k_overhead)
+            ns = waves * tile_flops / (rate_per_sm * tile.efficiency) * 1e9
+            if split > 1:  # fp32 partial tiles written, then read back by a reduction
+                ns += memory_ns(2.0 * split * m * n * 4, gpu) - gpu.kernel_ramp_ns
+            best = min(best, ns)
+    return best
+
+
+def gemm_kernel(
+    shape: GemmShape, dtype: str, dtype_out: str, nbytes: float, ctx: CostContext, tf32: bool | None = None
+) -> Kernel:
+    """One GEMM kernel: the slower of the tile model and the memory roofline, plus the ramp."""
+    gpu = ctx.gpu
+    compute_type = matmul_compute_type(dtype, ctx.allow_tf32 if tf32 is None else tf32)
+    name = gemm_kernel_name(gpu, compute_type, dtype_out)
+    if shape.flops == 0:
+        return Kernel(name, gpu.kernel_ramp_ns, 0.0, nbytes)
+    compute = gemm_compute_ns(shape, compute_type, gpu)
+    memory = memory_ns(nbytes, gpu, OPERAND_STREAMING_EFFICIENCY) - gpu.kernel_ramp_ns
+    return Kernel(name, max(compute, memory) + gpu.kernel_ramp_ns, shape.flops, nbytes)
+
+
+def _tensors(sig: OpSignature) -> list[TensorMeta]:
+    return [a for a in sig.args if isinstance(a, TensorMeta)]
+
+
+def _out(sig: OpSignature) -> TensorMeta:
+    return sig.tensors_out()[0]
+
+
+def _matrix_bytes(*ts: TensorMeta | None) -> float:
+    return float(sum(footprint_bytes(t) for t in ts if t is not None))
+
+
+# --- the ops -------------------------------------------------------------------------------
+
+def mm(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """mm(a[M,K], b[K,N]) and friends with an optional additive input (addmm's `self`)."""
+    a, b = sig.args[0], sig.args[1]
+    out = _out(sig)
+    shape = GemmShape(a.shape[0], b.shape[1], a.shape[1])
+    nbytes = _matrix_bytes(a, b, out)
+    return single(gemm_kernel(shape, a.dtype, out.dtype, nbytes, ctx))
+
+
+def addmm(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """addmm(bias, a, b) / _addmm_activation: the bias add and GELU/ReLU run in the epilogue."""
+    bias, a, b = sig.args[0], sig.args[1], sig.args[2]
+    out = _out(sig)
+    shape = GemmShape(a.shape[0], b.shape[1], a.shape[1])
+    nbytes = _matrix_bytes(a, b, out, bias)
+    return single(gemm_kernel(shape, a.dtype, out.dtype, nbytes, ctx))
+
+
+def bmm(sig: OpSignature, ctx: CostContext) -> OpCost:
+    a, b = sig.args[0], sig.args[1]
+    out = _out(sig)
+    shape = GemmShape(a.shape[1], b.shape[2], a.shape[2], a.shape[0])
+    return single(gemm_kernel(shape, a.dtype, out.dtype, _matrix_bytes(a, b, out), ctx))
+
+
+def baddbmm(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """baddbmm(self, a, b) and addbmm (sums over the batch into one [M, N] output)."""
+    c, a, b = sig.args[0], sig.args[1], sig.args[2]
+    out = _out(sig)
+    shape = GemmShape(a.shape[1], b.shape[2], a.shape[2], a.shape[0])
+    return single(gemm_kernel(shape, a.dtype, out.dtype, _matrix_bytes(a, b, out, c), ctx))
+
+
+def matrix_vector(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """mv, addmv, dot, vdot, addr, outer-product-like ops: memory-bound (each input read once)."""
+    ts = _tensors(sig)
+    out = sig.tensors_out()
+    flops = 0.0
+    if sig.short_name in ("mv", "addmv"):
+        mat = ts[0] if sig.short_name == "mv" else ts[1]
+        flops = 2.0 * mat.numel
+    elif sig.short_name in ("dot", "vdot"):
+        flops = 2.0 * ts[0].numel
+    elif out:
+        flops = 2.0 * out[0].numel
+    nbytes = _matrix_bytes(*ts) + _matrix_bytes(*out)
+    name = "gemv2T_kernel" if sig.short_name in ("mv", "addmv") else sig.short_name
+    return single(streaming_kernel(name, ctx.gpu, nbytes, flops))
+
+
+def scaled_mm(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """_scaled_mm(a, b, scale_a, scale_b, bias, ...): fp8 (or int8) GEMM with scaling epilogue."""
+    a, b = sig.args[0], sig.args[1]
+    out = _out(sig)
+    shape = GemmShape(a.shape[0], b.shape[1], a.shape[1])
+    nbytes = _matrix_bytes(*_tensors(sig), out)
+    return single(gemm_kernel(shape, a.dtype, out.dtype, nbytes, ctx))
+
+
+def grouped_mm(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """_grouped_mm / _scaled_grouped_mm (MoE): total work as one GEMM over all groups.
+
+    With offsets the group sizes are data; FLOPs follow from the output: 2 * out.numel * K.
+    """
+    a, b = sig.args[0], sig.args[1]
+    out = _out(sig)
+    k = a.shape[-1]
+    m = prod(out.shape[:-1])
+    shape = GemmShape(m, out.shape[-1], k)
+    nbytes = _matrix_bytes(a, b, out)
+    return single(gemm_kernel(shape, a.dtype, out.dtype, nbytes, ctx))
+
+
+def weight_only_quant_mm(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """_weight_int4pack_mm / _weight_int8pack_mm: activations x packed low-bit weights."""
+    a = sig.args[0]
+    out = _out(sig)
+    k = a.shape[-1]
+    m = prod(a.shape[:-1])
+    shape = GemmShape(m, out.shape[-1], k)
+    nbytes = _matrix_bytes(*_tensors(sig), out)
+    return single(gemm_kernel(shape, a.dtype, out.dtype, nbytes, ctx))
+
+
+def linear(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """linear(x[..., K], w[N, K], bias): one GEMM with M = prod(x.shape[:-1])."""
+    x, w = sig.args[0], sig.args[1]
+    bias = sig.args[2] if len(sig.args) > 2 and isinstance(sig.args[2], TensorMeta) else None
+    out = _out(sig)
+    shape = GemmShape(prod(x.shape[:-1]), w.shape[0], x.shape[-1])
+    return single(gemm_kernel(shape, x.dtype, out.dtype, _matrix_bytes(x, w, out, bias), ctx))
+
+
+def linear_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """linear_backward(x, grad_out, w, mask): grad_input GEMM, grad_weight GEMM, bias reduction."""
+    x, gy, w, mask = sig.args[0], sig.args[1], sig.args[2], sig.args[3]
+    m, k, n = prod(x.shape[:-1]), x.shape[-1], w.shape[0]
+    kernels = []
+    if mask[0]:
+        kernels.append(gemm_kernel(GemmShape(m, k, n), gy.dtype, x.dtype, _matrix_bytes(gy, w, x), ctx))
+    if mask[1]:
+        kernels.append(gemm_kernel(GemmShape(n, k, m), gy.dtype, w.dtype, _matrix_bytes(gy, x, w), ctx))
+    if len(mask) > 2 and mask[2]:
+        kernels.append(streaming_kernel("reduce_kernel", ctx.gpu, footprint_bytes(gy), gy.numel))
+    return OpCost(tuple(kernels))
+
+
+def pairwise_distance(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """_cdist_forward / _cdist_backward / _euclidean_dist (x1 [*, P, M], x2 [*, R, M]): the
+    p=2 path is a GEMM of x1 against x2 plus row norms; other p's do the same work on CUDA
+    cores. Timed as one [P x R x M] GEMM per batch entry."""
+    ts = _tensors(sig)
+    x1, x2 = (ts[1], ts[2]) if sig.short_name == "_cdist_backward" else (ts[0], ts[1])
+    out = _out(sig)
+    batch = prod(x1.shape[:-2]) if len(x1.shape) > 2 else 1
+    shape = GemmShape(x1.shape[-2], x2.shape[-2], x1.shape[-1], batch)
+    nbytes = _matrix_bytes(*ts, out)
+    return single(gemm_kernel(shape, x1.dtype, out.dtype, nbytes, ctx))

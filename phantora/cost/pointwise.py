@@ -1,0 +1,119 @@
+"""Elementwise ops, fills and factories, and random number generation.
+
+All of these stream their operands once through HBM: time is the memory roofline of bytes read
+plus bytes written (broadcast inputs counted once), with a SIMT compute roofline that only
+matters for fp64 or very arithmetic-heavy functions.
+"""
+
+from __future__ import annotations
+
+from phantora.cost.roofline import (
+    CostContext,
+    Kernel,
+    OpCost,
+    bytes_read,
+    bytes_written,
+    footprint_bytes,
+    input_tensors,
+    largest_tensor,
+    single,
+    streaming_kernel,
+)
+from phantora.ops import OpSignature
+
+# Philox counter-based RNG costs ~10 integer ops per 4 random numbers plus the transform
+# (Box-Muller for normal): RNG kernels reach ~80% of a plain fill's bandwidth.
+RNG_EFFICIENCY = 0.8
+# Elementwise FLOPs counted per output element (torch.utils.flop_counter counts none; we count
+# one so that traces show where arithmetic happens without pretending to precision).
+FLOPS_PER_ELEMENT = 1.0
+
+
+def _elements(sig: OpSignature) -> int:
+    outs = sig.tensors_out()
+    t = largest_tensor(outs) or largest_tensor(input_tensors(sig))
+    return t.numel if t is not None else 0
+
+
+def _compute_type(sig: OpSignature) -> str:
+    return "fp64" if any(t.dtype in ("float64", "complex128") for t in sig.tensors_out()) else "fp32"
+
+
+def _is_vectorizable(sig: OpSignature) -> bool:
+    """torch's vectorized_elementwise_kernel needs contiguous operands of the output's shape."""
+    outs = sig.tensors_out()
+    if not outs:
+        return False
+    shape = outs[0].shape
+    return all(t.is_contiguous() and (t.shape == shape or t.numel == 1) for t in input_tensors(sig) + outs)
+
+
+def elementwise_kernel_name(sig: OpSignature) -> str:
+    return "vectorized_elementwise_kernel" if _is_vectorizable(sig) else "elementwise_kernel"
+
+
+def pointwise(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """Ops tagged `pointwise` (add, mul, gelu, where, *_backward of activations, ...)."""
+    n = _elements(sig)
+    nbytes = bytes_read(sig) + bytes_written(sig)
+    k = streaming_kernel(elementwise_kernel_name(sig), ctx.gpu, nbytes, FLOPS_PER_ELEMENT * n,
+                         compute_type=_compute_type(sig))
+    return single(k)
+
+
+def fill(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """fill_, zero_, zeros, ones, full, *_like, arange, eye, ...: write the output once.
+
+    In-place fills return their `self`, which is written, not read.
+    """
+    nbytes = bytes_written(sig)
+    if not sig.tensors_out():  # e.g. an in-place op returning nothing: the first arg is written
+        ts = sig.tensors_in()
+        nbytes = footprint_bytes(ts[0]) if ts else 0
+    return single(streaming_kernel("vectorized_elementwise_kernel<FillFunctor>", ctx.gpu, nbytes))
+
+
+def rng(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """normal_, uniform_, bernoulli_, random_, randn, rand, randint, exponential_, ...
+
+    Inputs besides the written tensor (bernoulli's probability tensor) are read once.
+    """
+    written = bytes_written(sig)
+    ins = input_tensors(sig)
+    if sig.short_name.endswith("_"):  # in-place: self is written, not read
+        ins = ins[1:]
+    read = sum(footprint_bytes(t) for t in ins)
+    n = _elements(sig)
+    k = streaming_kernel("distribution_elementwise_grid_stride_kernel", ctx.gpu, written + read,
+                         FLOPS_PER_ELEMENT * n, efficiency=RNG_EFFICIENCY)
+    return single(k)
+
+
+def dropout(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """native_dropout(x, p, train) -> (y, mask): read x, write y and a bool mask, with RNG."""
+    nbytes = bytes_read(sig) + bytes_written(sig)
+    k = streaming_kernel("fused_dropout_kernel_vec", ctx.gpu, nbytes, FLOPS_PER_ELEMENT * _elements(sig),
+                         efficiency=RNG_EFFICIENCY)
+    return single(k)
+
+
+def randperm(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """randperm(n): random keys, then a radix sort of (key, index) pairs (~4 passes)."""
+    out = sig.tensors_out()[0]
+    pair_bytes = out.numel * (4 + out.itemsize)
+    keys = streaming_kernel("distribution_elementwise_grid_stride_kernel", ctx.gpu, out.numel * 4)
+    sort_passes = tuple(
+        streaming_kernel("DeviceRadixSortOnesweepKernel", ctx.gpu, 2 * pair_bytes) for _ in range(4)
+    )
+    return OpCost((keys,) + sort_passes)
+
+
+def cast(sig: OpSignature, ctx: CostContext, name: str = "unrolled_elementwise_kernel<direct_copy>") -> OpCost:
+    """A dtype or layout conversion on one device: read the source, write the destination."""
+    nbytes = bytes_read(sig) + bytes_written(sig)
+    return single(streaming_kernel(name, ctx.gpu, nbytes))
+
+
+def tiny_kernel(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """Device kernels on a few scalars (_assert_async, _amp_update_scale_): one minimum kernel."""
+    return single(Kernel(sig.short_name, 0.0, 0.0, float(bytes_read(sig) + bytes_written(sig))))

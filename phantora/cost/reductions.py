@@ -1,0 +1,168 @@
+"""Reductions, scans, sorting and selection: sum, mean, amax, var, norm, cumsum, sort, topk, ...
+
+Reductions and scans stream their input once. Reducing a large input to a few values needs
+several thread blocks per output and a final combine (a global semaphore pass in torch's
+reduce_kernel): that costs a fixed extra. Sorting is modelled as CUB does it: an in-register
+bitonic/radix sort per segment for short rows, else a onesweep radix sort with one read and
+write of (key, index) pairs per 8-bit digit.
+"""
+
+from __future__ import annotations
+
+from phantora.cost.roofline import (
+    CostContext,
+    Kernel,
+    OpCost,
+    bytes_read,
+    bytes_written,
+    ceil_div,
+    footprint_bytes,
+    input_tensors,
+    largest_tensor,
+    single,
+    streaming_kernel,
+)
+from phantora.ops import OpSignature, TensorMeta
+
+# A reduction whose output is this many times smaller than its input splits each output over
+# several blocks and pays a global combine step.
+SPLIT_REDUCTION_RATIO = 64
+SPLIT_REDUCTION_EXTRA_NS = 3_000
+# Reducing the outer dims of a row-major tensor (bias gradients) strides across rows: H100
+# profile of a GPT step's bias-gradient sums shows ~half the bandwidth of a contiguous sum.
+COLUMN_REDUCTION_EFFICIENCY = 0.5
+# Rows up to this length are sorted inside one block (bitonic / block radix sort).
+SEGMENT_SORT_MAX = 4096
+RADIX_BITS_PER_PASS = 8
+INDEX_BYTES = 8  # sort/topk return int64 indices
+
+
+def _biggest_input(sig: OpSignature) -> TensorMeta | None:
+    return largest_tensor(input_tensors(sig))
+
+
+def _is_column_reduction(x: TensorMeta | None, out: TensorMeta | None) -> bool:
+    """Reducing outer dims and keeping the innermost one (bias gradients: [tokens, C] -> [C])."""
+    if x is None or out is None or len(x.shape) < 2 or out.numel >= x.numel:
+        return False
+    return bool(out.shape) and out.shape[-1] == x.shape[-1] > 1
+
+
+def reduction(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """Ops tagged `reduction` and the norms: one reduce_kernel over the input."""
+    x = _biggest_input(sig)
+    n_in = x.numel if x is not None else 0
+    out = largest_tensor(sig.tensors_out())
+    n_out = out.numel if out is not None else 1
+    extra = SPLIT_REDUCTION_EXTRA_NS if n_in >= SPLIT_REDUCTION_RATIO * max(n_out, 1) and n_in > 65536 else 0.0
+    efficiency = COLUMN_REDUCTION_EFFICIENCY if _is_column_reduction(x, out) else 1.0
+    nbytes = bytes_read(sig) + bytes_written(sig)
+    return single(streaming_kernel("reduce_kernel", ctx.gpu, nbytes, float(n_in), efficiency=efficiency,
+                                   extra_ns=extra))
+
+
+def two_pass_reduction(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """logsumexp, renorm, dist, allclose-like ops: a reduction, then a second pass over x."""
+    x = _biggest_input(sig)
+    first = reduction(sig, ctx).kernels[0]
+    second = streaming_kernel("elementwise_kernel", ctx.gpu, footprint_bytes(x) + bytes_written(sig), float(x.numel))
+    return OpCost((first, second))
+
+
+def scan(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """cumsum, cumprod, logcumsumexp, cummax, cummin: one decoupled-lookback scan pass."""
+    x = _biggest_input(sig)
+    nbytes = bytes_read(sig) + bytes_written(sig)
+    return single(streaming_kernel("tensor_kernel_scan_innermost_dim", ctx.gpu, nbytes, float(x.numel if x else 0)))
+
+
+def _dim_size(x: TensorMeta, dim) -> int:
+    if not x.shape:
+        return 1
+    return x.shape[(dim if isinstance(dim, int) else -1) % len(x.shape)]
+
+
+def _radix_passes(dtype_bytes: int) -> int:
+    return ceil_div(8 * dtype_bytes, RADIX_BITS_PER_PASS)
+
+
+def sort_kernels(x: TensorMeta, segment: int, ctx: CostContext) -> tuple[Kernel, ...]:
+    """Kernels to sort x's values with int64 indices along segments of `segment` elements."""
+    pair_bytes = x.numel * (x.itemsize + INDEX_BYTES)
+    if segment <= SEGMENT_SORT_MAX:
+        return (streaming_kernel("radixSortKVInPlace", ctx.gpu, footprint_bytes(x) + pair_bytes, 10.0 * x.numel),)
+    iota = streaming_kernel("fill_index_and_segment_kernel", ctx.gpu, x.numel * INDEX_BYTES)
+    passes = tuple(
+        streaming_kernel("DeviceSegmentedRadixSortKernel", ctx.gpu, 2 * pair_bytes, 4.0 * x.numel)
+        for _ in range(_radix_passes(x.itemsize))
+    )
+    return (iota,) + passes
+
+
+def sort(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """sort(self, dim, descending) / sort.stable(self, *, stable, dim, descending), argsort."""
+    x = sig.args[0]
+    dim = sig.args[2] if sig.overload in ("stable", "values_stable") else (sig.args[1] if len(sig.args) > 1 else -1)
+    return OpCost(sort_kernels(x, _dim_size(x, dim), ctx))
+
+
+def topk(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """topk(self, k, dim, largest, sorted): radix select (one read of x per 8-bit digit), then
+    gather the k winners and sort them."""
+    x, k = sig.args[0], sig.args[1]
+    dim = sig.args[2] if len(sig.args) > 2 else -1
+    passes = _radix_passes(x.itemsize)
+    select = tuple(
+        streaming_kernel("radixFindKthValues", ctx.gpu, footprint_bytes(x), float(x.numel)) for _ in range(passes)
+    )
+    gather = streaming_kernel("gatherTopK", ctx.gpu, footprint_bytes(x) + bytes_written(sig))
+    segment = k if isinstance(k, int) else _dim_size(x, dim)
+    outs = sig.tensors_out()
+    finish = sort_kernels(outs[0], segment, ctx) if outs and segment > 1 else ()
+    return OpCost(select + (gather,) + finish)
+
+
+def median_like(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """median, nanmedian, mode, kthvalue: a per-slice sort (or selection) of the input."""
+    x = sig.args[0]
+    dim = next((a for a in sig.args[1:] if isinstance(a, int) and not isinstance(a, bool)), -1)
+    segment = x.numel if sig.overload == "default" else _dim_size(x, dim)
+    return OpCost(sort_kernels(x, segment, ctx))
+
+
+def unique(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """_unique, _unique2, unique_consecutive, unique_dim: sort, mark boundaries, scan, compact.
+
+    The output size is data: the signature's outputs carry whatever bound the caller chose.
+    """
+    x = sig.args[0]
+    consecutive = "consecutive" in sig.short_name
+    kernels: tuple[Kernel, ...] = () if consecutive else sort_kernels(x, x.numel, ctx)
+    mark = streaming_kernel("adjacent_difference_kernel", ctx.gpu, 2 * footprint_bytes(x))
+    scan_k = streaming_kernel("DeviceScanKernel", ctx.gpu, 2 * x.numel * INDEX_BYTES)
+    compact = streaming_kernel("DeviceSelectSweepKernel", ctx.gpu, footprint_bytes(x) + bytes_written(sig))
+    return OpCost(kernels + (mark, scan_k, compact))
+
+
+def histogram(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """bincount, histc, histogram, _histogramdd_*: zero the bins, then atomics over the input."""
+    zero = streaming_kernel("FillFunctor", ctx.gpu, bytes_written(sig))
+    count = streaming_kernel("kernelHistogram1D", ctx.gpu, bytes_read(sig) + bytes_written(sig))
+    return OpCost((zero, count))
+
+
+def nonzero(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nonzero, nonzero_static, masked_select, argwhere: count, (host reads the count), write.
+
+    On a real GPU nonzero synchronizes the host to size its output; that wait is the engine's
+    business (it sees the op name), not part of this GPU time.
+    """
+    x = _biggest_input(sig)
+    count = streaming_kernel("DeviceReduceKernel", ctx.gpu, bytes_read(sig), float(x.numel if x else 0))
+    write = streaming_kernel("write_indices", ctx.gpu, bytes_read(sig) + bytes_written(sig))
+    return OpCost((count, write))
+
+
+def searchsorted(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """searchsorted / bucketize: a binary search per value; boundaries stay in cache."""
+    return single(streaming_kernel("searchsorted_cuda_kernel", ctx.gpu, bytes_read(sig) + bytes_written(sig)))

@@ -1,0 +1,159 @@
+"""The building blocks every op family uses: a kernel, an op's cost, and the roofline pieces.
+
+A family model (gemm.py, pointwise.py, ...) turns one OpSignature into an OpCost: the list of
+kernels the op launches on a real GPU, each with its FLOPs, bytes and duration. Durations come
+from two rooflines:
+
+    memory time   = kernel ramp + bytes / (HBM bandwidth * achieved fraction)
+    compute time  = FLOPs / (peak rate for the compute type * achieved fraction)
+
+and every kernel lasts at least the GPU's minimum kernel duration.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from phantora.cost import COMPUTE
+from phantora.hardware import GPUSpec
+from phantora.ops import OpSignature, TensorMeta
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """One GPU kernel (or DMA copy) an op launches."""
+
+    name: str
+    duration_ns: float
+    flops: float = 0.0
+    bytes: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    """Everything an op does on the GPU: its kernels, back to back, and what kind of work."""
+
+    kernels: tuple[Kernel, ...]
+    kind: str = COMPUTE
+
+
+@dataclass(frozen=True, slots=True)
+class CostContext:
+    """What a family model may look at besides the signature: the GPU and torch's settings."""
+
+    gpu: GPUSpec
+    # torch.backends.cuda.matmul.allow_tf32 (off by default since torch 1.12): fp32 matmuls
+    # run on tensor cores as TF32 only when it is on.
+    allow_tf32: bool = False
+    # torch.backends.cudnn.allow_tf32 (ON by default): fp32 convolutions use TF32.
+    cudnn_allow_tf32: bool = True
+
+
+# --- compute types -------------------------------------------------------------------------
+
+# dtype name -> key of GPUSpec.peak_flops for matrix math in that dtype.
+_MATMUL_COMPUTE_TYPE = {
+    "float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
+    "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "float8_e4m3fnuz": "fp8",
+    "float8_e5m2fnuz": "fp8", "int8": "int8", "uint8": "int8",
+}
+
+
+def matmul_compute_type(dtype: str, tf32: bool) -> str:
+    """The peak_flops key a matrix product on `dtype` inputs runs at ("fp32" unless TF32 is on)."""
+    ct = _MATMUL_COMPUTE_TYPE.get(dtype, "fp32")
+    if ct == "fp32" and tf32:
+        return "tf32"
+    return ct
+
+
+def peak_flops(gpu: GPUSpec, compute_type: str) -> float:
+    """Dense peak FLOP/s for a compute type, falling back along fp8 -> bf16 -> fp32."""
+    for key in (compute_type, "bf16" if compute_type in ("fp8", "int8") else "", "fp32"):
+        if key and key in gpu.peak_flops:
+            return gpu.peak_flops[key]
+    return 1e12  # a GPU entry without peaks: deliberately slow rather than free
+
+
+def uses_tensor_cores(compute_type: str) -> bool:
+    return compute_type in ("bf16", "fp16", "tf32", "fp8", "int8", "fp64")
+
+
+# --- bytes ---------------------------------------------------------------------------------
+
+def footprint_bytes(t: TensorMeta) -> int:
+    """Bytes a kernel actually touches for this view: broadcast (stride 0) dims count once."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride):
+        if stride != 0:
+            n *= size
+    return n * t.itemsize if t.numel else 0
+
+
+def input_tensors(sig: OpSignature) -> list[TensorMeta]:
+    """Tensors the op reads: its tensor arguments minus `out=` buffers (written, not read)."""
+    ins = sig.tensors_in()
+    if "out" in sig.tags:
+        n_out = len(sig.tensors_out())
+        if n_out:
+            ins = ins[: len(ins) - n_out]
+    return ins
+
+
+def bytes_read(sig: OpSignature) -> int:
+    return sum(footprint_bytes(t) for t in input_tensors(sig))
+
+
+def bytes_written(sig: OpSignature) -> int:
+    return sum(footprint_bytes(t) for t in sig.tensors_out())
+
+
+def largest_tensor(tensors: list[TensorMeta]) -> TensorMeta | None:
+    return max(tensors, key=lambda t: t.numel, default=None)
+
+
+# --- time ----------------------------------------------------------------------------------
+
+def memory_ns(nbytes: float, gpu: GPUSpec, efficiency: float = 1.0) -> float:
+    """Time to stream `nbytes` through HBM, ramp included (the achieved-bandwidth curve)."""
+    bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency * efficiency
+    return gpu.kernel_ramp_ns + nbytes / bandwidth * 1e9
+
+
+def simt_ns(flops: float, gpu: GPUSpec, compute_type: str = "fp32", efficiency: float = 0.7) -> float:
+    """Time for non-tensor-core arithmetic (elementwise math, reductions, depthwise conv)."""
+    rate = gpu.peak_flops.get("fp64" if compute_type == "fp64" else "fp32", 1e12) * efficiency
+    return flops / rate * 1e9
+
+
+def streaming_kernel(
+    name: str,
+    gpu: GPUSpec,
+    nbytes: float,
+    flops: float = 0.0,
+    efficiency: float = 1.0,
+    compute_type: str = "fp32",
+    extra_ns: float = 0.0,
+) -> Kernel:
+    """A memory-bound kernel: the slower of its memory and (SIMT) compute rooflines."""
+    ns = max(memory_ns(nbytes, gpu, efficiency), gpu.kernel_ramp_ns + simt_ns(flops, gpu, compute_type))
+    return Kernel(name, ns + extra_ns, flops, nbytes)
+
+
+def clamp_to_min(k: Kernel, gpu: GPUSpec) -> Kernel:
+    if k.duration_ns >= gpu.min_kernel_ns:
+        return k
+    return Kernel(k.name, gpu.min_kernel_ns, k.flops, k.bytes)
+
+
+def single(k: Kernel, kind: str = COMPUTE) -> OpCost:
+    return OpCost((k,), kind)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def prod(xs) -> int:
+    return math.prod(int(x) for x in xs)
