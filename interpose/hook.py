@@ -67,6 +67,7 @@ def after_torch_import() -> None:
 
     fake_mode = make_fake_mode()
     observer = OpObserver(rt)
+    rt.observer = observer
     fake_mode.__enter__()
     observer.__enter__()
     _install_thread_inheritance(fake_mode, observer)

@@ -55,7 +55,13 @@ class OpObserver(TorchDispatchMode):
         self.ops_seen = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
+        # FakeTensorMode is not thread-safe (its in-kernel flag is shared, the matching
+        # dispatch-key state is thread-local), so ops from several threads (pin-memory thread,
+        # user threads, the autograd thread) go through the modes one at a time.
+        with self.rt.dispatch_lock:
+            return self._dispatch(func, args, kwargs or {})
+
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if func in _SKIP:
             return func(*args, **kwargs)
         special = _SPECIAL.get(func)

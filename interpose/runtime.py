@@ -84,9 +84,11 @@ class Runtime:
         self.sig_ids: dict[Any, int] = {}
         self.pinned: set[int] = set()  # storage keys of page-locked host tensors
         self.lock = threading.RLock()
+        self.dispatch_lock = threading.RLock()  # serialises ops through FakeTensorMode (observer.py)
         self._storage_refs: dict[int, weakref.ref] = {}
         self.next_event_id = 0
         self.active = True  # False in DataLoader workers and forked children
+        self.observer: Any = None  # the OpObserver, once installed (benchmarks read its op count)
 
     # --- memory ----------------------------------------------------------------------------
     def check_device(self, index: int) -> int:

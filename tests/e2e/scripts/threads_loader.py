@@ -14,6 +14,19 @@ t.start()
 t.join()
 assert result["dev"].type == "cuda", result
 
+# Two threads launching GPU work at the same time (FakeTensorMode itself is not thread-safe).
+def busy(n):
+    a = torch.randn(64, 64, device="cuda")
+    for _ in range(n):
+        a = torch.relu(a @ a)
+
+threads = [threading.Thread(target=busy, args=(300,)) for _ in range(2)]
+for th in threads:
+    th.start()
+busy(300)
+for th in threads:
+    th.join()
+
 ds = TensorDataset(torch.arange(64, dtype=torch.float32).view(16, 4), torch.arange(16))
 seen = 0
 for x, y in DataLoader(ds, batch_size=4, num_workers=2, pin_memory=True):
