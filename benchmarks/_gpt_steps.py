@@ -1,0 +1,74 @@
+"""Benchmark driver: run GPT training steps and report REAL wall time per step.
+
+    python benchmarks/_gpt_steps.py --fake-only      # shim + FakeTensorMode alone, no simulator
+    phantora trace -o x.json -- python benchmarks/_gpt_steps.py   # the whole pipeline
+Prints one JSON line: {"mode", "steps", "wall_s_per_step", "ops_per_step"}.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+REAL_PERF = time.perf_counter  # captured before torch (and phantora's clock) is imported
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--fake-only", action="store_true")
+ap.add_argument("--warmup", type=int, default=2)
+ap.add_argument("--steps", type=int, default=5)
+args = ap.parse_args()
+
+if args.fake_only:
+    import ctypes
+
+    from interpose.shim_build import shim_path
+
+    ctypes.CDLL(str(shim_path()), mode=ctypes.RTLD_GLOBAL)
+    import torch
+
+    from interpose.fake import install_fake_fixes, make_fake_mode
+
+    install_fake_fixes()
+    torch.cuda.is_available = lambda: True  # autocast("cuda") checks these two
+    torch.cuda.is_bf16_supported = lambda including_emulation=True: True
+    torch.cuda.amp.common.amp_definitely_not_available = lambda: False
+    make_fake_mode().__enter__()
+else:
+    import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+from gpt_train import GPT, GPTConfig  # noqa: E402
+
+cfg = GPTConfig()
+model = GPT(cfg).to("cuda")
+opt = torch.optim.AdamW(model.parameters(), lr=6e-4, fused=True)
+
+
+def step() -> None:
+    x = torch.randint(cfg.vocab_size, (8, 1024), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(x, x)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+for _ in range(args.warmup):
+    step()
+ops0 = None
+if not args.fake_only:
+    from interpose import runtime
+
+    ops0 = runtime.get().observer.ops_seen
+t0 = REAL_PERF()
+for _ in range(args.steps):
+    step()
+if not args.fake_only:
+    from phantora import protocol
+
+    runtime.get().client.call(protocol.C_NOW)  # waits until the simulator has processed every op
+wall = (REAL_PERF() - t0) / args.steps
+ops = None if ops0 is None else (runtime.get().observer.ops_seen - ops0) / args.steps
+print(json.dumps({"mode": "fake-only" if args.fake_only else "phantora", "steps": args.steps,
+                  "wall_s_per_step": wall, "ops_per_step": ops}))
