@@ -35,11 +35,7 @@ from phantora.cost.measurements import MEASUREMENT_FLOOR_US, Measurement, floor_
 from phantora.hardware import lookup_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CALIBRATION = next(
-    (p for p in (ROOT / "shared/calibration/h100_sxm_kernels.jsonl",
-                 ROOT.parent / "shared/calibration/h100_sxm_kernels.jsonl") if p.exists()),
-    ROOT / "shared/calibration/h100_sxm_kernels.jsonl",
-)
+from phantora.cost.measurements import H100_CALIBRATION as DEFAULT_CALIBRATION  # noqa: E402
 
 
 def estimated_ns(est: AnalyticalEstimator, m: Measurement) -> float:

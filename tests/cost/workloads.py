@@ -23,13 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from interpose.signature import signature_of
 from phantora.ops import OpSignature, TensorMeta
 
-# The shared H100 measurements: in the checkout's shared/ when it has one, else beside it.
-_ROOT = Path(__file__).resolve().parents[2]
-CALIBRATION = next(
-    (p for p in (_ROOT / "shared/calibration/h100_sxm_kernels.jsonl",
-                 _ROOT.parent / "shared/calibration/h100_sxm_kernels.jsonl") if p.exists()),
-    _ROOT / "shared/calibration/h100_sxm_kernels.jsonl",
-)
+from phantora.cost.measurements import H100_CALIBRATION as CALIBRATION  # noqa: E402
 
 
 class SignatureRecorder(TorchDispatchMode):
