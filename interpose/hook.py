@@ -56,6 +56,7 @@ def after_torch_import() -> None:
     from interpose.cuda_api import install_cuda_api
     from interpose.fake import install_fake_fixes, make_fake_mode
     from interpose.observer import OpObserver
+    from interpose.python_events import install_python_events
     from interpose.values import install_value_hints
 
     rt = rt_mod.install_runtime(rt_mod.RankConfig.from_env())
@@ -68,6 +69,7 @@ def after_torch_import() -> None:
     fake_mode = make_fake_mode()
     observer = OpObserver(rt)
     rt.observer = observer
+    install_python_events(rt)
     fake_mode.__enter__()
     observer.__enter__()
     _install_thread_inheritance(fake_mode, observer)

@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from interpose import runtime as rt_mod
 from interpose import values
+from interpose.python_events import op_flags
 from interpose.signature import signature_of
 from phantora import protocol as P
 from phantora.engine.memory import OutOfMemory
@@ -98,7 +99,8 @@ class OpObserver(TorchDispatchMode):
                 sig = signature_of(func, args, kwargs, out, is_pinned=_pinned_checker(rt))
                 rt.client.record([P.R_SIG, sig_id, sig.to_wire()])
             stream = current_stream_id(device) if device >= 0 else 0
-            rt.client.record([P.R_OP, sig_id, stream, 0])
+            flags = op_flags(args, rt.in_optimizer > 0) if device >= 0 else 0
+            rt.client.record([P.R_OP, sig_id, stream, flags])
             if device >= 0:
                 self._account_outputs(func, out, stream)
 

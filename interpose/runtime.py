@@ -88,6 +88,7 @@ class Runtime:
         self._storage_refs: dict[int, weakref.ref] = {}
         self.next_event_id = 0
         self.active = True  # False in DataLoader workers and forked children
+        self.in_optimizer = 0  # depth of Optimizer.step calls (python_events.py)
         self.observer: Any = None  # the OpObserver, once installed (benchmarks read its op count)
 
     # --- memory ----------------------------------------------------------------------------

@@ -34,10 +34,14 @@ R_SLEEP = 10  # [R_SLEEP, ns]: time.sleep on the host
 R_STREAM = 11  # [R_STREAM, device, stream_id, priority]: a stream was created
 R_WARN = 12  # [R_WARN, text]: the user side hit something worth reporting in the summary
 R_OOM = 13  # [R_OOM, device, requested_bytes, message]: an allocation failed in the script
+R_HOST = 14  # [R_HOST, kind, count]: Python-level work with modelled host time (cost/host.py)
+R_WORK_WAIT = 15  # [R_WORK_WAIT, work_id, device, stream_id, host_blocks]: Work.wait() on a collective
 
-# R_OP flags
-OPF_NONBLOCKING_SYNC = 0  # nothing special
-OPF_THREAD_SIDE = 1  # launched from a user-created thread (does not advance the main host clock)
+# R_OP flags: the op's context, for the host-time model (phantora/cost/host.py)
+OP_BACKWARD = 1  # run by the autograd engine (backward pass, checkpoint recomputation)
+OP_RECORDS_GRAD = 2  # forward op whose output requires grad: an autograd node is recorded
+OP_IN_OPTIMIZER = 4  # inside Optimizer.step
+OP_IN_MODULE = 8  # forward op inside an nn.Module's forward (model code, not a bare loop)
 
 # --- calls (reply expected) --------------------------------------------------------------------
 C_HELLO = 0  # [id, C_HELLO, info dict] -> config dict
@@ -46,6 +50,7 @@ C_ELAPSED = 2  # [id, C_ELAPSED, start_event_id, end_event_id] -> milliseconds (
 C_QUERY_EVENT = 3  # [id, C_QUERY_EVENT, event_id] -> bool: has the event completed by now?
 C_QUERY_STREAM = 4  # [id, C_QUERY_STREAM, device, stream_id] -> bool
 C_BYE = 5  # [id, C_BYE, exit info] -> None: the process is exiting normally
+C_COLLECTIVE = 6  # [id, C_COLLECTIVE, call dict (engine/collectives.py)] -> work id, once every member joined
 
 _LEN = struct.Struct("<I")
 MAX_MESSAGE = 1 << 30

@@ -16,13 +16,39 @@ import orjson
 
 from phantora import protocol as P
 from phantora.cost import COPY_D2H, COPY_H2D, NO_GPU_WORK, Estimator, KernelEstimate
+from phantora.cost.host import HOST_COSTS, host_event_ns, python_overhead_ns
+from phantora.engine.collectives import CollectiveCall, CollectiveMatcher, CollectiveMismatch, PendingCollective
 from phantora.engine.timeline import RankTimeline, Stream, TimingConfig
 from phantora.hardware import GPUSpec
+from phantora.net.network import Network
+from phantora.net.records import CollectiveSpec
 from phantora.ops import OpSignature, TensorMeta
 from phantora.trace import TraceSink
 
 HOST_TRACK = 1
 _MAX_ARG_SHAPES = 16
+SIMULATOR_PID = 0  # trace process for rollback corrections and stale replies
+_NCCL_OPS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
+             "broadcast": "Broadcast", "reduce": "Reduce", "all_to_all": "SendRecv", "send_recv": "SendRecv",
+             "barrier": "AllReduce"}
+_NCCL_DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64", "int64": "i64",
+                "int32": "i32", "int8": "i8", "uint8": "u8", "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2"}
+_NCCL_REDUCE = {"sum": "Sum", "avg": "Sum", "product": "Prod", "min": "MinMax", "max": "MinMax",
+                "premul_sum": "PreMulSum"}
+
+
+def nccl_kernel_name(op: str, dtype: str, reduce_op: str, algorithm: str, protocol: str) -> str:
+    """The kernel name NCCL 2.2x shows in profiles, e.g. ncclDevKernel_AllReduce_Sum_bf16_RING_LL."""
+    base = _NCCL_OPS[op]
+    if base == "SendRecv":
+        return "ncclDevKernel_SendRecv"
+    if op == "barrier":
+        dtype, reduce_op = "float32", "sum"
+    parts = ["ncclDevKernel", base]
+    if base in ("AllReduce", "ReduceScatter", "Reduce"):
+        parts.append(_NCCL_REDUCE.get(reduce_op, "Sum"))
+    parts += [_NCCL_DTYPES.get(dtype, dtype or "u8"), algorithm.upper(), protocol.upper().replace("SIMPLE", "SIMPLE")]
+    return "_".join(parts)
 
 
 class CallError(Exception):
@@ -62,6 +88,8 @@ class RankState:
     flops: float = 0.0
     ooms: list[str] = field(default_factory=list)
     finished: bool = False
+    comm_streams: dict[tuple[int, tuple[int, ...]], int] = field(default_factory=dict)  # (device, group) -> id
+    collectives: int = 0
 
 
 @dataclass
@@ -77,6 +105,11 @@ class EngineSummary:
     unknown_ops: dict[str, int]
     warnings: list[str]
     ooms: int = 0
+    collectives: int = 0
+    comm_busy_ns: int = 0
+    rollbacks: int = 0
+    stale_replies: int = 0
+    largest_stale_error_ns: int = 0
 
 
 def _copy_flags(sig: OpSignature) -> tuple[bool, TensorMeta | None, TensorMeta | None]:
@@ -132,6 +165,7 @@ class Engine:
         sink: TraceSink,
         timing: TimingConfig | None = None,
         warn: Callable[[str], None] | None = None,
+        network: Network | None = None,
     ) -> None:
         self.gpu = gpu
         self.estimator = estimator
@@ -142,6 +176,15 @@ class Engine:
         self._flow_ids = 0
         self.unknown_ops: Counter[str] = Counter()
         self.warnings: list[str] = []
+        self.network = network
+        self.gpus_per_node = network.cluster.gpus_per_node if network is not None else 8
+        self.matcher = CollectiveMatcher()
+        self.work_end_ns: dict[int, int] = {}  # collective work id -> completion time
+        self._work_ids = 0
+        self.comm_busy_ns = 0
+        self.stale_replies = 0
+        self.largest_stale_error_ns = 0
+        self._rollbacks_written = 0
         self._warn = warn or (lambda msg: print(f"phantora: warning: {msg}", file=sys.stderr, flush=True))
 
     # --- ranks --------------------------------------------------------------------------------
@@ -164,7 +207,7 @@ class Engine:
         for rec in records:
             kind = rec[0]
             if kind == P.R_OP:
-                self._op(st, rec[1], rec[2])
+                self._op(st, rec[1], rec[2], rec[3])
             elif kind == P.R_SIG:
                 self._define_sig(st, rec[1], rec[2])
             elif kind == P.R_MEM:
@@ -191,6 +234,10 @@ class Engine:
                     self.sink.slice(st.info.trace_pid, HOST_TRACK, name, start, st.timeline.host_ns - start, "nvtx")
             elif kind == P.R_SLEEP:
                 st.timeline.advance_host(int(rec[1]))
+            elif kind == P.R_HOST:
+                self._host_event(st, str(rec[1]), int(rec[2]))
+            elif kind == P.R_WORK_WAIT:
+                self._work_wait(st, int(rec[1]), int(rec[2]), int(rec[3]), bool(rec[4]))
             elif kind == P.R_STREAM:
                 self._stream(st, rec[1], rec[2])
             elif kind == P.R_WARN:
@@ -232,18 +279,24 @@ class Engine:
         self._flow_ids += 1
         return self._flow_ids
 
-    def _op(self, st: RankState, sig_id: int, stream_id: int) -> None:
+    def _op(self, st: RankState, sig_id: int, stream_id: int, flags: int) -> None:
         sig, est = st.sigs[sig_id]
         tl = st.timeline
         st.ops += 1
         if not est.known:
             self.unknown_ops[sig.full_name] += 1
+        device = sig.cuda_device()
+        begin = tl.host_ns
+        # The Python and autograd code around a GPU op runs before it is dispatched; the op's
+        # host slice covers both, with the overhead in its args.
+        overhead = python_overhead_ns(flags, est.kernels > 0) if device is not None else 0
+        tl.advance_host(overhead)
         launch = tl.host_ns
         tl.advance_host(est.host_ns)
         pid = st.info.trace_pid
-        device = sig.cuda_device()
         if est.kind == NO_GPU_WORK or device is None or est.kernels == 0:
-            self.sink.slice(pid, HOST_TRACK, sig.name, launch, tl.host_ns - launch, "cpu_op")
+            self.sink.slice(pid, HOST_TRACK, sig.name, begin, tl.host_ns - begin, "cpu_op",
+                            {"python_overhead_ns": overhead} if overhead else None)
             return
         stream = self._stream(st, device, stream_id)
         work = tl.enqueue(stream, launch, est.duration_ns)
@@ -254,14 +307,22 @@ class Engine:
         st.flops += est.flops
         flow = self._next_flow()
         shapes, dtypes = _shape_args(sig)
-        self.sink.slice(pid, HOST_TRACK, sig.name, launch, tl.host_ns - launch, "cpu_op",
-                        {"Input Dims": shapes, "correlation": flow}, flow_out=flow)
+        self.sink.slice(pid, HOST_TRACK, sig.name, begin, tl.host_ns - begin, "cpu_op",
+                        {"Input Dims": shapes, "correlation": flow, "python_overhead_ns": overhead}, flow_out=flow)
         cat = "kernel" if est.kind not in (COPY_D2H, COPY_H2D) else "gpu_memcpy"
         self.sink.slice(pid, stream.track, est.kernel_name, work.start_ns, work.end_ns - work.start_ns, cat, {
             "op": sig.full_name, "shapes": shapes, "dtypes": dtypes, "flops": est.flops, "bytes": est.bytes,
             "kernels": est.kernels, "estimator": est.estimator if est.known else f"{est.estimator} (unknown op: generic)",
             "device": device, "stream": stream.stream_id, "correlation": flow,
         }, flow_in=flow)
+
+    def _host_event(self, st: RankState, kind: str, count: int) -> None:
+        tl = st.timeline
+        start = tl.host_ns
+        tl.advance_host(host_event_ns(kind, count))
+        if kind != "module_call":  # module calls are too many and too short to show one by one
+            self.sink.slice(st.info.trace_pid, HOST_TRACK, f"python: {kind}", start, tl.host_ns - start, "python",
+                            {"count": count})
 
     def _host_sync(self, st: RankState, name: str, until_ns: int) -> None:
         tl = st.timeline
@@ -298,6 +359,137 @@ class Engine:
         tl.advance_host(self.timing.event_query_host_ns)
         return self._stream(st, device, stream_id).tail_ns <= tl.host_ns
 
+    # --- collectives ---------------------------------------------------------------------------
+    def join_collective(self, rank: int, wire: dict[str, Any]) -> dict[int, int] | None:
+        """One rank calls a collective. None while members are missing; once the last member
+        joins, {rank: work id} for every member. CollectiveMismatch if the members disagree."""
+        st = self.ranks[rank]
+        try:
+            call = CollectiveCall.from_wire(rank, wire)
+        except (KeyError, ValueError, TypeError) as e:
+            raise CallError(f"malformed collective call from rank {rank}: {e}") from None
+        tl = st.timeline
+        tl.advance_host(HOST_COSTS.collective_ns)
+        comm = self._comm_stream(st, call)
+        current = self._stream(st, call.device, call.stream)
+        # ProcessGroupNCCL makes its stream wait for the caller's current stream first.
+        ready = max(tl.host_ns + self.timing.launch_latency_ns, current.tail_ns, comm.tail_ns)
+        done = self.matcher.arrive(call, ready)
+        if done is None:
+            return None
+        return self._run_collective(done)
+
+    def _comm_stream(self, st: RankState, call: CollectiveCall) -> Stream:
+        group = tuple(sorted(call.group)) if call.net_op == "send_recv" else call.group
+        key = (call.device, group)
+        sid = st.comm_streams.get(key)
+        if sid is None:
+            sid = st.comm_streams[key] = -1 - len(st.comm_streams)
+        stream, new = st.timeline.stream(call.device, sid)
+        if new:
+            what = "p2p " + "<->".join(map(str, group)) if call.net_op == "send_recv" else f"group {list(group)}"
+            self.sink.thread(st.info.trace_pid, stream.track, f"cuda:{call.device} nccl {what}", stream.track)
+        return stream
+
+    def global_gpu(self, rank: int) -> int:
+        info = self.ranks[rank].info
+        return info.node * self.gpus_per_node + info.local_rank
+
+    def _run_collective(self, p: PendingCollective) -> dict[int, int]:
+        calls = [p.arrivals[r] for r in p.members]
+        first = calls[0]
+        start = max(p.ready_ns.values())
+        gpus = tuple(self.global_gpu(r) for r in p.members)
+        info = None
+        if self.network is not None and len(set(gpus)) > 1:
+            spec = CollectiveSpec(first.net_op, max(first.nbytes, 1), gpus,
+                                  root=self.global_gpu(first.root) if first.root is not None else None,
+                                  label=f"{first.op} group {list(first.group)} #{first.seq}")
+            handle = self.network.submit(spec, start)
+            end = self.network.finish_time(handle)
+            info = self.network.collective_info(handle)
+            self._record_corrections()
+        else:
+            end = start  # one member (or no network): nothing moves
+        self._work_ids += 1
+        work = self._work_ids
+        self.work_end_ns[work] = end
+        algorithm = info.algorithm if info else "ring"
+        protocol = info.protocol if info else "simple"
+        name = nccl_kernel_name(first.net_op if first.op != "barrier" else "barrier", first.dtype, first.reduce_op,
+                                algorithm, protocol)
+        flow = self._next_flow()
+        places = []
+        for call in calls:
+            st = self.ranks[call.rank]
+            stream = self._comm_stream(st, call)
+            ready = p.ready_ns[call.rank]
+            stream.tail_ns = max(stream.tail_ns, end)
+            st.collectives += 1
+            self.comm_busy_ns += end - ready
+            self.sink.slice(st.info.trace_pid, stream.track, name, ready, end - ready, "kernel", {
+                "op": call.op, "bytes": call.nbytes, "dtype": call.dtype, "group ranks": list(call.group),
+                "seq": call.seq, "algorithm": algorithm, "protocol": protocol,
+                "bus bandwidth GB/s": round(info.busbw, 2) if info else None,
+                "waited for peers ns": start - ready, "network ns": end - start, "call site": call.site,
+                "collective": work,
+            })
+            places.append((st.info.trace_pid, stream.track, ready))
+        for i, dst in enumerate(places[1:]):
+            self.sink.flow(flow * 1000 + i, f"{first.op} #{first.seq}", places[0], dst)
+        return {r: work for r in p.members}
+
+    def _record_corrections(self) -> None:
+        """Completion times the network changed after they were used: written to the trace and
+        counted as stale replies (dependents already placed are not moved yet)."""
+        net = self.network
+        assert net is not None
+        for rb in net.take_rollbacks():
+            if self._rollbacks_written == 0:
+                self.sink.process(SIMULATOR_PID, "simulator (rollbacks, corrections)", -1)
+                self.sink.thread(SIMULATOR_PID, 1, "network rollbacks", 0)
+            self._rollbacks_written += 1
+            self.sink.instant(SIMULATOR_PID, 1, f"rollback: {rb.label}", rb.to_ns, "rollback", {
+                "network time ns": rb.network_time_ns, "rolled back from ns": rb.from_ns, "to ns": rb.to_ns,
+                "flows rolled back": rb.flows_rolled_back,
+                "corrections": [[c.label, c.old_end_ns, c.new_end_ns] for c in rb.corrections],
+            })
+        for c in net.take_corrections():
+            self.stale_replies += 1
+            self.largest_stale_error_ns = max(self.largest_stale_error_ns, abs(c.new_end_ns - c.old_end_ns))
+
+    def _work_wait(self, st: RankState, work: int, device: int, stream_id: int, host_blocks: bool) -> None:
+        end = self.work_end_ns.get(work)
+        if end is None:
+            return
+        stream = self._stream(st, device, stream_id)
+        stream.tail_ns = max(stream.tail_ns, end)
+        if host_blocks:
+            self._host_sync(st, "ProcessGroupNCCL barrier", end)
+
+    def abandon_collectives(self, rank: int) -> list[tuple[list[int], str]]:
+        """`rank` ended: every collective it never joined fails for the members waiting in it."""
+        failed = []
+        for p in self.matcher.waiting_for(rank):
+            call = next(iter(p.arrivals.values()))
+            waiting = sorted(p.arrivals)
+            failed.append((waiting, f"rank {rank} exited without joining {call.describe()} (collective #{call.seq} "
+                                    f"of group {list(call.group)}) that rank(s) {waiting} are waiting in"))
+            self.matcher.drop(p.key)
+        return failed
+
+    def overdue_collectives(self, timeout_s: float) -> list[tuple[list[int], str]]:
+        failed = []
+        for p in self.matcher.overdue(timeout_s):
+            call = next(iter(p.arrivals.values()))
+            waiting = sorted(p.arrivals)
+            failed.append((waiting, f"timed out after {timeout_s:.0f} s waiting for rank(s) {p.missing()} to join "
+                                    f"{call.describe()} (collective #{call.seq} of group {list(call.group)}, called at "
+                                    f"{call.site}); rank(s) {waiting} joined. A rank that skips a collective, or "
+                                    f"calls collectives in a different order, hangs a real job the same way."))
+            self.matcher.drop(p.key)
+        return failed
+
     # --- end ----------------------------------------------------------------------------------
     def finish_rank(self, rank: int) -> None:
         st = self.ranks[rank]
@@ -327,6 +519,11 @@ class Engine:
             unknown_ops=dict(self.unknown_ops),
             warnings=list(self.warnings),
             ooms=sum(len(st.ooms) for st in self.ranks.values()),
+            collectives=sum(st.collectives for st in self.ranks.values()),
+            comm_busy_ns=self.comm_busy_ns,
+            rollbacks=self._rollbacks_written,
+            stale_replies=self.stale_replies,
+            largest_stale_error_ns=self.largest_stale_error_ns,
         )
 
     def close(self, metadata: dict[str, Any]) -> None:

@@ -68,6 +68,8 @@ def check_chrome_trace(path: str | Path, max_problems: int = 20) -> TraceCheck:
             result.slices += 1
             if "bind_id" in ev:
                 (flow_out if ev.get("flow_out") else flow_in)[ev["bind_id"]] += 1
+        elif ph in ("s", "f"):
+            (flow_out if ph == "s" else flow_in)[("v1", ev.get("id"))] += 1
         elif ph == "C":
             result.counters += 1
             if not all(isinstance(v, (int, float)) for v in (ev.get("args") or {}).values()):

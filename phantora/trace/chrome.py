@@ -93,6 +93,14 @@ class ChromeJsonSink:
     def counter(self, pid: int, name: str, ts_ns: int, values: dict[str, float]) -> None:
         self._emit({"ph": "C", "pid": pid, "tid": 0, "name": name, "ts": _us(ts_ns), "args": values})
 
+    def flow(self, flow_id: int, name: str, src: tuple[int, int, int], dst: tuple[int, int, int]) -> None:
+        # Flow v1 events bound to the enclosing slices ("bp": "e"); ids live apart from bind_ids.
+        fid = f"c{flow_id}"
+        self._emit({"ph": "s", "id": fid, "pid": src[0], "tid": src[1], "ts": _us(src[2]), "name": name,
+                    "cat": "collective", "bp": "e"})
+        self._emit({"ph": "f", "id": fid, "pid": dst[0], "tid": dst[1], "ts": _us(dst[2]), "name": name,
+                    "cat": "collective", "bp": "e"})
+
     def close(self, metadata: dict[str, Any]) -> None:
         if self.closed:
             return

@@ -61,9 +61,9 @@ class Harness:
         self.engine.apply(0, [[P.R_SIG, sid, sig.to_wire()]])
         return sid
 
-    def kernel(self, dur: int, stream: int = 0) -> None:
+    def kernel(self, dur: int, stream: int = 0, flags: int = 0) -> None:
         sid = self.sig(OpSignature("aten::k", str(dur), (t([4]),), (t([4]),)))
-        self.engine.apply(0, [[P.R_OP, sid, stream, 0]])
+        self.engine.apply(0, [[P.R_OP, sid, stream, flags]])
 
     def op(self, sig: OpSignature, stream: int = 0) -> None:
         self.engine.apply(0, [[P.R_OP, self.sig(sig), stream, 0]])
@@ -198,6 +198,29 @@ def test_view_ops_cost_host_time_only():
     h.op(OpSignature("aten::view", "", (t([4]), (2, 2)), (t([2, 2]),)))
     assert h.tl.host_ns == 1_000
     assert (0, 0) not in h.tl.streams
+
+
+def test_python_overhead_of_model_code_delays_the_launch():
+    from phantora.cost.host import PYTHON_OVERHEAD as PY
+
+    h = Harness()
+    h.kernel(100_000, flags=P.OP_IN_MODULE | P.OP_RECORDS_GRAD)
+    # the Python around the op runs first, then the op's own dispatch; the kernel starts after both
+    overhead = PY.forward_op_ns + PY.records_grad_ns
+    assert h.tl.host_ns == overhead + HOST
+    assert h.tail() == overhead + LAT + 100_000
+    h.kernel(1_000, flags=P.OP_BACKWARD)
+    assert h.tl.host_ns == overhead + HOST + PY.backward_op_ns + HOST
+
+
+def test_host_events_advance_the_host_clock_only():
+    from phantora.cost.host import PYTHON_OVERHEAD as PY
+
+    h = Harness()
+    h.rec([P.R_HOST, "module_call", 3], [P.R_HOST, "optimizer_step", 10], [P.R_HOST, "checkpoint", 1])
+    assert h.tl.host_ns == 3 * PY.module_call_ns + PY.optimizer_step_ns + 10 * PY.optimizer_param_ns + PY.checkpoint_region_ns
+    h.kernel(5_000, flags=P.OP_IN_OPTIMIZER | P.OP_IN_MODULE)  # optimizer ops: bare dispatch cost
+    assert h.tail() == h.tl.host_ns - HOST + LAT + 5_000
 
 
 def test_sleep_advances_host_clock():

@@ -1,0 +1,82 @@
+"""Python-level events of the user's training code that cost host time on a real machine.
+
+The simulator charges host time per op (phantora/cost/host.py), but eager training code spends
+much of its host time around the ops: nn.Module.__call__, torch.utils.checkpoint, the autograd
+engine, the optimizer's bookkeeping. This module tells the simulator about those, through
+op flags (op_flags) and R_HOST records; it measures nothing itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+import torch
+
+from phantora import protocol as P
+
+
+_modules = threading.local()  # .depth: nn.Module forwards running on this thread
+
+
+def op_flags(args: tuple, in_optimizer: bool) -> int:
+    """Context of the op being dispatched now (called from inside __torch_dispatch__)."""
+    if in_optimizer:
+        return P.OP_IN_OPTIMIZER
+    if torch._C._current_autograd_node() is not None:
+        return P.OP_BACKWARD
+    flags = P.OP_IN_MODULE if getattr(_modules, "depth", 0) > 0 else 0
+    if torch.is_grad_enabled():
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                return flags | P.OP_RECORDS_GRAD
+    return flags
+
+
+def install_python_events(rt: Any) -> None:
+    def record(kind: str, count: int) -> None:
+        # Only for a process that already is a rank: a module call before the first GPU op
+        # must not make a DataLoader worker or launcher agent connect.
+        if rt.active and rt.client.connected:
+            rt.client.record([P.R_HOST, kind, count])
+
+    def module_pre_hook(module: Any, args: Any) -> None:
+        _modules.depth = getattr(_modules, "depth", 0) + 1
+        record("module_call", 1)
+
+    def module_post_hook(module: Any, args: Any, output: Any) -> None:
+        _modules.depth = max(0, getattr(_modules, "depth", 0) - 1)
+
+    torch.nn.modules.module.register_module_forward_pre_hook(module_pre_hook)
+    torch.nn.modules.module.register_module_forward_hook(module_post_hook, always_call=True)
+
+    def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        rt.in_optimizer += 1
+        record("optimizer_step", sum(len(g["params"]) for g in optimizer.param_groups))
+
+    def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        rt.in_optimizer -= 1
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    register_optimizer_step_pre_hook(optimizer_pre_hook)
+    register_optimizer_step_post_hook(optimizer_post_hook)
+
+    import torch.utils.checkpoint as ckpt
+
+    original = ckpt.checkpoint
+
+    @functools.wraps(original)
+    def checkpoint(function: Any, *args: Any, **kwargs: Any) -> Any:
+        record("checkpoint", 1)
+        out = original(function, *args, **kwargs)
+        # The region's Python runs again when backward recomputes it: charge it when the
+        # gradient reaches the region's output.
+        first = out if isinstance(out, torch.Tensor) else next(
+            (t for t in (out if isinstance(out, (tuple, list)) else ()) if isinstance(t, torch.Tensor)), None)
+        if first is not None and first.requires_grad:
+            first.register_hook(lambda grad: record("checkpoint", 1))
+        return out
+
+    ckpt.checkpoint = checkpoint

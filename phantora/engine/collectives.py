@@ -1,0 +1,148 @@
+"""Matching collectives across ranks: each rank's call joins the others with the same key.
+
+A rank's process group numbers its collectives per group (as NCCL's sequence numbers do), so
+the n-th collective of a group on every member is the same collective. Point-to-point ops are
+matched per (sender, receiver) pair. A collective is complete when every member has arrived;
+members that disagree on what the collective is (op, size, dtype, root, reduction) are a bug
+in the script that would hang or corrupt data on real GPUs, and are reported with every
+member's call site. Pure bookkeeping: no torch, no times beyond what the caller passes in.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from phantora.net.records import OPS
+
+P2P_OPS = ("send", "recv")
+CollectiveKey = tuple
+
+
+class CollectiveMismatch(Exception):
+    """Members of one collective called different things. The message names each member."""
+
+    def __init__(self, message: str, ranks: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """One rank's call of a collective, as the rank's process group reports it.
+
+    group: global ranks of the group, in group order; for send/recv (sender, receiver).
+    seq: this rank's count of earlier collectives in the group (or on this send/recv pair).
+    nbytes: nccl-tests convention (phantora/net/records.py CollectiveSpec).
+    root: global rank of the root (broadcast, reduce), else None.
+    """
+
+    rank: int
+    op: str
+    group: tuple[int, ...]
+    seq: int
+    nbytes: int
+    dtype: str = ""
+    reduce_op: str = ""
+    root: int | None = None
+    device: int = 0
+    stream: int = 0
+    site: str = ""
+    group_name: str = ""
+
+    @classmethod
+    def from_wire(cls, rank: int, d: dict[str, Any]) -> "CollectiveCall":
+        op = str(d["op"])
+        if op not in OPS and op not in P2P_OPS:
+            raise ValueError(f"unknown collective op {op!r}")
+        root = d.get("root")
+        return cls(rank, op, tuple(int(r) for r in d["group"]), int(d["seq"]), int(d["nbytes"]),
+                   str(d.get("dtype", "")), str(d.get("reduce_op", "")), None if root is None else int(root),
+                   int(d.get("device", 0)), int(d.get("stream", 0)), str(d.get("site", "")),
+                   str(d.get("group_name", "")))
+
+    @property
+    def key(self) -> CollectiveKey:
+        if self.op in P2P_OPS:
+            return ("p2p", self.group, self.seq)
+        return (self.group, self.seq)
+
+    @property
+    def net_op(self) -> str:
+        return "send_recv" if self.op in P2P_OPS else self.op
+
+    def describe(self) -> str:
+        what = f"{self.op}({self.nbytes:,} bytes"
+        if self.dtype:
+            what += f", {self.dtype}"
+        if self.reduce_op:
+            what += f", {self.reduce_op}"
+        if self.root is not None:
+            what += f", root {self.root}"
+        return what + ")"
+
+
+@dataclass
+class PendingCollective:
+    key: CollectiveKey
+    members: tuple[int, ...]
+    arrivals: dict[int, CollectiveCall] = field(default_factory=dict)
+    ready_ns: dict[int, int] = field(default_factory=dict)
+    first_wall_s: float = field(default_factory=time.monotonic)
+
+    def missing(self) -> list[int]:
+        return [r for r in self.members if r not in self.arrivals]
+
+
+class CollectiveMatcher:
+    def __init__(self) -> None:
+        self.pending: dict[CollectiveKey, PendingCollective] = {}
+
+    def arrive(self, call: CollectiveCall, ready_ns: int) -> PendingCollective | None:
+        """Register one member's arrival; the complete collective once every member is in."""
+        if call.rank not in call.group:
+            raise CollectiveMismatch(
+                f"rank {call.rank} called {call.describe()} on a group it is not in ({list(call.group)})", (call.rank,))
+        p = self.pending.get(call.key)
+        if p is None:
+            p = self.pending[call.key] = PendingCollective(call.key, tuple(dict.fromkeys(call.group)))
+        if call.rank in p.arrivals:
+            raise CollectiveMismatch(f"rank {call.rank} joined collective {call.key} twice", (call.rank,))
+        p.arrivals[call.rank] = call
+        p.ready_ns[call.rank] = ready_ns
+        if p.missing():
+            return None
+        del self.pending[call.key]
+        _check_agreement(p)
+        return p
+
+    def waiting_for(self, rank: int) -> list[PendingCollective]:
+        """Collectives some members joined that `rank` has not (e.g. because it exited)."""
+        return [p for p in self.pending.values() if rank in p.missing()]
+
+    def overdue(self, timeout_s: float, now_s: float | None = None) -> list[PendingCollective]:
+        now = time.monotonic() if now_s is None else now_s
+        return [p for p in self.pending.values() if now - p.first_wall_s > timeout_s]
+
+    def drop(self, key: CollectiveKey) -> None:
+        self.pending.pop(key, None)
+
+
+def _check_agreement(p: PendingCollective) -> None:
+    calls = [p.arrivals[r] for r in p.members]
+    if calls[0].op in P2P_OPS:
+        send, recv = p.arrivals.get(calls[0].group[0]), p.arrivals.get(calls[0].group[1])
+        ok = (send is not None and recv is not None and send.op == "send" and recv.op == "recv"
+              and send.nbytes == recv.nbytes)
+    else:
+        first = calls[0]
+        ok = all((c.op, c.nbytes, c.dtype, c.reduce_op, c.root) == (first.op, first.nbytes, first.dtype, first.reduce_op,
+                                                                    first.root) for c in calls)
+    if ok:
+        return
+    lines = [f"  rank {c.rank}: {c.describe()} at {c.site or '<unknown call site>'}" for c in calls]
+    what = "point-to-point pair" if calls[0].op in P2P_OPS else f"collective #{calls[0].seq} of group {list(calls[0].group)}"
+    raise CollectiveMismatch(
+        f"mismatched collective: the ranks disagree on {what} (on real GPUs this hangs or corrupts data):\n"
+        + "\n".join(lines), tuple(p.members))
