@@ -70,6 +70,9 @@ def after_torch_import() -> None:
     observer = OpObserver(rt)
     rt.observer = observer
     install_python_events(rt)
+    from interpose.distributed import install_distributed
+
+    install_distributed(rt)
     fake_mode.__enter__()
     observer.__enter__()
     _install_thread_inheritance(fake_mode, observer)

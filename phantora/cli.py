@@ -71,16 +71,28 @@ def main() -> None:
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Trace file to write: .json or .json.gz (Chrome JSON; opens in ui.perfetto.dev).")
-@click.option("--gpu", "gpu", default=DEFAULT_GPU, type=_GpuType(), show_default=True,
-              help=f"GPU model to simulate, short or full name (case-insensitive): {_gpu_help()}.")
+@click.option("--gpu", "gpu", default=None, type=_GpuType(),
+              help=f"GPU model to simulate, short or full name (case-insensitive): {_gpu_help()}. "
+                   f"Default: the cluster's GPU ({DEFAULT_GPU} for the default cluster).")
 @click.option("--vram", type=_SizeType(), default=None,
               help="Memory per GPU instead of the model's, e.g. 40GiB (G/GiB binary, GB decimal).")
-@click.option("--gpus-per-node", type=click.IntRange(1, 256), default=8, show_default=True,
-              help="GPUs visible to the script (torch.cuda.device_count()).")
+@click.option("--gpus-per-node", type=click.IntRange(1, 256), default=None,
+              help="GPUs visible to each process (torch.cuda.device_count()); default: the cluster's node size.")
+@click.option("--cluster", "cluster_name", default="dgx-h100", show_default=True,
+              help="Cluster the collectives run on: a preset (dgx-h100, dgx-h200, dgx-a100, ethernet) "
+                   "or a TOML file.")
+@click.option("--nnodes", type=click.IntRange(1), default=1, show_default=True,
+              help="Nodes in the cluster (as torchrun's --nnodes).")
+@click.option("--nproc-per-node", "--nproc_per_node", "nproc_per_node", type=click.IntRange(1), default=None,
+              help="Start this many rank processes per node with torchrun's environment (RANK, LOCAL_RANK, "
+                   "WORLD_SIZE, MASTER_ADDR, ...). Without it COMMAND runs once (it may be torchrun itself).")
+@click.option("--collective-timeout", type=click.FloatRange(1.0), default=300.0, show_default=True,
+              help="Seconds (wall time) a collective waits for its last member before the waiting ranks fail.")
 @click.option("--call-timeout", type=click.FloatRange(1.0), default=600.0, show_default=True,
               help="Seconds a script waits for any answer from the simulator before failing.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def trace(output: Path, gpu, vram: int | None, gpus_per_node: int, call_timeout: float, command: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluster_name: str, nnodes: int,  # type: ignore[no-untyped-def]
+          nproc_per_node: int | None, collective_timeout: float, call_timeout: float, command: tuple[str, ...]) -> None:
     """Run COMMAND on simulated GPUs and write a trace.
 
     Put `--` before the command. The exit code is the command's. A short summary (simulated
@@ -90,17 +102,30 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int, call_timeout:
     Examples:
       phantora trace -o run.json -- python examples/gpt_train.py
       phantora trace --gpu h200 --vram 100GiB -o run.json -- python train.py
+      phantora trace --nnodes 2 --nproc-per-node 8 -o run.json -- python train_ddp.py
+      phantora trace -o run.json -- torchrun --nproc-per-node 8 train_ddp.py
     """
-    from phantora.simulator.launch import CommandNotFound, TraceRun, print_summary, run_trace
+    from phantora.net.cluster import ClusterConfigError, load_cluster
+    from phantora.simulator.launch import CommandNotFound, LaunchError, TraceRun, print_summary, run_trace
     from phantora.trace import UnsupportedTraceFormat
 
-    run = TraceRun(command=list(command), output=output, gpu=gpu, vram_bytes=vram,
-                   gpus_per_node=gpus_per_node, call_timeout_s=call_timeout)
+    try:
+        cluster = load_cluster(cluster_name, nodes=nnodes)
+    except ClusterConfigError as e:
+        raise click.BadParameter(str(e), param_hint="'--cluster'") from None
+    if gpus_per_node is not None and nproc_per_node is not None and gpus_per_node != cluster.gpus_per_node:
+        raise click.BadParameter(f"{cluster.name} nodes have {cluster.gpus_per_node} GPUs; describe a different "
+                                 "node in a cluster file instead", param_hint="'--gpus-per-node'")
+    run = TraceRun(command=list(command), output=output, gpu=gpu or cluster.gpu_spec, vram_bytes=vram,
+                   gpus_per_node=gpus_per_node or cluster.gpus_per_node, call_timeout_s=call_timeout,
+                   cluster=cluster, nproc_per_node=nproc_per_node, collective_timeout_s=collective_timeout)
     try:
         result = run_trace(run)
     except CommandNotFound as e:
         click.echo(f"phantora: {e}", err=True)
         sys.exit(127)
+    except LaunchError as e:
+        raise click.BadParameter(str(e), param_hint="'--nproc-per-node'") from None
     except UnsupportedTraceFormat as e:
         raise click.BadParameter(str(e), param_hint="'-o' / '--output'") from None
     print_summary(run, result)

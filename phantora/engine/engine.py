@@ -429,7 +429,7 @@ class Engine:
             self.comm_busy_ns += end - ready
             self.sink.slice(st.info.trace_pid, stream.track, name, ready, end - ready, "kernel", {
                 "op": call.op, "bytes": call.nbytes, "dtype": call.dtype, "group ranks": list(call.group),
-                "seq": call.seq, "algorithm": algorithm, "protocol": protocol,
+                "seq": call.seq, "root": call.root, "algorithm": algorithm, "protocol": protocol,
                 "bus bandwidth GB/s": round(info.busbw, 2) if info else None,
                 "waited for peers ns": start - ready, "network ns": end - start, "call site": call.site,
                 "collective": work,

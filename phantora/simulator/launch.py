@@ -24,6 +24,8 @@ from phantora import __version__
 from phantora.cost import make_estimator
 from phantora.engine.engine import Engine, EngineSummary
 from phantora.hardware import GPUSpec
+from phantora.net.cluster import Cluster
+from phantora.net.network import Network
 from phantora.simulator.server import SimulatorServer
 from phantora.trace import open_sink
 
@@ -42,6 +44,9 @@ class TraceRun:
     estimator: str = "analytical"
     call_timeout_s: float = 600.0
     extra_env: dict[str, str] = field(default_factory=dict)
+    cluster: Cluster | None = None  # the network collectives run on (default: one dgx-h100 node)
+    nproc_per_node: int | None = None  # None: run COMMAND once (it may be torchrun itself)
+    collective_timeout_s: float = 300.0
 
 
 @dataclass
@@ -50,6 +55,8 @@ class TraceResult:
     summary: EngineSummary
     wall_s: float
     internal_errors: list[str]
+    rank_errors: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # ranks that exited with an error
 
 
 def child_env(run: TraceRun, socket_path: str) -> dict[str, str]:
@@ -68,52 +75,118 @@ def child_env(run: TraceRun, socket_path: str) -> dict[str, str]:
     return env
 
 
+def rank_env(run: TraceRun, rank: int, master_port: int, run_id: str) -> dict[str, str]:
+    """The environment torchrun gives worker `rank` (same variable names and meanings)."""
+    assert run.nproc_per_node is not None and run.cluster is not None
+    nproc, nnodes = run.nproc_per_node, run.cluster.nodes
+    node, local = divmod(rank, nproc)
+    return {
+        "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(nproc * nnodes),
+        "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": str(node), "GROUP_WORLD_SIZE": str(nnodes),
+        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(nproc * nnodes), "ROLE_NAME": "default",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_USE_AGENT_STORE": "False", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class CommandNotFound(FileNotFoundError):
+    pass
+
+
+class LaunchError(ValueError):
     pass
 
 
 def run_trace(run: TraceRun) -> TraceResult:
     if shutil.which(run.command[0]) is None and not os.path.exists(run.command[0]):
         raise CommandNotFound(f"command not found: {run.command[0]}")
+    if run.cluster is None:
+        from phantora.net.cluster import load_cluster
+
+        run.cluster = load_cluster("dgx-h100", nodes=1)
+    if run.nproc_per_node is not None and run.nproc_per_node > run.cluster.gpus_per_node:
+        raise LaunchError(f"--nproc-per-node {run.nproc_per_node} is more than the {run.cluster.gpus_per_node} GPUs "
+                          f"of a {run.cluster.name} node; use at most {run.cluster.gpus_per_node} or more --nnodes")
     started = time.time()
     sink = open_sink(run.output)
-    engine = Engine(run.gpu, make_estimator(run.estimator, run.gpu), sink)
-    server = SimulatorServer(engine)
+    engine = Engine(run.gpu, make_estimator(run.estimator, run.gpu), sink, network=Network(run.cluster))
+    server = SimulatorServer(engine, collective_timeout_s=run.collective_timeout_s)
     exit_code = 1
-    proc: subprocess.Popen | None = None
+    procs: list[subprocess.Popen] = []
+    failures: list[str] = []
     interrupted: list[int] = []
+
+    def stop_all(sig: int) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(sig)
 
     def on_signal(signum: int, _frame: object) -> None:
         interrupted.append(signum)
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        stop_all(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        try:
-            proc = subprocess.Popen(run.command, env=child_env(run, server.socket_path))
-        except (FileNotFoundError, PermissionError) as e:
-            raise CommandNotFound(f"cannot run {run.command[0]!r}: {e.strerror}") from e
+        base_env = child_env(run, server.socket_path)
+        if run.nproc_per_node is None:
+            envs = [base_env]
+        else:
+            port, run_id = _free_port(), f"phantora-{os.getpid()}"
+            envs = [dict(base_env, **rank_env(run, r, port, run_id))
+                    for r in range(run.nproc_per_node * run.cluster.nodes)]
+        for env in envs:
+            try:
+                procs.append(subprocess.Popen(run.command, env=env))
+            except (FileNotFoundError, PermissionError) as e:
+                stop_all(signal.SIGTERM)
+                raise CommandNotFound(f"cannot run {run.command[0]!r}: {e.strerror}") from e
         deadline: list[float] = []
 
         def keep_going() -> bool:
-            if proc.poll() is not None:
+            alive = [p for p in procs if p.poll() is None]
+            if not alive:
                 return False
+            if len(procs) > 1 and not deadline:
+                failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
+                if failed:
+                    # torchrun: one failed worker ends the others
+                    failures.extend(f"rank {i} exited with code {rc}" if rc > 0 else
+                                    f"rank {i} was killed by signal {-rc}" for i, rc in failed)
+                    stop_all(signal.SIGTERM)
+                    deadline.append(time.monotonic() + GRACE_S)
             if interrupted and not deadline:
                 deadline.append(time.monotonic() + GRACE_S)
             if deadline and time.monotonic() > deadline[0]:
-                proc.kill()
+                for p in alive:
+                    p.kill()
             return True
 
         server.serve(keep_going)
-        rc = proc.wait()
-        exit_code = 128 - rc if rc < 0 else rc
-        if interrupted and rc == 0:
+        codes = [p.wait() for p in procs]
+        if len(procs) == 1:
+            rc = codes[0]
+            exit_code = 128 - rc if rc < 0 else rc
+        else:
+            exit_code = 0 if all(c == 0 for c in codes) else 1  # as torchrun exits
+            if exit_code and not failures:
+                failures.extend(f"rank {i} exited with code {c}" for i, c in enumerate(codes) if c != 0)
+        if interrupted and exit_code == 0:
             exit_code = 128 + interrupted[0]
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         for s, h in old_handlers.items():
             signal.signal(s, h)
         server.close()
@@ -123,13 +196,16 @@ def run_trace(run: TraceRun) -> TraceResult:
             "command": run.command,
             "gpu": run.gpu.key,
             "gpus_per_node": run.gpus_per_node,
+            "cluster": run.cluster.name,
+            "nodes": run.cluster.nodes,
+            "nproc_per_node": run.nproc_per_node,
             "estimator": run.estimator,
             "exit_code": exit_code,
             "started_at": _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(),
             "wall_seconds": round(time.time() - started, 3),
             "simulated_ns": summary.simulated_ns,
         })
-    return TraceResult(exit_code, summary, time.time() - started, server.internal_errors)
+    return TraceResult(exit_code, summary, time.time() - started, server.internal_errors, server.rank_errors, failures)
 
 
 def format_bytes(n: float) -> str:
@@ -157,8 +233,16 @@ def format_summary(run: TraceRun, result: TraceResult) -> str:
         lines.append(f"  unknown ops: {len(s.unknown_ops)} kinds, {calls} calls, timed as memory-bound: {top}")
     else:
         lines.append("  unknown ops: none")
+    if s.collectives:
+        lines.append(f"  collectives {s.collectives:,} (per rank, summed)   communication busy {s.comm_busy_ns / 1e9:.6f} s"
+                     f"   network rollbacks {s.rollbacks}   stale replies {s.stale_replies}"
+                     + (f" (largest error {s.largest_stale_error_ns / 1e3:.1f} us)" if s.stale_replies else ""))
     if s.ooms:
         lines.append(f"  out-of-memory errors raised in the script: {s.ooms}")
+    for msg in result.failures:
+        lines.append(f"  {msg}")
+    for msg in result.rank_errors[:5]:
+        lines.append("  collective error: " + msg.splitlines()[0])
     if result.internal_errors:
         lines.append(f"  simulator errors: {len(result.internal_errors)} (see messages above)")
     lines.append(f"  trace: {run.output}")

@@ -20,7 +20,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from phantora import protocol as P
+from phantora.engine.collectives import CollectiveMismatch
 from phantora.engine.engine import CallError, Engine, RankInfo
+
+_DEFERRED = object()  # a call whose reply comes later (a collective waiting for its members)
 
 
 @dataclass
@@ -33,8 +36,13 @@ class Connection:
 
 
 class SimulatorServer:
-    def __init__(self, engine: Engine, hello_reply: dict[str, Any] | None = None) -> None:
+    def __init__(self, engine: Engine, hello_reply: dict[str, Any] | None = None,
+                 collective_timeout_s: float = 300.0) -> None:
         self.engine = engine
+        self.collective_timeout_s = collective_timeout_s
+        self.waiting: dict[int, tuple[Connection, int]] = {}  # rank -> its collective call awaiting reply
+        self.rank_errors: list[str] = []  # collective failures (mismatch, missing rank), shown in the summary
+        self._next_overdue_check = 0.0
         self.hello_reply = hello_reply or {}
         self.tmpdir = Path(tempfile.mkdtemp(prefix="phantora-"))
         os.chmod(self.tmpdir, 0o700)
@@ -69,7 +77,19 @@ class SimulatorServer:
                 self._accept()
             else:
                 self._read(key.data)
+        if self.engine.matcher.pending and time.monotonic() > self._next_overdue_check:
+            self._next_overdue_check = time.monotonic() + 1.0
+            self._fail_collectives(self.engine.overdue_collectives(self.collective_timeout_s))
         return bool(events)
+
+    def _fail_collectives(self, failures: list[tuple[list[int], str]]) -> None:
+        for ranks, message in failures:
+            self.rank_errors.append(message)
+            print(f"phantora: {message}", file=sys.stderr, flush=True)
+            for r in ranks:
+                waiting = self.waiting.pop(r, None)
+                if waiting is not None:
+                    self._reply(waiting[0], waiting[1], False, message)
 
     def _accept(self) -> None:
         try:
@@ -88,7 +108,9 @@ class SimulatorServer:
             pass
         conn.sock.close()
         if conn.rank is not None:
+            self.waiting.pop(conn.rank, None)
             self.engine.finish_rank(conn.rank)
+            self._fail_collectives(self.engine.abandon_collectives(conn.rank))
 
     def _read(self, conn: Connection) -> None:
         try:
@@ -116,7 +138,16 @@ class SimulatorServer:
                     raise CallError("a rank process sent records before saying hello")
                 self.engine.apply(conn.rank, records)
             if call is not None:
-                self._reply(conn, call[0], True, self._call(conn, call))
+                value = self._call(conn, call)
+                if value is not _DEFERRED:
+                    self._reply(conn, call[0], True, value)
+        except CollectiveMismatch as e:
+            self.rank_errors.append(str(e))
+            print(f"phantora: {e}", file=sys.stderr, flush=True)
+            others = [r for r in e.ranks if r != conn.rank]
+            self._fail_collectives([(others, str(e))])
+            if call is not None:
+                self._reply(conn, call[0], False, str(e))
         except CallError as e:
             if call is not None:
                 self._reply(conn, call[0], False, str(e))
@@ -148,9 +179,21 @@ class SimulatorServer:
             return self.engine.query_event(conn.rank, call[2])
         if kind == P.C_QUERY_STREAM:
             return self.engine.query_stream(conn.rank, call[2], call[3])
+        if kind == P.C_COLLECTIVE:
+            done = self.engine.join_collective(conn.rank, call[2])
+            if done is None:
+                self.waiting[conn.rank] = (conn, call[0])
+                return _DEFERRED
+            for r, work in done.items():
+                if r != conn.rank:
+                    other = self.waiting.pop(r, None)
+                    if other is not None:
+                        self._reply(other[0], other[1], True, work)
+            return done[conn.rank]
         if kind == P.C_BYE:
             conn.said_bye = True
             self.engine.finish_rank(conn.rank)
+            self._fail_collectives(self.engine.abandon_collectives(conn.rank))
             return None
         raise CallError(f"unknown call kind {kind!r}")
 

@@ -1,0 +1,460 @@
+"""A simulated NCCL process group: `init_process_group("nccl")` works on virtual GPUs.
+
+torch's CPU build has no NCCL, and _new_process_group_helper has a hard-coded NCCL branch, so
+SimProcessGroup replaces distributed_c10d.ProcessGroupNCCL (notes/torch-interposition.md).
+Rendezvous uses the real c10d store (env:// with MASTER_ADDR/PORT as torchrun sets them).
+Each collective is reported to the simulator, which matches it across ranks, times it on the
+simulated network and answers once every member has joined; tensor contents are not moved
+(tensors are fake). Work.wait() makes the caller's current stream wait for the collective,
+like ProcessGroupNCCL's; works the caller never waits on explicitly (DDP's reducer waits on
+their futures in C++) are waited for at the end of the backward pass that issued them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+from torch.futures import Future
+
+from interpose.observer import current_stream_id
+from phantora import protocol as P
+
+_rt: Any = None
+_groups: dict[str, "SimProcessGroup"] = {}  # group name -> its simulated backend
+_live_works: dict[int, "SimWork"] = {}  # work id -> work, until waited (oldest dropped past the cap)
+_MAX_LIVE_WORKS = 100_000
+_SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)),
+              os.path.dirname(os.__file__))  # torch, phantora, the standard library
+
+
+def call_site() -> str:
+    """file:line of the user's code that led to this collective (first frame outside torch)."""
+    f = sys._getframe(1)
+    while f is not None:
+        path = f.f_code.co_filename
+        if not path.startswith(_SKIP_DIRS) and not path.startswith("<") and "site-packages" not in path:
+            return f"{path}:{f.f_lineno} in {f.f_code.co_name}"
+        f = f.f_back
+    return "<torch internals>"
+
+
+def _reduce_name(op: Any) -> str:
+    if op is None:
+        return "sum"
+    name = str(getattr(op, "op", op)).rsplit(".", 1)[-1].lower()
+    return {"band": "sum", "bor": "sum", "bxor": "sum"}.get(name, name)
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _device(tensors: list[torch.Tensor]) -> int:
+    for t in tensors:
+        if t.device.type == "cuda":
+            return t.device.index or 0
+    return torch.cuda.current_device()
+
+
+class SimWork(dist._Work):
+    def __init__(self, work_id: int, device: int, result: list[torch.Tensor], host_blocks: bool = False) -> None:
+        super().__init__()
+        self.work_id, self.device, self._result, self.host_blocks = work_id, device, result, host_blocks
+        self.waited = False
+        # C++ holders (a boxed Work, DDP's reducer) call our overrides only while this Python
+        # object lives; without it c10d's default Work.wait() blocks forever.
+        _live_works[work_id] = self
+        if len(_live_works) > _MAX_LIVE_WORKS:
+            del _live_works[next(iter(_live_works))]
+
+    def wait(self, timeout: Any = None) -> bool:
+        _live_works.pop(self.work_id, None)
+        self.waited = True
+        _rt.client.record([P.R_WORK_WAIT, self.work_id, self.device, current_stream_id(self.device),
+                           int(self.host_blocks)])
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self) -> Future:
+        fut: Future = Future()
+        fut.set_result(self._result)
+        return fut
+
+
+class _Unwaited:
+    """Works issued inside a backward pass and not waited on by the end of it."""
+
+    def __init__(self) -> None:
+        self.works: list[SimWork] = []
+        self.callback_queued = False
+
+    def add(self, work: SimWork) -> None:
+        self.works.append(work)
+        if not self.callback_queued:
+            self.callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.flush)
+
+    def flush(self) -> None:
+        works, self.works, self.callback_queued = self.works, [], False
+        for w in works:
+            if not w.waited:
+                w.wait()
+
+
+_unwaited = _Unwaited()
+
+
+class SimProcessGroup(dist.ProcessGroup):
+    """Stands in for ProcessGroupNCCL (same constructor and Options), reporting collectives."""
+
+    class Options:
+        def __init__(self, is_high_priority_stream: bool = False) -> None:
+            self.is_high_priority_stream = is_high_priority_stream
+            self._timeout = timedelta(minutes=10)
+            self.global_ranks_in_group: list[int] = []
+            self.group_name = ""
+            self.split_from = None
+            self.split_color = 0
+            self.config = None
+
+    def __init__(self, store: Any, rank: int, size: int, options: Any = None) -> None:
+        super().__init__(rank, size)
+        self.options = options or SimProcessGroup.Options()
+        ranks = list(getattr(self.options, "global_ranks_in_group", []) or [])
+        self.global_ranks = tuple(ranks) if ranks else tuple(range(size))
+        self._group_name = getattr(self.options, "group_name", "") or ""
+        self._seq = 0
+        self._p2p_seq: dict[tuple[int, int], int] = {}
+        _groups[self._group_name] = self
+
+    # --- what c10d asks of a backend ----------------------------------------------------------
+    def _set_sequence_number_for_group(self) -> None:
+        pass
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    def getBackendName(self) -> str:
+        return "nccl"
+
+    @property
+    def supports_splitting(self) -> bool:
+        return False
+
+    def eager_connect_single_device(self, device: Any) -> None:
+        pass
+
+    # --- reporting ----------------------------------------------------------------------------
+    def _collective(self, op: str, tensors: list[torch.Tensor], nbytes: int, *, reduce_op: Any = None,
+                    root: int | None = None, host_blocks: bool = False) -> SimWork:
+        device = _device(tensors)
+        payload = {
+            "op": op, "group": list(self.global_ranks), "seq": self._seq, "nbytes": int(nbytes),
+            "dtype": _dtype(tensors[0]) if tensors else "", "reduce_op": _reduce_name(reduce_op) if reduce_op is not None
+            or op in ("all_reduce", "reduce_scatter", "reduce") else "",
+            "root": None if root is None else self.global_ranks[root], "device": device,
+            "stream": current_stream_id(device), "site": call_site(), "group_name": self._group_name,
+        }
+        self._seq += 1
+        return self._submit(payload, device, tensors, host_blocks)
+
+    def _p2p(self, op: str, tensors: list[torch.Tensor], peer: int) -> SimWork:
+        me, other = self.global_ranks[self.rank()], self.global_ranks[peer]
+        pair = (me, other) if op == "send" else (other, me)
+        seq = self._p2p_seq.get(pair, 0)
+        self._p2p_seq[pair] = seq + 1
+        device = _device(tensors)
+        payload = {"op": op, "group": list(pair), "seq": seq, "nbytes": sum(t.nbytes for t in tensors),
+                   "dtype": _dtype(tensors[0]), "device": device, "stream": current_stream_id(device),
+                   "site": call_site(), "group_name": self._group_name}
+        return self._submit(payload, device, tensors, False)
+
+    def _submit(self, payload: dict[str, Any], device: int, tensors: list[torch.Tensor], host_blocks: bool) -> SimWork:
+        work_id = _rt.client.call(P.C_COLLECTIVE, payload)
+        work = SimWork(int(work_id), device, tensors, host_blocks)
+        if torch._C._current_autograd_node() is not None:
+            _unwaited.add(work)
+        return work
+
+    # --- collectives --------------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        return self._collective("all_reduce", tensors, sum(t.nbytes for t in tensors),
+                                reduce_op=getattr(opts, "reduceOp", None))
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        return self._collective("broadcast", tensors, sum(t.nbytes for t in tensors), root=getattr(opts, "rootRank", 0))
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        return self._collective("reduce", tensors, sum(t.nbytes for t in tensors), root=getattr(opts, "rootRank", 0),
+                                reduce_op=getattr(opts, "reduceOp", None))
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
+        outs = [t for lst in output_lists for t in lst]
+        return self._collective("all_gather", outs, sum(t.nbytes for t in outs))
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
+        return self._collective("all_gather", [output], output.nbytes)
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> SimWork:
+        return self._collective("all_gather", outputs, sum(t.nbytes for t in outputs))
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                       opts: Any = None) -> SimWork:
+        ins = [t for lst in input_lists for t in lst]
+        return self._collective("reduce_scatter", outputs, sum(t.nbytes for t in ins),
+                                reduce_op=getattr(opts, "reduceOp", None))
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
+        return self._collective("reduce_scatter", [output], input.nbytes, reduce_op=getattr(opts, "reduceOp", None))
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> SimWork:
+        return self._collective("reduce_scatter", outputs, sum(t.nbytes for t in inputs),
+                                reduce_op=getattr(opts, "reduceOp", None))
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: Any = None) -> SimWork:
+        return self._collective("all_to_all", [output], input.nbytes)
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
+        return self._collective("all_to_all", outputs, sum(t.nbytes for t in inputs))
+
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
+        # NCCL gathers with point-to-point sends to the root; as traffic it is an all-to-all
+        # in which only the root receives. Modelled as a reduce of the same size.
+        return self._collective("reduce", inputs, sum(t.nbytes for t in inputs) * self.size(),
+                                root=getattr(opts, "rootRank", 0), reduce_op="sum")
+
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> SimWork:
+        return self._collective("broadcast", outputs, sum(t.nbytes for t in outputs) * self.size(),
+                                root=getattr(opts, "rootRank", 0))
+
+    def barrier(self, opts: Any = None) -> SimWork:
+        # ProcessGroupNCCL's barrier is a 1-element all-reduce the host then waits for.
+        device = torch.cuda.current_device()
+        payload = {"op": "barrier", "group": list(self.global_ranks), "seq": self._seq, "nbytes": 4,
+                   "dtype": "float32", "device": device, "stream": current_stream_id(device), "site": call_site(),
+                   "group_name": self._group_name}
+        self._seq += 1
+        return self._submit(payload, device, [], True)
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> SimWork:
+        return self._p2p("send", tensors, dst)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> SimWork:
+        return self._p2p("recv", tensors, src)
+
+
+def install_distributed(rt: Any) -> None:
+    global _rt
+    _rt = rt
+    c10d.ProcessGroupNCCL = SimProcessGroup
+    if not isinstance(c10d.default_pg_nccl_timeout, timedelta):
+        c10d.default_pg_nccl_timeout = timedelta(minutes=10)  # ProcessGroupNCCL's default
+    c10d._NCCL_AVAILABLE = True
+    c10d.is_nccl_available = lambda: True
+    dist.is_nccl_available = c10d.is_nccl_available
+    _patch_ddp()
+    install_object_collectives()
+    from interpose import observer
+
+    observer._SPECIAL.update(collective_op_handlers())
+
+
+def _patch_ddp() -> None:
+    """DDP checks parameter shapes across ranks by reading tensor data, and its C++ logger
+    asserts on CUDA timers a virtual GPU does not have; neither changes what runs."""
+    import torch.nn.parallel.distributed as ddp_mod
+
+    def verify_param_shape_across_processes(process_group: Any, tensors: Any, logger: Any = None) -> None:
+        return None
+
+    ddp_mod._verify_param_shape_across_processes = verify_param_shape_across_processes
+    original_init = ddp_mod.DistributedDataParallel.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        logger = getattr(self, "logger", None)
+        if logger is not None:
+            self.logger = _QuietLogger(logger)
+
+    ddp_mod.DistributedDataParallel.__init__ = __init__
+
+
+class _QuietLogger:
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def set_runtime_stats_and_log(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+# --- collectives that never reach the process group --------------------------------------------
+# Under FakeTensorMode, c10d's _allgather_base_ / _reduce_scatter_base_ (all_gather_into_tensor,
+# reduce_scatter_tensor; FSDP2 uses them) and the functional collectives DTensor uses
+# (_c10d_functional.*) run their fake kernels instead of the backend. The observer hands them
+# here: report them through the group's SimProcessGroup, and return our Work so wait() works.
+
+def _sim_pg(pg_or_name: Any) -> SimProcessGroup:
+    if isinstance(pg_or_name, str):
+        name = pg_or_name
+    else:
+        pg = pg_or_name if isinstance(pg_or_name, dist.ProcessGroup) else dist.ProcessGroup.unbox(pg_or_name)
+        name = pg.group_name
+    backend = _groups.get(name)
+    if backend is None:
+        raise RuntimeError(f"phantora: collective on process group {name!r}, which is not an 'nccl' group; only "
+                           "'nccl' groups are simulated (use init_process_group('nccl') or new_group(backend='nccl'))")
+    return backend
+
+
+_functional_works: dict[int, SimWork] = {}  # id(output tensor) -> its collective, until wait_tensor
+
+
+def _c10d_allgather_base(obs: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    out = func(*args, **kwargs)
+    work = _sim_pg(args[2])._allgather_base(args[0], args[1])
+    return out[0], work.boxed()
+
+
+def _c10d_reduce_scatter_base(obs: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    out = func(*args, **kwargs)
+    op = args[3] if len(args) > 3 else None
+    try:
+        op = dist.ReduceOp.unbox(op) if op is not None and not isinstance(op, dist.ReduceOp) else op
+    except Exception:
+        op = None
+    work = _sim_pg(args[2])._collective("reduce_scatter", [args[0]], args[1].nbytes, reduce_op=op)
+    return out[0], work.boxed()
+
+
+def _functional(kind: str) -> Any:
+    def handler(obs: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+        out = func(*args, **kwargs)
+        a = dict(zip((x.name for x in func._schema.arguments), args), **kwargs)
+        pg = _sim_pg(a["group_name"])
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        ins = a["input"] if isinstance(a["input"], (list, tuple)) else [a["input"]]
+        if kind == "all_reduce":
+            work = pg._collective("all_reduce", outs, sum(t.nbytes for t in ins), reduce_op=a.get("reduce_op", "sum"))
+        elif kind == "all_gather":
+            work = pg._collective("all_gather", outs, sum(t.nbytes for t in outs))
+        elif kind == "reduce_scatter":
+            work = pg._collective("reduce_scatter", outs, sum(t.nbytes for t in ins), reduce_op=a.get("reduce_op", "sum"))
+        elif kind == "all_to_all":
+            work = pg._collective("all_to_all", outs, sum(t.nbytes for t in ins))
+        else:  # broadcast
+            src = int(a.get("src", 0))
+            work = pg._collective("broadcast", outs, sum(t.nbytes for t in ins), root=pg.global_ranks.index(src)
+                                  if src in pg.global_ranks else 0)
+        for t in outs:
+            _functional_works[id(t)] = work
+        return out
+    return handler
+
+
+def _wait_tensor(obs: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    out = func(*args, **kwargs)
+    work = _functional_works.pop(id(args[0]), None)
+    if work is not None:
+        work.wait()
+    return out
+
+
+def collective_op_handlers() -> dict[Any, Any]:
+    """Dispatch-level handlers the observer uses for these ops (observer.py _SPECIAL)."""
+    c10d_ops, fc = torch.ops.c10d, torch.ops._c10d_functional
+    handlers = {
+        c10d_ops._allgather_base_.default: _c10d_allgather_base,
+        c10d_ops._reduce_scatter_base_.default: _c10d_reduce_scatter_base,
+        fc.wait_tensor.default: _wait_tensor,
+    }
+    for name, kind in (("all_reduce", "all_reduce"), ("all_reduce_coalesced", "all_reduce"),
+                       ("all_gather_into_tensor", "all_gather"), ("all_gather_into_tensor_coalesced", "all_gather"),
+                       ("reduce_scatter_tensor", "reduce_scatter"), ("reduce_scatter_tensor_coalesced", "reduce_scatter"),
+                       ("all_to_all_single", "all_to_all"), ("broadcast", "broadcast")):
+        op = getattr(fc, name, None)
+        if op is not None:
+            handlers[op.default] = _functional(kind)
+    return handlers
+
+
+# --- object collectives -------------------------------------------------------------------------
+# all_gather_object / broadcast_object_list pickle objects into tensors and move them with
+# NCCL; fake tensors carry no bytes, so the objects travel through the real c10d store instead.
+# The collective is still reported (with the pickled size), so its time is simulated.
+
+def _object_exchange(group: Any, kind: str, payload: bytes | None, src: int | None) -> list[bytes]:
+    pg = group or c10d._get_default_group()
+    sim = _sim_pg(pg)
+    store = c10d._get_default_store()
+    members = sim.global_ranks
+    me = dist.get_rank()
+    key = f"phantora/objects/{sim.group_name}/{sim._seq}"
+    if payload is not None:
+        store.set(f"{key}/{me}", payload)
+    placeholder = torch.empty(0, device="cuda")
+    # Members must agree on the size to match: report the sizes NCCL would move, padded as
+    # torch pads them (to the largest member's), which only the store knows after the exchange.
+    if kind == "all_gather":
+        blobs = [store.get(f"{key}/{r}") for r in members]
+        nbytes = max(len(b) for b in blobs) * len(members)
+    else:
+        blobs = [store.get(f"{key}/{src}")]
+        nbytes = len(blobs[0])
+    work = sim._collective("all_gather" if kind == "all_gather" else "broadcast", [placeholder], nbytes,
+                           root=members.index(src) if kind == "broadcast" else None)
+    work.wait()
+    return blobs
+
+
+def _all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+    import pickle
+
+    blobs = _object_exchange(group, "all_gather", pickle.dumps(obj), None)
+    for i, b in enumerate(blobs):
+        object_list[i] = pickle.loads(b)
+
+
+def _broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
+                           device: Any = None, group_src: int | None = None) -> None:
+    import pickle
+
+    if src is None:
+        pg = group or c10d._get_default_group()
+        src = dist.get_global_rank(pg, group_src or 0)
+    payload = pickle.dumps(list(object_list)) if dist.get_rank() == src else None
+    [blob] = _object_exchange(group, "broadcast", payload, src)
+    object_list[:] = pickle.loads(blob)
+
+
+def install_object_collectives() -> None:
+    c10d.all_gather_object = _all_gather_object
+    dist.all_gather_object = _all_gather_object
+    c10d.broadcast_object_list = _broadcast_object_list
+    dist.broadcast_object_list = _broadcast_object_list

@@ -1,0 +1,130 @@
+"""Multi-rank runs end to end: phantora's torchrun-style launcher, the simulated NCCL process
+group, collectives timed by phantora.net, and the failure cases of issue 4."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import Counter
+
+import pytest
+
+from phantora.net.cluster import load_cluster
+from phantora.net.network import Network
+from phantora.net.records import CollectiveSpec
+from phantora.trace.check import check_chrome_trace
+
+from test_trace_cli import SCRIPTS, events, phantora, trace_script
+
+SMALL = ["--layers", "2", "--embd", "256", "--heads", "4", "--seq", "256", "--batch", "4"]
+
+
+def nccl_kernels(path, pid=None):
+    return [e for e in events(path) if e.get("ph") == "X" and e["name"].startswith("ncclDevKernel")
+            and (pid is None or e["pid"] == pid)]
+
+
+def fresh_network_ns(op: str, nbytes: int, gpus: tuple[int, ...], root: int | None = None) -> int:
+    """What phantora.net alone says this collective takes on an idle one-node DGX H100."""
+    net = Network(load_cluster("dgx-h100", nodes=1))
+    h = net.submit(CollectiveSpec(op, nbytes, gpus, root=root), 0)
+    return net.finish_time(h)
+
+
+def test_every_collective_kind_is_matched_and_timed_by_the_network_model(tmp_path):
+    proc, out = trace_script(tmp_path, str(SCRIPTS / "dist_collectives.py"), options=("--nproc-per-node", "2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0: done" in proc.stdout and "rank 1: done" in proc.stdout
+    # object collectives carry real values (through the c10d store)
+    for r in (0, 1):
+        assert f"rank {r}: gathered [{{'rank': 0, 'text': ''}}, {{'rank': 1, 'text': 'x'}}]" in proc.stdout
+        assert f"rank {r}: broadcast got ['from rank 1', 10]" in proc.stdout
+    check = check_chrome_trace(out)
+    assert check.ok, check.problems
+    per_rank = {pid: [k["args"]["op"] for k in nccl_kernels(out, pid)] for pid in (1, 2)}
+    expected = ["all_reduce", "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_reduce", None, "barrier"]
+    assert per_rank[1][:6] == expected[:6] and per_rank[1][6] == "send" and per_rank[1][7] == "barrier"
+    assert per_rank[2][6] == "recv"
+    assert per_rank[1][8:] == ["all_gather", "broadcast"]
+    # each collective's network time is what phantora.net computes for it on an idle network
+    # (one communicator: its collectives run one after another on one NCCL stream)
+    for k in nccl_kernels(out, 1):
+        a = k["args"]
+        op = {"send": "send_recv", "recv": "send_recv"}.get(a["op"], a["op"])
+        assert a["network ns"] == fresh_network_ns(op, max(a["bytes"], 1), (0, 1), a["root"]), a
+    # the script's own clock shows the 64 MiB all-reduce's simulated time (plus launch costs)
+    first = nccl_kernels(out, 1)[0]["args"]
+    shown = float(re.search(r"rank 0: all_reduce ([\d.]+) us", proc.stdout).group(1))
+    assert first["network ns"] / 1e3 < shown < first["network ns"] / 1e3 + 100
+    # participants are linked by flow arrows
+    assert sum(1 for e in events(out) if e.get("ph") == "s" and e.get("cat") == "collective") == 10
+
+
+@pytest.mark.slow
+def test_ddp_example_buckets_all_reduce_with_the_network_models_times(tmp_path):
+    proc, out = trace_script(tmp_path, "examples/ddp_train.py", *SMALL, "--steps", "2", "--accum", "2",
+                             "--bucket-mb", "1", options=("--nproc-per-node", "2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len([line for line in proc.stdout.splitlines() if line.startswith("step ")]) == 2
+    assert check_chrome_trace(out).ok
+    ks = nccl_kernels(out, 1)
+    buckets = [k for k in ks if k["args"]["op"] == "all_reduce"]
+    # 2 steps, several 1 MiB buckets each, and no_sync: the first micro-step all-reduces nothing
+    sizes = Counter(k["args"]["bytes"] for k in buckets)
+    assert len(sizes) >= 2 and len(buckets) % 2 == 0
+    for k in buckets:
+        assert k["name"].startswith("ncclDevKernel_AllReduce_Sum_f32_")
+        assert k["args"]["network ns"] == fresh_network_ns("all_reduce", k["args"]["bytes"], (0, 1))
+    # gradients of the last micro-step only: bucket bytes per step = all parameters, fp32
+    params_bytes = sum(k["args"]["bytes"] for k in buckets) // 2
+    assert params_bytes > 4 * 2 * 256 * 256 * 12  # at least the blocks' weights
+
+
+def test_mismatched_collective_is_an_error_naming_ranks_and_call_sites(tmp_path):
+    proc, out = trace_script(tmp_path, str(SCRIPTS / "dist_mismatch.py"), options=("--nproc-per-node", "2"))
+    assert proc.returncode == 1
+    assert "unreachable" not in proc.stdout
+    err = proc.stderr
+    assert "mismatched collective" in err
+    assert "rank 0: all_reduce(4,000 bytes" in err and "rank 1: all_reduce(16,000 bytes" in err
+    assert "dist_mismatch.py:11" in err
+    assert check_chrome_trace(out).ok
+
+
+def test_a_rank_that_raises_ends_all_ranks_with_a_valid_trace(tmp_path):
+    proc, out = trace_script(tmp_path, str(SCRIPTS / "dist_rank_raises.py"), options=("--nproc-per-node", "2"))
+    assert proc.returncode == 1
+    assert "ValueError: rank 1 failed on purpose" in proc.stderr
+    assert "rank 1 exited with code 1" in proc.stderr
+    assert "unreachable" not in proc.stdout
+    assert check_chrome_trace(out).ok
+
+
+def test_a_rank_that_never_joins_times_out_naming_it(tmp_path):
+    proc, out = trace_script(tmp_path, str(SCRIPTS / "dist_missing_rank.py"),
+                             options=("--nproc-per-node", "2", "--collective-timeout", "3"))
+    assert proc.returncode == 1
+    assert "waiting for rank(s) [1] to join all_reduce(4,000 bytes" in proc.stderr
+    assert "dist_missing_rank.py:14" in proc.stderr
+    assert check_chrome_trace(out).ok
+
+
+def test_more_processes_than_gpus_per_node_is_refused(tmp_path):
+    proc = phantora("trace", "--nproc-per-node", "9", "-o", str(tmp_path / "x.json"), "--", sys.executable, "-c", "0")
+    assert proc.returncode == 2
+    assert "--nproc-per-node 9 is more than the 8 GPUs of a dgx-h100 node" in proc.stderr
+
+
+def test_unknown_cluster_lists_the_presets(tmp_path):
+    proc = phantora("trace", "--cluster", "dgx-z9", "-o", str(tmp_path / "x.json"), "--", sys.executable, "-c", "0")
+    assert proc.returncode == 2
+    assert "dgx-h100" in proc.stderr and "dgx-z9" in proc.stderr
+
+
+def test_the_users_own_torchrun_command_runs_unchanged(tmp_path):
+    out = tmp_path / "run.json"
+    proc = phantora("trace", "-o", str(out), "--", sys.executable, "-m", "torch.distributed.run",
+                    "--nproc-per-node", "2", str(SCRIPTS / "dist_collectives.py"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "phantora: simulated 2 rank(s)" in proc.stderr
+    assert len(nccl_kernels(out, 1)) == len(nccl_kernels(out, 2)) == 10

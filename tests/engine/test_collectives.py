@@ -1,0 +1,127 @@
+"""Collective matching across ranks and its timing in the engine (pure Python, no torch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from phantora import protocol as P
+from phantora.cost import COMPUTE, KernelEstimate
+from phantora.engine.collectives import CollectiveCall, CollectiveMatcher, CollectiveMismatch
+from phantora.engine.engine import Engine, RankInfo, nccl_kernel_name
+from phantora.engine.timeline import TimingConfig
+from phantora.hardware import lookup_gpu
+from phantora.net.cluster import load_cluster
+from phantora.net.network import Network
+from phantora.net.records import CollectiveSpec
+from phantora.ops import OpSignature
+from phantora.trace import NullSink
+
+from engine.test_engine import FixedEstimator, t  # noqa: E402
+
+
+def call(rank, op="all_reduce", group=(0, 1), seq=0, nbytes=1024, **kw):
+    return CollectiveCall(rank, op, tuple(group), seq, nbytes, **kw)
+
+
+def test_collective_completes_when_the_last_member_arrives():
+    m = CollectiveMatcher()
+    assert m.arrive(call(0), 100) is None
+    assert [p.members for p in m.waiting_for(1)] == [(0, 1)]
+    done = m.arrive(call(1), 250)
+    assert done is not None and done.ready_ns == {0: 100, 1: 250}
+    assert not m.pending
+
+
+def test_sequence_numbers_keep_collectives_of_one_group_apart():
+    m = CollectiveMatcher()
+    assert m.arrive(call(0, seq=0), 0) is None
+    assert m.arrive(call(0, seq=1, nbytes=8), 0) is None
+    assert m.arrive(call(1, seq=1, nbytes=8), 0).key == ((0, 1), 1)
+    assert m.arrive(call(1, seq=0), 0).key == ((0, 1), 0)
+
+
+@pytest.mark.parametrize("field,value", [("nbytes", 2048), ("dtype", "bfloat16"), ("reduce_op", "max"),
+                                         ("op", "broadcast")])
+def test_members_that_disagree_are_a_mismatch_naming_each_call_site(field, value):
+    m = CollectiveMatcher()
+    m.arrive(call(0, site="train.py:10 in step", dtype="float32", reduce_op="sum"), 0)
+    kw = {"site": "train.py:12 in step", "dtype": "float32", "reduce_op": "sum", field: value}
+    with pytest.raises(CollectiveMismatch) as e:
+        m.arrive(CollectiveCall(1, kw.pop("op", "all_reduce"), (0, 1), 0, kw.pop("nbytes", 1024), **kw), 0)
+    assert "train.py:10 in step" in str(e.value) and "train.py:12 in step" in str(e.value)
+    assert e.value.ranks == (0, 1)
+
+
+def test_send_and_recv_pair_up_per_direction():
+    m = CollectiveMatcher()
+    assert m.arrive(call(0, "send", (0, 1)), 10) is None
+    assert m.arrive(call(1, "send", (1, 0)), 10) is None  # the other direction is another pair
+    assert m.arrive(call(1, "recv", (0, 1)), 20).members == (0, 1)
+    with pytest.raises(CollectiveMismatch):
+        m.arrive(call(0, "recv", (1, 0), nbytes=99), 0)
+
+
+def test_a_rank_outside_the_group_is_refused():
+    with pytest.raises(CollectiveMismatch, match="not in"):
+        CollectiveMatcher().arrive(call(2), 0)
+
+
+def test_overdue_collectives_are_found_by_wall_time():
+    m = CollectiveMatcher()
+    m.arrive(call(0), 0)
+    p = next(iter(m.pending.values()))
+    assert m.overdue(10.0, now_s=p.first_wall_s + 5) == []
+    assert m.overdue(10.0, now_s=p.first_wall_s + 11) == [p]
+
+
+def test_kernel_names_follow_nccl():
+    assert nccl_kernel_name("all_reduce", "bfloat16", "sum", "ring", "LL") == "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
+    assert nccl_kernel_name("all_gather", "float32", "", "ring", "simple") == "ncclDevKernel_AllGather_f32_RING_SIMPLE"
+    assert nccl_kernel_name("send_recv", "float32", "", "ring", "simple") == "ncclDevKernel_SendRecv"
+
+
+LAT = 2_000
+TIMING = TimingConfig(launch_latency_ns=LAT, sync_overhead_ns=1_000, event_record_host_ns=0, event_query_host_ns=0)
+
+
+def two_rank_engine() -> Engine:
+    net = Network(load_cluster("dgx-h100", nodes=1))
+    e = Engine(lookup_gpu("h100"), FixedEstimator(), NullSink(), TIMING, network=net)
+    for r in (0, 1):
+        e.add_rank(RankInfo(r, 0, r, 100 + r))
+    return e
+
+
+def kernel(e: Engine, rank: int, dur: int, sid: int) -> None:
+    sig = OpSignature("aten::k", str(dur), (t([4], device=f"cuda:{rank}"),), (t([4], device=f"cuda:{rank}"),))
+    e.apply(rank, [[P.R_SIG, sid, sig.to_wire()], [P.R_OP, sid, 0, 0]])
+
+
+def test_collective_starts_when_the_slowest_members_stream_reaches_it():
+    e = two_rank_engine()
+    kernel(e, 0, 10_000, 0)
+    kernel(e, 1, 500_000, 0)  # rank 1's compute stream is busy much longer
+    wire = {"op": "all_reduce", "group": [0, 1], "seq": 0, "nbytes": 64 << 20, "dtype": "bfloat16",
+            "reduce_op": "sum", "device": 0, "stream": 0}
+    assert e.join_collective(0, wire) is None
+    done = e.join_collective(1, dict(wire, device=1))
+    assert done is not None and done[0] == done[1]
+    net = Network(load_cluster("dgx-h100", nodes=1))
+    duration = net.finish_time(net.submit(CollectiveSpec("all_reduce", 64 << 20, (0, 1)), 0))
+    rank1_ready = LAT + 500_000  # its stream tail
+    end = e.work_end_ns[done[0]]
+    assert end == rank1_ready + duration
+    # Work.wait(): rank 0's compute stream now waits for the collective; its host does not
+    e.apply(0, [[P.R_WORK_WAIT, done[0], 0, 0, 0]])
+    assert e.ranks[0].timeline.streams[(0, 0)].tail_ns == end
+    assert e.ranks[0].timeline.host_ns < end
+    e.apply(1, [[P.R_WORK_WAIT, done[1], 1, 0, 1]])  # barrier: the host blocks too
+    assert e.ranks[1].timeline.host_ns >= end
+
+
+def test_a_rank_that_ends_fails_the_collectives_waiting_for_it():
+    e = two_rank_engine()
+    e.join_collective(0, {"op": "broadcast", "group": [0, 1], "seq": 0, "nbytes": 8, "root": 0, "site": "a.py:3"})
+    [(waiting, message)] = e.abandon_collectives(1)
+    assert waiting == [0] and "rank 1 exited without joining broadcast(8 bytes, root 0)" in message
+    assert not e.matcher.pending
