@@ -82,6 +82,7 @@ class OpObserver(TorchDispatchMode):
         if not any_tensor and not wants_cuda:
             out = _make_small_cpu_factory_real(func, args, kwargs, out)
         values.note_result(func, args, out)
+        values.note_shadow(func, args, kwargs, out, _is_fake, unset_fake_temporarily)
         self._report(func, args, kwargs, out)
         return out
 
@@ -222,6 +223,8 @@ def _signature_key(func: Any, args: tuple, kwargs: dict, rt: rt_mod.Runtime) -> 
                         device = x.device.index or 0
                 elif isinstance(x, float):
                     sub.append(float)
+                elif isinstance(x, list):  # nested int lists (FSDP2's split sizes)
+                    sub.append(_frozen(x))
                 else:
                     sub.append(x)
             parts.append(tuple(sub))
@@ -236,11 +239,17 @@ def _signature_key(func: Any, args: tuple, kwargs: dict, rt: rt_mod.Runtime) -> 
                 device = v.device.index or 0
         elif isinstance(v, float):
             parts.append((k, float))
+        elif isinstance(v, list):
+            parts.append((k, _frozen(v)))
         else:
             if device < 0 and isinstance(v, torch.device) and v.type == "cuda":
                 device = v.index if v.index is not None else torch._C._accelerator_getDeviceIndex()
             parts.append((k, v))
     return tuple(parts), device
+
+
+def _frozen(a: list) -> tuple:
+    return tuple(_frozen(x) if isinstance(x, list) else x for x in a)
 
 
 # --- ops answered here ----------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 `classify(name, tags)` answers for a qualified op name ("aten::mm") and the overload's tags.
 Order of the rules:
-  1. namespaces other than aten: prim/profiler ops are host-only, collectives belong to the
-     network model, anything else is unknown;
+  1. namespaces other than aten: FSDP2's copy ops by qualified name (QUALIFIED_FAMILIES),
+     prim/profiler ops are host-only, collectives belong to the network model, anything
+     else is unknown;
   2. the explicit table below (by op name, then by its in-place / functional twin), and the
      "_foreach_" prefix -> multi-tensor apply;
   3. the deliberate UNMODELLED set and the ops of other backends or layouts
@@ -309,11 +310,19 @@ def _twin(name: str) -> str:
     return name
 
 
+# Ops of other namespaces that launch kernels of their own, by qualified name.
+QUALIFIED_FAMILIES: dict[str, Family] = {
+    "fsdp::all_gather_copy_in": Family("movement", movement.fsdp_all_gather_copy_in),
+    "fsdp::split_with_sizes_copy": Family("movement", movement.fsdp_split_with_sizes_copy),
+    "fsdp::chunk_cat": Family("cat", movement.fsdp_chunk_cat),
+}
+
+
 def classify(qualified_name: str, tags: frozenset[str] = frozenset()) -> Family | None:
     """The family that times this op, or None when phantora does not know it."""
     namespace, _, name = qualified_name.rpartition("::")
     if namespace and namespace != "aten":
-        return NAMESPACE_FAMILIES.get(namespace)
+        return QUALIFIED_FAMILIES.get(qualified_name) or NAMESPACE_FAMILIES.get(namespace)
     family = OP_FAMILIES.get(name) or OP_FAMILIES.get(_twin(name))
     if family is not None:
         return family

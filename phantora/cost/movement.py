@@ -18,7 +18,7 @@ from phantora.cost.roofline import (
     single,
     streaming_kernel,
 )
-from phantora.ops import OpSignature
+from phantora.ops import OpSignature, TensorMeta
 
 
 def copy_like(sig: OpSignature, ctx: CostContext) -> OpCost:
@@ -54,3 +54,32 @@ def pool_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
     zero = streaming_kernel("FillFunctor", ctx.gpu, written)
     scatter = streaming_kernel(f"{sig.short_name}_kernel", ctx.gpu, bytes_read(sig) + written)
     return OpCost((zero, scatter))
+
+
+# --- FSDP2's copy ops (torch.ops.fsdp, _fsdp_collectives.py): the copies around its collectives
+
+def _tensor_list_bytes(arg: object) -> int:
+    return sum(footprint_bytes(t) for t in arg if isinstance(t, TensorMeta)) if isinstance(arg, tuple) else 0
+
+
+def fsdp_all_gather_copy_in(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """(all_gather_inputs, all_gather_output, ...): a _foreach_copy_ of this rank's shards into
+    its slice of the all-gather buffer."""
+    nbytes = _tensor_list_bytes(sig.args[0])
+    return single(streaming_kernel("multi_tensor_apply_kernel<copy>", ctx.gpu, 2 * nbytes))
+
+
+def fsdp_split_with_sizes_copy(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """(all_gather_output, split_sizes, dim, out=[...]): one kernel copying the gathered buffer
+    out into each unsharded parameter."""
+    src = sig.args[0]
+    nbytes = footprint_bytes(src) if isinstance(src, TensorMeta) else 0
+    return single(streaming_kernel("split_with_sizes_copy_out_contiguous_no_cast_kernel", ctx.gpu, 2 * nbytes))
+
+
+def fsdp_chunk_cat(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """(gradients, dim, num_chunks, out=...): _chunk_cat of the unsharded gradients into the
+    reduce-scatter input, padded to world-size chunks."""
+    out = sig.args[3] if len(sig.args) > 3 else None  # the keyword `out`, in schema order
+    written = footprint_bytes(out) if isinstance(out, TensorMeta) else _tensor_list_bytes(sig.args[0])
+    return single(streaming_kernel("chunk_cat_cuda_kernel", ctx.gpu, _tensor_list_bytes(sig.args[0]) + written))
