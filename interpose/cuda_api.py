@@ -34,6 +34,16 @@ _PROPERTY_DEFAULTS = dict(
 )
 
 
+
+def _host_sync(rec: list[Any]) -> None:
+    """A synchronisation: with several ranks the process also stops until the simulator has
+    applied it, as a real one stops until the GPU is done; a collective another rank never
+    joins, or joins differently, then fails here instead of somewhere later."""
+    rt = _rt()
+    rt.client.record(rec)
+    if rt.config.world_size > 1:
+        rt.client.call(P.C_NOW)
+
 class VirtualDeviceProperties:
     """What torch.cuda.get_device_properties returns (fields of torch._C._CudaDeviceProperties)."""
 
@@ -122,7 +132,7 @@ class Stream(torch.Stream):
         return bool(_rt().client.call(P.C_QUERY_STREAM, self.device_index, self.stream_id))
 
     def synchronize(self) -> None:
-        _rt().client.record([P.R_SYNC_STREAM, self.device_index, self.stream_id])
+        _host_sync([P.R_SYNC_STREAM, self.device_index, self.stream_id])
 
     def __repr__(self) -> str:
         return f"<torch.cuda.Stream device=cuda:{self.device_index} cuda_stream={self.stream_id:#x}>"
@@ -170,7 +180,7 @@ class Event(torch.Event):
 
     def synchronize(self) -> None:
         if self.recorded:
-            _rt().client.record([P.R_SYNC_EVENT, self.phantora_id])
+            _host_sync([P.R_SYNC_EVENT, self.phantora_id])
 
     def elapsed_time(self, end_event: "Event") -> float:
         if not (self.enable_timing and end_event.enable_timing):
@@ -236,7 +246,7 @@ def stream(stream: torch.Stream | None) -> StreamContext:
 
 
 def synchronize(device: Any = None) -> None:
-    _rt().client.record([P.R_SYNC_DEVICE, _check_device(_device_index(device))])
+    _host_sync([P.R_SYNC_DEVICE, _check_device(_device_index(device))])
 
 
 # --- devices -------------------------------------------------------------------------------
@@ -428,6 +438,18 @@ def _range_pop() -> int:
     return 0
 
 
+def _tensor_on_current_device(original: Any) -> Any:
+    """torch.tensor(data, device="cuda") resolves "cuda" in C++ to cuda:0 on the virtual GPUs
+    rather than to the current device (torch.cuda.set_device); resolve it here, as CUDA does."""
+    def tensor(data: Any, *args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        if device == "cuda" or (isinstance(device, torch.device) and device.type == "cuda" and device.index is None):
+            device = torch.device("cuda", torch._C._accelerator_getDeviceIndex())
+        return original(data, *args, device=device, **kwargs)
+
+    tensor.__doc__ = original.__doc__
+    return tensor
+
+
 def install_cuda_api() -> None:
     import torch.cuda.memory as cmem
     import torch.cuda.nvtx as nvtx
@@ -477,6 +499,7 @@ def install_cuda_api() -> None:
     nvtx._nvtx = types.SimpleNamespace(rangePushA=_range_push, rangePop=_range_pop, markA=lambda m: 0,
                                        rangeStartA=lambda m: 0, rangeEnd=lambda r: None)
 
+    torch.tensor = _tensor_on_current_device(torch.tensor)
     torch.version.cuda = "13.0"  # type: ignore[misc]
     torch.backends.cudnn.is_available = lambda: True  # type: ignore[assignment]
     torch.backends.cudnn.version = lambda: 91900  # type: ignore[assignment]

@@ -3,6 +3,12 @@ cost model for kernel times, answers calls, and writes everything to a trace sin
 
 Records arrive per rank in program order (phantora/protocol.py). A rank's records only touch
 that rank's timeline, so ranks can be fed in any interleaving.
+
+Collectives do not block the rank that issues them, as NCCL's do not: a rank joins, gets its
+work id at once, and runs ahead. Its communication stream's tail is unknown until every member
+has joined; a record that needs it (waiting on the work, synchronising the device, the next
+collective on that stream) cannot be applied yet. `apply` then stops and says how far it got;
+the caller keeps the rest and retries when `take_unblocked` names the rank.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from phantora.ops import OpSignature, TensorMeta
 from phantora.trace import TraceSink
 
 HOST_TRACK = 1
+# Records that may need a collective's completion time (Engine._needs_unresolved).
+_MAY_WAIT_ON_COLLECTIVES = frozenset((P.R_WORK_WAIT, P.R_SYNC_DEVICE, P.R_SYNC_STREAM, P.R_EVENT_RECORD))
 _MAX_ARG_SHAPES = 16
 SIMULATOR_PID = 0  # trace process for rollback corrections and stale replies
 _NCCL_OPS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
@@ -180,6 +188,9 @@ class Engine:
         self.gpus_per_node = network.cluster.gpus_per_node if network is not None else 8
         self.matcher = CollectiveMatcher()
         self.work_end_ns: dict[int, int] = {}  # collective work id -> completion time
+        self.unresolved_works: set[int] = set()  # joined by some members, not all
+        self._key_works: dict[Any, int] = {}  # collective key -> its work id, until it runs
+        self._unblocked: set[int] = set()
         self._work_ids = 0
         self.comm_busy_ns = 0
         self.stale_replies = 0
@@ -202,10 +213,14 @@ class Engine:
         return state
 
     # --- records ------------------------------------------------------------------------------
-    def apply(self, rank: int, records: list[list[Any]]) -> None:
+    def apply(self, rank: int, records: list[list[Any]]) -> int:
+        """Apply records in order; the number applied. Fewer than all: the next one needs a
+        collective some member has not joined yet (retry after take_unblocked names the rank)."""
         st = self.ranks[rank]
-        for rec in records:
+        for i, rec in enumerate(records):
             kind = rec[0]
+            if kind in _MAY_WAIT_ON_COLLECTIVES and self._needs_unresolved(st, rec):
+                return i
             if kind == P.R_OP:
                 self._op(st, rec[1], rec[2], rec[3])
             elif kind == P.R_SIG:
@@ -248,6 +263,21 @@ class Engine:
                                   {"device": rec[1], "requested_bytes": rec[2], "message": rec[3]})
             else:
                 raise CallError(f"unknown record kind {kind!r} from rank {rank}")
+        return len(records)
+
+    def _needs_unresolved(self, st: RankState, rec: list[Any]) -> bool:
+        kind = rec[0]
+        if kind == P.R_WORK_WAIT:
+            return int(rec[1]) in self.unresolved_works
+        if kind == P.R_SYNC_DEVICE:
+            return any(s.unresolved for s in st.timeline.streams.values() if s.device == rec[1])
+        stream = st.timeline.streams.get((rec[1], rec[2]) if kind == P.R_SYNC_STREAM else (rec[2], rec[3]))
+        return stream is not None and stream.unresolved > 0
+
+    def take_unblocked(self) -> set[int]:
+        """Ranks whose collectives completed since the last call (their held records may go on)."""
+        ranks, self._unblocked = self._unblocked, set()
+        return ranks
 
     def _warn_once(self, msg: str) -> None:
         if msg not in self.warnings:
@@ -360,34 +390,44 @@ class Engine:
         return self._stream(st, device, stream_id).tail_ns <= tl.host_ns
 
     # --- collectives ---------------------------------------------------------------------------
-    def join_collective(self, rank: int, wire: dict[str, Any]) -> dict[int, int] | None:
-        """One rank calls a collective. None while members are missing; once the last member
-        joins, {rank: work id} for every member. CollectiveMismatch if the members disagree."""
+    def join_collective(self, rank: int, wire: dict[str, Any]) -> int | None:
+        """One rank calls a collective: its work id, or None when the rank's communication
+        stream still waits for an earlier collective (retry after take_unblocked names it).
+        Runs the collective when this is the last member; CollectiveMismatch if they disagree."""
         st = self.ranks[rank]
         try:
             call = CollectiveCall.from_wire(rank, wire)
         except (KeyError, ValueError, TypeError) as e:
             raise CallError(f"malformed collective call from rank {rank}: {e}") from None
+        comm = self._comm_stream(st, call)
+        if comm.unresolved:
+            return None
         tl = st.timeline
         tl.advance_host(HOST_COSTS.collective_ns)
-        comm = self._comm_stream(st, call)
         current = self._stream(st, call.device, call.stream)
         # ProcessGroupNCCL makes its stream wait for the caller's current stream first.
         ready = max(tl.host_ns + self.timing.launch_latency_ns, current.tail_ns, comm.tail_ns)
+        work = self._key_works.get(call.key)
+        if work is None:
+            self._work_ids += 1
+            work = self._key_works[call.key] = self._work_ids
+            self.unresolved_works.add(work)
+        comm.unresolved += 1
         done = self.matcher.arrive(call, ready)
-        if done is None:
-            return None
-        return self._run_collective(done)
+        if done is not None:
+            self._run_collective(done, self._key_works.pop(done.key))
+        return work
 
     def _comm_stream(self, st: RankState, call: CollectiveCall) -> Stream:
-        group = tuple(sorted(call.group)) if call.net_op == "send_recv" else call.group
-        key = (call.device, group)
+        # Send and receive of a pair get a stream each: NCCL runs a batch_isend_irecv group's
+        # send and receive to one peer concurrently.
+        key = (call.device, call.group, call.net_op == "send_recv")
         sid = st.comm_streams.get(key)
         if sid is None:
             sid = st.comm_streams[key] = -1 - len(st.comm_streams)
         stream, new = st.timeline.stream(call.device, sid)
         if new:
-            what = "p2p " + "<->".join(map(str, group)) if call.net_op == "send_recv" else f"group {list(group)}"
+            what = "p2p " + "->".join(map(str, call.group)) if call.net_op == "send_recv" else f"group {list(call.group)}"
             self.sink.thread(st.info.trace_pid, stream.track, f"cuda:{call.device} nccl {what}", stream.track)
         return stream
 
@@ -395,7 +435,7 @@ class Engine:
         info = self.ranks[rank].info
         return info.node * self.gpus_per_node + info.local_rank
 
-    def _run_collective(self, p: PendingCollective) -> dict[int, int]:
+    def _run_collective(self, p: PendingCollective, work: int) -> None:
         calls = [p.arrivals[r] for r in p.members]
         first = calls[0]
         start = max(p.ready_ns.values())
@@ -411,9 +451,9 @@ class Engine:
             self._record_corrections()
         else:
             end = start  # one member (or no network): nothing moves
-        self._work_ids += 1
-        work = self._work_ids
         self.work_end_ns[work] = end
+        self.unresolved_works.discard(work)
+        self._unblocked.update(p.members)
         algorithm = info.algorithm if info else "ring"
         protocol = info.protocol if info else "simple"
         name = nccl_kernel_name(first.net_op if first.op != "barrier" else "barrier", first.dtype, first.reduce_op,
@@ -425,6 +465,7 @@ class Engine:
             stream = self._comm_stream(st, call)
             ready = p.ready_ns[call.rank]
             stream.tail_ns = max(stream.tail_ns, end)
+            stream.unresolved -= 1
             st.collectives += 1
             self.comm_busy_ns += end - ready
             self.sink.slice(st.info.trace_pid, stream.track, name, ready, end - ready, "kernel", {
@@ -437,7 +478,6 @@ class Engine:
             places.append((st.info.trace_pid, stream.track, ready))
         for i, dst in enumerate(places[1:]):
             self.sink.flow(flow * 1000 + i, f"{first.op} #{first.seq}", places[0], dst)
-        return {r: work for r in p.members}
 
     def _record_corrections(self) -> None:
         """Completion times the network changed after they were used: written to the trace and
@@ -475,8 +515,13 @@ class Engine:
             waiting = sorted(p.arrivals)
             failed.append((waiting, f"rank {rank} exited without joining {call.describe()} (collective #{call.seq} "
                                     f"of group {list(call.group)}) that rank(s) {waiting} are waiting in"))
-            self.matcher.drop(p.key)
+            self._drop(p)
         return failed
+
+    def _drop(self, p: PendingCollective) -> None:
+        self.matcher.drop(p.key)
+        work = self._key_works.pop(p.key, None)
+        self.unresolved_works.discard(work)  # waits on it become no-ops; its members are failing
 
     def overdue_collectives(self, timeout_s: float) -> list[tuple[list[int], str]]:
         failed = []
@@ -487,7 +532,7 @@ class Engine:
                                     f"{call.describe()} (collective #{call.seq} of group {list(call.group)}, called at "
                                     f"{call.site}); rank(s) {waiting} joined. A rank that skips a collective, or "
                                     f"calls collectives in a different order, hangs a real job the same way."))
-            self.matcher.drop(p.key)
+            self._drop(p)
         return failed
 
     # --- end ----------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ class Stream:
     stream_id: int
     track: int  # trace thread id of this stream's track
     tail_ns: int = 0  # when the last work enqueued on this stream finishes
+    unresolved: int = 0  # collectives on it whose members have not all arrived: tail unknown
 
 
 @dataclass

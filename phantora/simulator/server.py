@@ -4,6 +4,10 @@ Rank processes connect to a Unix domain socket inside a private (0700) temporary
 nothing listens on the network. Each message carries a batch of records and at most one call
 (phantora/protocol.py). Everything runs on the thread that calls `serve`, so the engine needs
 no locks.
+
+A rank whose next record needs a collective other members have not joined yet (Engine.apply)
+is held: its later messages queue in `held` and its calls wait for their replies, until the
+collective completes. The rank's process itself only stops at its next call.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +28,7 @@ from phantora import protocol as P
 from phantora.engine.collectives import CollectiveMismatch
 from phantora.engine.engine import CallError, Engine, RankInfo
 
-_DEFERRED = object()  # a call whose reply comes later (a collective waiting for its members)
+_HELD = object()  # a call that cannot be answered until a collective completes
 
 
 @dataclass
@@ -40,7 +45,8 @@ class SimulatorServer:
                  collective_timeout_s: float = 300.0) -> None:
         self.engine = engine
         self.collective_timeout_s = collective_timeout_s
-        self.waiting: dict[int, tuple[Connection, int]] = {}  # rank -> its collective call awaiting reply
+        self.held: dict[int, deque[tuple[Connection, list[Any], Any]]] = {}  # rank -> (conn, records, call) held
+        self.failed: dict[int, str] = {}  # rank -> collective failure, the answer to its next call
         self.rank_errors: list[str] = []  # collective failures (mismatch, missing rank), shown in the summary
         self._next_overdue_check = 0.0
         self.hello_reply = hello_reply or {}
@@ -87,9 +93,17 @@ class SimulatorServer:
             self.rank_errors.append(message)
             print(f"phantora: {message}", file=sys.stderr, flush=True)
             for r in ranks:
-                waiting = self.waiting.pop(r, None)
-                if waiting is not None:
-                    self._reply(waiting[0], waiting[1], False, message)
+                self._fail_rank(r, message)
+
+    def _fail_rank(self, rank: int, message: str) -> None:
+        """The rank's next call (or the one it is held in) raises `message`; records it sends
+        from now on are dropped: what it computes after a failed collective is meaningless."""
+        self.failed.setdefault(rank, message)
+        for conn, _records, call in self.held.pop(rank, ()):
+            if call is not None and call[1] != P.C_BYE:
+                self._reply(conn, call[0], False, message)
+            elif call is not None:
+                self._handle_failed(conn, call)
 
     def _accept(self) -> None:
         try:
@@ -108,7 +122,7 @@ class SimulatorServer:
             pass
         conn.sock.close()
         if conn.rank is not None:
-            self.waiting.pop(conn.rank, None)
+            self.held.pop(conn.rank, None)
             self.engine.finish_rank(conn.rank)
             self._fail_collectives(self.engine.abandon_collectives(conn.rank))
 
@@ -132,20 +146,46 @@ class SimulatorServer:
     # --- messages -----------------------------------------------------------------------------
     def _handle(self, conn: Connection, msg: Any) -> None:
         records, call = msg
+        rank = conn.rank
+        if rank is not None and rank in self.failed:
+            if call is not None:
+                self._handle_failed(conn, call)
+            return
+        if rank is not None and rank in self.held:
+            self.held[rank].append((conn, records, call))
+            return
+        self._process(conn, records, call)
+        self._resume_unblocked()
+
+    def _handle_failed(self, conn: Connection, call: list[Any]) -> None:
+        if call[1] == P.C_BYE:
+            self._process(conn, [], call)
+        else:
+            self._reply(conn, call[0], False, self.failed[conn.rank])
+
+    def _process(self, conn: Connection, records: list[Any], call: Any) -> bool:
+        """Apply one message; False if the rank is now held (the rest is queued in held)."""
         try:
             if records:
                 if conn.rank is None:
                     raise CallError("a rank process sent records before saying hello")
-                self.engine.apply(conn.rank, records)
+                done = self.engine.apply(conn.rank, records)
+                if done < len(records):
+                    self.held.setdefault(conn.rank, deque()).appendleft((conn, records[done:], call))
+                    return False
             if call is not None:
                 value = self._call(conn, call)
-                if value is not _DEFERRED:
-                    self._reply(conn, call[0], True, value)
+                if value is _HELD:
+                    self.held.setdefault(conn.rank, deque()).appendleft((conn, [], call))
+                    return False
+                self._reply(conn, call[0], True, value)
         except CollectiveMismatch as e:
             self.rank_errors.append(str(e))
             print(f"phantora: {e}", file=sys.stderr, flush=True)
-            others = [r for r in e.ranks if r != conn.rank]
-            self._fail_collectives([(others, str(e))])
+            for r in e.ranks:
+                if r != conn.rank:
+                    self._fail_rank(r, str(e))
+            self.failed.setdefault(conn.rank, str(e))
             if call is not None:
                 self._reply(conn, call[0], False, str(e))
         except CallError as e:
@@ -159,6 +199,22 @@ class SimulatorServer:
             print(f"phantora: internal error while simulating rank {conn.rank}:\n{tb}", file=sys.stderr, flush=True)
             if call is not None:
                 self._reply(conn, call[0], False, "phantora internal error (see the simulator's message above)")
+        return True
+
+    def _resume_unblocked(self) -> None:
+        """Go on with held ranks whose collectives completed; that can complete more."""
+        todo = self.engine.take_unblocked()
+        while todo:
+            rank = todo.pop()
+            queue = self.held.pop(rank, None)
+            while queue:
+                conn, records, call = queue.popleft()
+                if conn.sock.fileno() < 0:
+                    continue
+                if not self._process(conn, records, call):
+                    self.held[rank].extend(queue)  # _process put the unapplied part in front
+                    break
+            todo |= self.engine.take_unblocked()
 
     def _call(self, conn: Connection, call: list[Any]) -> Any:
         kind = call[1]
@@ -180,16 +236,8 @@ class SimulatorServer:
         if kind == P.C_QUERY_STREAM:
             return self.engine.query_stream(conn.rank, call[2], call[3])
         if kind == P.C_COLLECTIVE:
-            done = self.engine.join_collective(conn.rank, call[2])
-            if done is None:
-                self.waiting[conn.rank] = (conn, call[0])
-                return _DEFERRED
-            for r, work in done.items():
-                if r != conn.rank:
-                    other = self.waiting.pop(r, None)
-                    if other is not None:
-                        self._reply(other[0], other[1], True, work)
-            return done[conn.rank]
+            work = self.engine.join_collective(conn.rank, call[2])
+            return _HELD if work is None else work
         if kind == P.C_BYE:
             conn.said_bye = True
             self.engine.finish_rank(conn.rank)

@@ -103,20 +103,52 @@ def test_collective_starts_when_the_slowest_members_stream_reaches_it():
     kernel(e, 1, 500_000, 0)  # rank 1's compute stream is busy much longer
     wire = {"op": "all_reduce", "group": [0, 1], "seq": 0, "nbytes": 64 << 20, "dtype": "bfloat16",
             "reduce_op": "sum", "device": 0, "stream": 0}
-    assert e.join_collective(0, wire) is None
-    done = e.join_collective(1, dict(wire, device=1))
-    assert done is not None and done[0] == done[1]
+    work = e.join_collective(0, wire)  # a work id at once: the issuing rank does not block
+    assert work is not None and work in e.unresolved_works
+    # rank 0 waiting on it cannot be applied yet: apply stops before that record
+    assert e.apply(0, [[P.R_WORK_WAIT, work, 0, 0, 0]]) == 0
+    assert e.take_unblocked() == set()
+    assert e.join_collective(1, dict(wire, device=1)) == work
+    assert e.take_unblocked() == {0, 1}
     net = Network(load_cluster("dgx-h100", nodes=1))
     duration = net.finish_time(net.submit(CollectiveSpec("all_reduce", 64 << 20, (0, 1)), 0))
     rank1_ready = LAT + 500_000  # its stream tail
-    end = e.work_end_ns[done[0]]
+    end = e.work_end_ns[work]
     assert end == rank1_ready + duration
     # Work.wait(): rank 0's compute stream now waits for the collective; its host does not
-    e.apply(0, [[P.R_WORK_WAIT, done[0], 0, 0, 0]])
+    assert e.apply(0, [[P.R_WORK_WAIT, work, 0, 0, 0]]) == 1
     assert e.ranks[0].timeline.streams[(0, 0)].tail_ns == end
     assert e.ranks[0].timeline.host_ns < end
-    e.apply(1, [[P.R_WORK_WAIT, done[1], 1, 0, 1]])  # barrier: the host blocks too
+    e.apply(1, [[P.R_WORK_WAIT, work, 1, 0, 1]])  # barrier: the host blocks too
     assert e.ranks[1].timeline.host_ns >= end
+
+
+def test_records_that_do_not_need_a_pending_collective_go_on():
+    e = two_rank_engine()
+    wire = {"op": "all_reduce", "group": [0, 1], "seq": 0, "nbytes": 1 << 20, "dtype": "float32",
+            "reduce_op": "sum", "device": 0, "stream": 0}
+    work = e.join_collective(0, wire)
+    kernel(e, 0, 30_000, 0)  # compute after an un-waited collective is placed at once
+    assert e.ranks[0].timeline.streams[(0, 0)].tail_ns > 30_000
+    # the next collective on the same communicator waits for the first (NCCL stream order)
+    assert e.join_collective(0, dict(wire, seq=1)) is None
+    # synchronising the device needs the communication stream's tail
+    assert e.apply(0, [[P.R_SYNC_DEVICE, 0]]) == 0
+    e.join_collective(1, dict(wire, device=1))
+    assert 0 in e.take_unblocked()
+    assert e.join_collective(0, dict(wire, seq=1)) not in (None, work)
+    assert e.apply(0, [[P.R_SYNC_DEVICE, 0]]) == 0  # now the second one is pending
+
+
+def test_send_and_receive_between_a_pair_do_not_wait_for_each_other():
+    # 1F1B: both stages post a send to and a receive from the other before either completes
+    e = two_rank_engine()
+    p2p = {"nbytes": 1 << 20, "dtype": "bfloat16", "stream": 0}
+    a = e.join_collective(0, dict(p2p, op="send", group=[0, 1], seq=0, device=0))
+    b = e.join_collective(1, dict(p2p, op="send", group=[1, 0], seq=0, device=1))
+    assert e.join_collective(0, dict(p2p, op="recv", group=[1, 0], seq=0, device=0)) == b
+    assert e.join_collective(1, dict(p2p, op="recv", group=[0, 1], seq=0, device=1)) == a
+    assert not e.unresolved_works and a != b
 
 
 def test_a_rank_that_ends_fails_the_collectives_waiting_for_it():

@@ -9,4 +9,5 @@ dist.init_process_group("nccl")
 n = 1000 if dist.get_rank() == 0 else 4000
 t = torch.ones(n, device="cuda")
 dist.all_reduce(t)
+torch.cuda.synchronize()  # where a real job would hang: the error surfaces here
 print("unreachable: the mismatch must raise")

@@ -12,4 +12,5 @@ if dist.get_rank() == 1:
     threading.Event().wait(120)  # threading keeps the real clock
 else:
     dist.all_reduce(t)
+    torch.cuda.synchronize()  # a real job would hang here; phantora raises
 print("unreachable")

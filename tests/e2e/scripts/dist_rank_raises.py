@@ -10,4 +10,5 @@ t = torch.ones(1000, device="cuda")
 if dist.get_rank() == 1:
     raise ValueError("rank 1 failed on purpose")
 dist.all_reduce(t)
+torch.cuda.synchronize()  # a real job would hang here; phantora raises
 print("unreachable: rank 0's all_reduce must fail")
