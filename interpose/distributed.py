@@ -13,6 +13,7 @@ their futures in C++) are waited for at the end of the backward pass that issued
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 from datetime import timedelta
 from typing import Any
@@ -20,12 +21,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.futures import Future
 
+from interpose import values
 from interpose.observer import current_stream_id
 from phantora import protocol as P
 
 _rt: Any = None
+SIMULATED_NCCL_VERSION = (2, 27, 5)  # what torch.cuda.nccl.version() reports under phantora
 _groups: dict[str, "SimProcessGroup"] = {}  # group name -> its simulated backend
 _live_works: dict[int, "SimWork"] = {}  # work id -> work, until waited (oldest dropped past the cap)
 _MAX_LIVE_WORKS = 100_000
@@ -62,6 +66,36 @@ def _device(tensors: list[torch.Tensor]) -> int:
     return torch.cuda.current_device()
 
 
+def _shadow_cpu(t: torch.Tensor) -> torch.Tensor | None:
+    shadow = values.shadow_of(t)
+    return None if shadow is None else shadow.clone()
+
+
+def _write_shadow(t: torch.Tensor, value: torch.Tensor | None) -> None:
+    """A collective wrote into t: its shadow (shared with views of it) takes the value."""
+    shadow = values.shadow_of(t)
+    if value is not None and shadow is not None and shadow.shape == value.shape:
+        shadow.copy_(value)
+    else:
+        values.set_shadow(t, None if value is None else value.clone())
+
+
+def _combine(parts: list[torch.Tensor], reduce_op: str) -> torch.Tensor | None:
+    stacked = torch.stack(parts)
+    if reduce_op in ("sum", "avg"):
+        out = stacked.sum(0)
+        out = out // len(parts) if reduce_op == "avg" else out
+    elif reduce_op == "product":
+        out = stacked.prod(0)
+    elif reduce_op == "min":
+        out = stacked.min(0).values
+    elif reduce_op == "max":
+        out = stacked.max(0).values
+    else:
+        return None
+    return out.to(parts[0].dtype)
+
+
 class SimWork(dist._Work):
     def __init__(self, work_id: int, device: int, result: list[torch.Tensor], host_blocks: bool = False) -> None:
         super().__init__()
@@ -78,6 +112,10 @@ class SimWork(dist._Work):
         self.waited = True
         _rt.client.record([P.R_WORK_WAIT, self.work_id, self.device, current_stream_id(self.device),
                            int(self.host_blocks)])
+        if self.host_blocks:
+            # A barrier holds the process until every member is in (scripts rely on it, e.g.
+            # rank 0 writes a file the others read): the clock call is answered only then.
+            _rt.client.call(P.C_NOW)
         return True
 
     def is_completed(self) -> bool:
@@ -174,18 +212,59 @@ class SimProcessGroup(dist.ProcessGroup):
             "stream": current_stream_id(device), "site": call_site(), "group_name": self._group_name,
         }
         self._seq += 1
-        return self._submit(payload, device, tensors, host_blocks)
+        work = self._submit(payload, device, tensors, host_blocks)
+        if op in ("all_reduce", "broadcast") and tensors and all(values.shadowable(t) for t in tensors):
+            with unset_fake_temporarily():  # shadows are real tensors; this may run inside a dispatch
+                self._carry_values(op, tensors, payload["seq"], payload["reduce_op"], payload["root"])
+        return work
 
-    def _p2p(self, op: str, tensors: list[torch.Tensor], peer: int) -> SimWork:
+    def _p2p(self, op: str, tensors: list[torch.Tensor], peer: int, nbytes: int | None = None) -> SimWork:
         me, other = self.global_ranks[self.rank()], self.global_ranks[peer]
         pair = (me, other) if op == "send" else (other, me)
         seq = self._p2p_seq.get(pair, 0)
         self._p2p_seq[pair] = seq + 1
         device = _device(tensors)
-        payload = {"op": op, "group": list(pair), "seq": seq, "nbytes": sum(t.nbytes for t in tensors),
-                   "dtype": _dtype(tensors[0]), "device": device, "stream": current_stream_id(device),
-                   "site": call_site(), "group_name": self._group_name}
-        return self._submit(payload, device, tensors, False)
+        nbytes = sum(t.nbytes for t in tensors) if nbytes is None else nbytes
+        payload = {"op": op, "group": list(pair), "seq": seq, "nbytes": nbytes,
+                   "dtype": _dtype(tensors[0]) if tensors else "uint8", "device": device,
+                   "stream": current_stream_id(device), "site": call_site(), "group_name": self._group_name}
+        work = self._submit(payload, device, tensors, False)
+        if tensors and all(values.shadowable(t) for t in tensors):
+            key = f"phantora/values/p2p/{pair[0]}->{pair[1]}/{seq}"
+            store = c10d._get_default_store()
+            with unset_fake_temporarily():
+                if op == "send":
+                    store.set(key, pickle.dumps([_shadow_cpu(t) for t in tensors]))
+                else:
+                    received = pickle.loads(store.get(key))
+                    store.delete_key(key)
+                    for t, value in zip(tensors, received):
+                        _write_shadow(t, value)
+        return work
+
+    def _carry_values(self, op: str, tensors: list[torch.Tensor], seq: int, reduce_op: str, root: int | None) -> None:
+        """Small integer/bool tensors carry their real values (interpose/values.py) through
+        all_reduce and broadcast, exchanged via the c10d store."""
+        store = c10d._get_default_store()
+        key = f"phantora/values/{self._group_name}/{seq}"
+        me = self.global_ranks[self.rank()]
+        mine = [_shadow_cpu(t) for t in tensors]
+        if op == "broadcast":
+            if me == root:
+                store.set(key, pickle.dumps(mine))
+                return
+            for t, value in zip(tensors, pickle.loads(store.get(key))):
+                _write_shadow(t, value)
+            return
+        store.set(f"{key}/{me}", pickle.dumps(mine))
+        everyone = [pickle.loads(store.get(f"{key}/{r}")) for r in self.global_ranks]
+        for i, t in enumerate(tensors):
+            parts = [member[i] for member in everyone]
+            _write_shadow(t, None if any(p is None for p in parts) else _combine(parts, reduce_op))
+
+    def next_p2p_seq(self, src: int, dst: int) -> int:
+        """The sequence number the next send from global rank src to dst will carry."""
+        return self._p2p_seq.get((src, dst), 0)
 
     def _submit(self, payload: dict[str, Any], device: int, tensors: list[torch.Tensor], host_blocks: bool) -> SimWork:
         work_id = _rt.client.call(P.C_COLLECTIVE, payload)
@@ -276,6 +355,11 @@ def install_distributed(rt: Any) -> None:
     c10d._NCCL_AVAILABLE = True
     c10d.is_nccl_available = lambda: True
     dist.is_nccl_available = c10d.is_nccl_available
+    # c10d's exception logger asks for the NCCL version when a collective raises; on a CPU
+    # build that is an AttributeError that would hide the real error.
+    import torch.cuda.nccl
+
+    torch.cuda.nccl.version = lambda: SIMULATED_NCCL_VERSION
     _patch_ddp()
     install_object_collectives()
     from interpose import observer
@@ -409,7 +493,11 @@ def collective_op_handlers() -> dict[Any, Any]:
 # NCCL; fake tensors carry no bytes, so the objects travel through the real c10d store instead.
 # The collective is still reported (with the pickled size), so its time is simulated.
 
-def _object_exchange(group: Any, kind: str, payload: bytes | None, src: int | None) -> list[bytes]:
+def _object_exchange(group: Any, kind: str, payload: bytes | None, root: int | None) -> list[bytes]:
+    """Exchange pickled objects through the store; report the collective NCCL would run.
+
+    kind: "all_gather" (every member's blob, in group order), "broadcast" (the root's blob),
+    "gather" (every member's blob, read by the root only; others get []). root: a global rank."""
     pg = group or c10d._get_default_group()
     sim = _sim_pg(pg)
     store = c10d._get_default_store()
@@ -421,40 +509,95 @@ def _object_exchange(group: Any, kind: str, payload: bytes | None, src: int | No
     placeholder = torch.empty(0, device="cuda")
     # Members must agree on the size to match: report the sizes NCCL would move, padded as
     # torch pads them (to the largest member's), which only the store knows after the exchange.
-    if kind == "all_gather":
-        blobs = [store.get(f"{key}/{r}") for r in members]
-        nbytes = max(len(b) for b in blobs) * len(members)
-    else:
-        blobs = [store.get(f"{key}/{src}")]
+    if kind == "broadcast":
+        blobs = [store.get(f"{key}/{root}")]
         nbytes = len(blobs[0])
-    work = sim._collective("all_gather" if kind == "all_gather" else "broadcast", [placeholder], nbytes,
-                           root=members.index(src) if kind == "broadcast" else None)
+        work = sim._collective("broadcast", [placeholder], nbytes, root=members.index(root))
+    else:
+        everyone = [store.get(f"{key}/{r}") for r in members]
+        nbytes = max(len(b) for b in everyone) * len(members)
+        if kind == "all_gather":
+            work = sim._collective("all_gather", [placeholder], nbytes)
+        else:  # NCCL gathers with sends to the root; timed like ProcessGroup.gather, as a reduce
+            work = sim._collective("reduce", [placeholder], nbytes, root=members.index(root), reduce_op="sum")
+        blobs = everyone if kind == "all_gather" or me == root else []
     work.wait()
     return blobs
 
 
 def _all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
-    import pickle
-
     blobs = _object_exchange(group, "all_gather", pickle.dumps(obj), None)
     for i, b in enumerate(blobs):
         object_list[i] = pickle.loads(b)
 
 
+def _global_rank(group: Any, rank: int | None, group_rank: int | None) -> int:
+    if rank is not None:
+        return rank
+    return dist.get_global_rank(group or c10d._get_default_group(), group_rank or 0)
+
+
 def _broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
                            device: Any = None, group_src: int | None = None) -> None:
-    import pickle
-
-    if src is None:
-        pg = group or c10d._get_default_group()
-        src = dist.get_global_rank(pg, group_src or 0)
+    src = _global_rank(group, src, group_src)
     payload = pickle.dumps(list(object_list)) if dist.get_rank() == src else None
     [blob] = _object_exchange(group, "broadcast", payload, src)
     object_list[:] = pickle.loads(blob)
 
 
+def _gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int | None = None,
+                   group: Any = None, group_dst: int | None = None) -> None:
+    dst = _global_rank(group, dst, group_dst)
+    blobs = _object_exchange(group, "gather", pickle.dumps(obj), dst)
+    if dist.get_rank() == dst:
+        if object_gather_list is None:
+            raise ValueError("gather_object: the destination rank must pass object_gather_list")
+        for i, b in enumerate(blobs):
+            object_gather_list[i] = pickle.loads(b)
+
+
+def _scatter_object_list(scatter_object_output_list: list[Any], scatter_object_input_list: list[Any] | None = None,
+                         src: int | None = None, group: Any = None, group_src: int | None = None) -> None:
+    # NCCL scatters the root's list; every member receives its own element. As traffic this
+    # is close to a broadcast of the whole list, which is how it is timed.
+    src = _global_rank(group, src, group_src)
+    me = dist.get_rank()
+    payload = pickle.dumps(list(scatter_object_input_list or [])) if me == src else None
+    [blob] = _object_exchange(group, "broadcast", payload, src)
+    members = _sim_pg(group or c10d._get_default_group()).global_ranks
+    scatter_object_output_list[0] = pickle.loads(blob)[members.index(me)]
+
+
+def _send_object_list(object_list: list[Any], dst: int | None = None, group: Any = None, device: Any = None,
+                      group_dst: int | None = None, use_batch: bool = False) -> None:
+    dst = _global_rank(group, dst, group_dst)
+    sim = _sim_pg(group or c10d._get_default_group())
+    me = dist.get_rank()
+    blob = pickle.dumps(list(object_list))
+    c10d._get_default_store().set(f"phantora/p2p_objects/{me}->{dst}/{sim.next_p2p_seq(me, dst)}", blob)
+    # torch sends the sizes, then the pickled bytes
+    sim._p2p("send", [], sim.global_ranks.index(dst), nbytes=8 * len(object_list) + len(blob)).wait()
+
+
+def _recv_object_list(object_list: list[Any], src: int | None = None, group: Any = None, device: Any = None,
+                      group_src: int | None = None, use_batch: bool = False) -> int:
+    if src is None and group_src is None:
+        raise RuntimeError("phantora: recv_object_list from any source is not supported; pass src= or group_src=")
+    src = _global_rank(group, src, group_src)
+    sim = _sim_pg(group or c10d._get_default_group())
+    me = dist.get_rank()
+    key = f"phantora/p2p_objects/{src}->{me}/{sim.next_p2p_seq(src, me)}"
+    blob = c10d._get_default_store().get(key)
+    c10d._get_default_store().delete_key(key)
+    received = pickle.loads(blob)
+    sim._p2p("recv", [], sim.global_ranks.index(src), nbytes=8 * len(received) + len(blob)).wait()
+    object_list[:len(received)] = received
+    return src
+
+
 def install_object_collectives() -> None:
-    c10d.all_gather_object = _all_gather_object
-    dist.all_gather_object = _all_gather_object
-    c10d.broadcast_object_list = _broadcast_object_list
-    dist.broadcast_object_list = _broadcast_object_list
+    for name, fn in (("all_gather_object", _all_gather_object), ("broadcast_object_list", _broadcast_object_list),
+                     ("gather_object", _gather_object), ("scatter_object_list", _scatter_object_list),
+                     ("send_object_list", _send_object_list), ("recv_object_list", _recv_object_list)):
+        setattr(c10d, name, fn)
+        setattr(dist, name, fn)

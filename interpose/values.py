@@ -5,6 +5,12 @@ training loop on its normal path: numbers read as 1 (never 0, so `x / n` does no
 booleans as False, except results of isfinite (True) and of isnan/isinf (False) and
 what is derived from them by not/any/all/copies. This is documented in the README; the values
 a script prints are placeholders, only its timings are predictions.
+
+Small integer and boolean tensors on virtual GPUs are the exception: scripts steer by them
+(pipelining's stage vote, step counters, flags exchanged between ranks), so each keeps a real
+CPU "shadow" while every input it is computed from has one. Views of a shadowed tensor shadow
+views of its shadow, so in-place writes through a view reach the base. interpose/distributed.py
+carries shadows across send/recv, broadcast and all_reduce.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 aten = torch.ops.aten
 
@@ -35,6 +42,100 @@ class _IdentityHints:
 
 
 _bool_hints = _IdentityHints()
+
+
+class _IdentityShadows:
+    """Tensor on a virtual GPU -> its real CPU shadow, by identity (see _IdentityHints)."""
+
+    def __init__(self) -> None:
+        self._shadows: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+
+    def set(self, t: torch.Tensor, shadow: torch.Tensor) -> None:
+        key = id(t)
+        self._shadows[key] = (weakref.ref(t, lambda _r, key=key: self._shadows.pop(key, None)), shadow)
+
+    def get(self, t: torch.Tensor) -> torch.Tensor | None:
+        entry = self._shadows.get(id(t))
+        if entry is None or entry[0]() is not t:
+            return None
+        return entry[1]
+
+    def drop(self, t: torch.Tensor) -> None:
+        entry = self._shadows.get(id(t))
+        if entry is not None and entry[0]() is t:
+            del self._shadows[id(t)]
+
+
+SHADOW_MAX_NUMEL = 64  # larger integer tensors (token ids, indices) are data, not control
+_shadows = _IdentityShadows()
+
+
+class _NoShadow(Exception):
+    pass
+
+
+def shadowable(t: Any) -> bool:
+    """A small integer or boolean tensor on a virtual GPU: one that keeps a real shadow."""
+    return (isinstance(t, torch.Tensor) and not t.dtype.is_floating_point and not t.dtype.is_complex
+            and t.device.type == "cuda" and t.numel() <= SHADOW_MAX_NUMEL)
+
+
+def shadow_of(t: torch.Tensor) -> torch.Tensor | None:
+    return _shadows.get(t)
+
+
+def set_shadow(t: torch.Tensor, shadow: torch.Tensor | None) -> None:
+    if shadow is None:
+        _shadows.drop(t)
+    else:
+        _shadows.set(t, shadow)
+
+
+def _on_cpu(a: Any, is_fake: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        if not is_fake(a):
+            if a.device.type != "cpu":
+                raise _NoShadow
+            return a
+        s = _shadows.get(a)
+        if s is None:
+            raise _NoShadow
+        return s
+    if isinstance(a, torch.device):
+        return torch.device("cpu") if a.type == "cuda" else a
+    if isinstance(a, (list, tuple)):
+        return type(a)(_on_cpu(x, is_fake) for x in a)
+    if isinstance(a, str) and a.startswith("cuda"):
+        return "cpu"
+    return a
+
+
+def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Any, real_mode: Any) -> None:
+    """Give small integer/bool results on a virtual GPU their real values, computed on the CPU
+    shadows of the inputs; forget stale ones when that is not possible. `real_mode` is a
+    context manager under which ops compute for real (the observer's unset_fake_temporarily).
+    Several outputs (unbind: iterating over a tensor) are shadowed one by one."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    if not any(shadowable(o) for o in outs):
+        return
+    try:
+        cargs, ckwargs = _on_cpu(args, is_fake), {k: _on_cpu(v, is_fake) for k, v in kwargs.items()}
+        if "pin_memory" in ckwargs:
+            ckwargs["pin_memory"] = False
+        with real_mode():
+            res = func(*cargs, **ckwargs)
+    except Exception:  # no shadow for an input, or an op the CPU does not run: value unknown
+        res = None
+    results = res if isinstance(res, (tuple, list)) else (res,)
+    for i, o in enumerate(outs):
+        if not shadowable(o):
+            continue
+        r = results[i] if i < len(results) else None
+        if isinstance(r, torch.Tensor) and r.shape == o.shape:
+            _shadows.set(o, r)
+        else:
+            _shadows.drop(o)
+
 
 _TRUE_SOURCES = {aten.isfinite.default}
 _FALSE_SOURCES = {aten.isnan.default, aten.isinf.default, aten.isposinf.default, aten.isneginf.default}
@@ -76,6 +177,10 @@ def install_value_hints() -> None:
 
 
 def scalar_value(t: torch.Tensor) -> bool | int | float | complex:
+    shadow = _shadows.get(t)
+    if shadow is not None and shadow.numel() == 1:
+        with unset_fake_temporarily():
+            return shadow.item()
     if t.dtype is torch.bool:
         return _bool_hints.get(t, False)
     if t.dtype.is_complex:
@@ -86,6 +191,10 @@ def scalar_value(t: torch.Tensor) -> bool | int | float | complex:
 
 
 def tolist_value(t: torch.Tensor) -> Any:
+    shadow = _shadows.get(t)
+    if shadow is not None:
+        with unset_fake_temporarily():
+            return shadow.tolist()
     v = scalar_value(t)
     shape = tuple(t.shape)
     if not shape:
