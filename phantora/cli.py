@@ -90,9 +90,13 @@ def main() -> None:
               help="Seconds (wall time) a collective waits for its last member before the waiting ranks fail.")
 @click.option("--call-timeout", type=click.FloatRange(1.0), default=600.0, show_default=True,
               help="Seconds a script waits for any answer from the simulator before failing.")
+@click.option("--comm-slowdown", type=click.FloatRange(0.0, 10.0), default=0.1, show_default=True,
+              help="Fraction by which compute kernels slow down while an NCCL kernel runs on the same GPU "
+                   "(NCCL occupies SMs); 0 disables. An assumption, not a measured figure.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluster_name: str, nnodes: int,  # type: ignore[no-untyped-def]
-          nproc_per_node: int | None, collective_timeout: float, call_timeout: float, command: tuple[str, ...]) -> None:
+          nproc_per_node: int | None, collective_timeout: float, call_timeout: float, comm_slowdown: float,
+          command: tuple[str, ...]) -> None:
     """Run COMMAND on simulated GPUs and write a trace.
 
     Put `--` before the command. The exit code is the command's. A short summary (simulated
@@ -118,7 +122,8 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluste
                                  "node in a cluster file instead", param_hint="'--gpus-per-node'")
     run = TraceRun(command=list(command), output=output, gpu=gpu or cluster.gpu_spec, vram_bytes=vram,
                    gpus_per_node=gpus_per_node or cluster.gpus_per_node, call_timeout_s=call_timeout,
-                   cluster=cluster, nproc_per_node=nproc_per_node, collective_timeout_s=collective_timeout)
+                   cluster=cluster, nproc_per_node=nproc_per_node, collective_timeout_s=collective_timeout,
+                   comm_slowdown=comm_slowdown)
     try:
         result = run_trace(run)
     except CommandNotFound as e:

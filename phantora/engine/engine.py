@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import orjson
+from intervaltree import IntervalTree
 
 from phantora import protocol as P
 from phantora.cost import COPY_D2H, COPY_H2D, NO_GPU_WORK, Estimator, KernelEstimate
@@ -59,6 +60,17 @@ def nccl_kernel_name(op: str, dtype: str, reduce_op: str, algorithm: str, protoc
     return "_".join(parts)
 
 
+def _overlap_ns(busy: IntervalTree, start: int, end: int) -> int:
+    """How much of [start, end) some interval in `busy` covers."""
+    covered = sorted((max(start, iv.begin), min(end, iv.end)) for iv in busy.overlap(start, end))
+    total, reach = 0, start
+    for b, e in covered:
+        if e > reach:
+            total += e - max(b, reach)
+            reach = e
+    return total
+
+
 class CallError(Exception):
     """A call the user's script made cannot be answered; the message is raised there."""
 
@@ -96,7 +108,8 @@ class RankState:
     flops: float = 0.0
     ooms: list[str] = field(default_factory=list)
     finished: bool = False
-    comm_streams: dict[tuple[int, tuple[int, ...]], int] = field(default_factory=dict)  # (device, group) -> id
+    comm_streams: dict[tuple[int, tuple[int, ...], bool], int] = field(default_factory=dict)  # -> stream id
+    comm_busy: dict[int, IntervalTree] = field(default_factory=dict)  # device -> NCCL kernels' [start, end)
     collectives: int = 0
 
 
@@ -330,10 +343,15 @@ class Engine:
             return
         stream = self._stream(st, device, stream_id)
         work = tl.enqueue(stream, launch, est.duration_ns)
+        slowed = 0
+        if self.timing.comm_slowdown and est.kind not in (COPY_D2H, COPY_H2D) and st.comm_busy.get(device):
+            slowed = int(self.timing.comm_slowdown * _overlap_ns(st.comm_busy[device], work.start_ns, work.end_ns))
+            work.end_ns += slowed
+            stream.tail_ns = work.end_ns
         if host_waits_for_copy(sig, est) or sig.name == "aten::_local_scalar_dense":
             tl.wait_host_until(work.end_ns, self.timing.sync_overhead_ns)
         st.kernels += est.kernels
-        st.gpu_busy_ns += est.duration_ns
+        st.gpu_busy_ns += est.duration_ns + slowed
         st.flops += est.flops
         flow = self._next_flow()
         shapes, dtypes = _shape_args(sig)
@@ -344,6 +362,7 @@ class Engine:
             "op": sig.full_name, "shapes": shapes, "dtypes": dtypes, "flops": est.flops, "bytes": est.bytes,
             "kernels": est.kernels, "estimator": est.estimator if est.known else f"{est.estimator} (unknown op: generic)",
             "device": device, "stream": stream.stream_id, "correlation": flow,
+            **({"slowed by concurrent communication ns": slowed} if slowed else {}),
         }, flow_in=flow)
 
     def _host_event(self, st: RankState, kind: str, count: int) -> None:
@@ -466,6 +485,8 @@ class Engine:
             ready = p.ready_ns[call.rank]
             stream.tail_ns = max(stream.tail_ns, end)
             stream.unresolved -= 1
+            if end > ready:
+                st.comm_busy.setdefault(call.device, IntervalTree()).addi(ready, end)
             st.collectives += 1
             self.comm_busy_ns += end - ready
             self.sink.slice(st.info.trace_pid, stream.track, name, ready, end - ready, "kernel", {

@@ -18,6 +18,10 @@ class TimingConfig:
     sync_overhead_ns: int = 4_000  # host cost of a cudaStreamSynchronize/cudaDeviceSynchronize that returns
     event_record_host_ns: int = 2_000  # host cost of cudaEventRecord / cudaStreamWaitEvent
     event_query_host_ns: int = 1_000
+    # Compute kernels that run while an NCCL kernel occupies SMs on the same GPU are this
+    # fraction slower for the overlapping part. NCCL takes 16-32 of an H100's 132 SMs; 0.1 is
+    # an assumption, not a measurement (`phantora trace --comm-slowdown`).
+    comm_slowdown: float = 0.1
 
 
 @dataclass

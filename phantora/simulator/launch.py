@@ -23,6 +23,7 @@ import interpose
 from phantora import __version__
 from phantora.cost import make_estimator
 from phantora.engine.engine import Engine, EngineSummary
+from phantora.engine.timeline import TimingConfig
 from phantora.hardware import GPUSpec
 from phantora.net.cluster import Cluster
 from phantora.net.network import Network
@@ -47,6 +48,7 @@ class TraceRun:
     cluster: Cluster | None = None  # the network collectives run on (default: one dgx-h100 node)
     nproc_per_node: int | None = None  # None: run COMMAND once (it may be torchrun itself)
     collective_timeout_s: float = 300.0
+    comm_slowdown: float = TimingConfig.comm_slowdown
 
 
 @dataclass
@@ -119,7 +121,8 @@ def run_trace(run: TraceRun) -> TraceResult:
                           f"of a {run.cluster.name} node; use at most {run.cluster.gpus_per_node} or more --nnodes")
     started = time.time()
     sink = open_sink(run.output)
-    engine = Engine(run.gpu, make_estimator(run.estimator, run.gpu), sink, network=Network(run.cluster))
+    engine = Engine(run.gpu, make_estimator(run.estimator, run.gpu), sink, TimingConfig(comm_slowdown=run.comm_slowdown),
+                    network=Network(run.cluster))
     server = SimulatorServer(engine, collective_timeout_s=run.collective_timeout_s)
     exit_code = 1
     procs: list[subprocess.Popen] = []

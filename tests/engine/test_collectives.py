@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from phantora import protocol as P
@@ -81,12 +83,13 @@ def test_kernel_names_follow_nccl():
 
 
 LAT = 2_000
-TIMING = TimingConfig(launch_latency_ns=LAT, sync_overhead_ns=1_000, event_record_host_ns=0, event_query_host_ns=0)
+TIMING = TimingConfig(launch_latency_ns=LAT, sync_overhead_ns=1_000, event_record_host_ns=0, event_query_host_ns=0,
+                      comm_slowdown=0.0)
 
 
-def two_rank_engine() -> Engine:
+def two_rank_engine(timing: TimingConfig = TIMING) -> Engine:
     net = Network(load_cluster("dgx-h100", nodes=1))
-    e = Engine(lookup_gpu("h100"), FixedEstimator(), NullSink(), TIMING, network=net)
+    e = Engine(lookup_gpu("h100"), FixedEstimator(), NullSink(), timing, network=net)
     for r in (0, 1):
         e.add_rank(RankInfo(r, 0, r, 100 + r))
     return e
@@ -157,3 +160,24 @@ def test_a_rank_that_ends_fails_the_collectives_waiting_for_it():
     [(waiting, message)] = e.abandon_collectives(1)
     assert waiting == [0] and "rank 1 exited without joining broadcast(8 bytes, root 0)" in message
     assert not e.matcher.pending
+
+
+@pytest.mark.parametrize("slowdown", [0.0, 0.25])
+def test_compute_overlapping_an_nccl_kernel_is_slowed_by_the_configured_fraction(slowdown):
+    e = two_rank_engine(dataclasses.replace(TIMING, comm_slowdown=slowdown))
+    wire = {"op": "all_reduce", "group": [0, 1], "seq": 0, "nbytes": 256 << 20, "dtype": "bfloat16",
+            "reduce_op": "sum", "device": 0, "stream": 0}
+    work = e.join_collective(0, wire)
+    e.join_collective(1, dict(wire, device=1))
+    end = e.work_end_ns[work]
+    nccl_start = LAT  # both ranks were idle: ready at host time + launch latency
+    assert end - nccl_start > 500_000  # 256 MiB takes far longer than the kernel below
+    kernel(e, 0, 100_000, 0)  # fully inside the all-reduce
+    tail = e.ranks[0].timeline.streams[(0, 0)].tail_ns
+    start = tail - 100_000 - int(slowdown * 100_000)
+    assert start >= nccl_start
+    assert tail == start + 100_000 + int(slowdown * 100_000)
+    # a kernel after the collective ends runs at full speed
+    e.apply(0, [[P.R_WORK_WAIT, work, 0, 0, 0]])
+    kernel(e, 0, 50_000, 1)
+    assert e.ranks[0].timeline.streams[(0, 0)].tail_ns == end + 50_000
