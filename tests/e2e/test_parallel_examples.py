@@ -126,7 +126,7 @@ def test_pipeline_schedules_pass_microbatches_between_stages(tmp_path):
 def test_small_integer_tensors_and_objects_carry_real_values_between_ranks(tmp_path):
     proc, out = trace_script(tmp_path, str(SCRIPTS / "dist_values.py"), options=("--nproc-per-node", "2"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = set(proc.stdout.splitlines())
+    lines = proc.stdout  # two ranks print to one pipe: look for each line as a substring
     assert "rank 1: vote product 0" in lines  # rank 0 voted 0; without its value rank 1 would read 1
     for r in (0, 1):
         assert f"rank {r}: summed counts [3, 30]" in lines

@@ -1,0 +1,113 @@
+"""Wall time per simulated step and memory per rank against rank count, FSDP2 example.
+
+    python benchmarks/bench_scaling.py [--ranks 1,2,4,8,16] [--layers 2 --embd 256 ...]
+
+Ranks are processes sharing this machine's cores. For each rank count the FSDP2 example
+(examples/fsdp_train.py) runs twice under `phantora trace`, with 1 and with 1 + --steps steps;
+the difference in wall time divided by --steps is the wall time per step without start-up.
+More than 8 ranks use 8-GPU nodes (--nnodes). While the longer run goes, the proportional
+set size (PSS: shared pages split between the processes sharing them) of every rank process
+and the simulator's RSS are sampled from /proc; the table shows their peaks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pss_kib(pid: int) -> int:
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    m = re.search(r"^Pss:\s+(\d+) kB", text, re.M)
+    return int(m.group(1)) if m else 0
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+class MemorySampler(threading.Thread):
+    """Peak summed PSS of the rank processes (children of the simulator) and the simulator's PSS."""
+
+    def __init__(self, root_pid: int) -> None:
+        super().__init__(daemon=True)
+        self.root_pid = root_pid
+        self.peak_ranks_kib = 0
+        self.peak_ranks = 0
+        self.peak_sim_kib = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            ranks = [p for p in _children(self.root_pid)]
+            total = sum(_pss_kib(p) for p in ranks)
+            if total > self.peak_ranks_kib:
+                self.peak_ranks_kib, self.peak_ranks = total, len(ranks)
+            self.peak_sim_kib = max(self.peak_sim_kib, _pss_kib(self.root_pid))
+
+
+def run(ranks: int, steps: int, model: list[str], out: Path) -> tuple[float, MemorySampler, str]:
+    per_node = min(ranks, 8)
+    nodes = math.ceil(ranks / 8)
+    cmd = [sys.executable, "-m", "phantora.cli", "trace", "--nnodes", str(nodes), "--nproc-per-node", str(per_node),
+           "-o", str(out), "--", sys.executable, "examples/fsdp_train.py", *model, "--steps", str(steps)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = MemorySampler(proc.pid)
+    sampler.start()
+    stdout, stderr = proc.communicate(timeout=3600)
+    wall = time.perf_counter() - t0
+    sampler.stop.set()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{ranks} ranks failed ({proc.returncode}):\n{stderr[-3000:]}")
+    return wall, sampler, stdout
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", default="1,2,4,8,16")
+    ap.add_argument("--steps", type=int, default=2, help="extra steps of the longer run")
+    ap.add_argument("--layers", default="2")
+    ap.add_argument("--embd", default="256")
+    ap.add_argument("--heads", default="4")
+    ap.add_argument("--seq", default="256")
+    ap.add_argument("--batch", default="4")
+    args = ap.parse_args()
+    model = ["--layers", args.layers, "--embd", args.embd, "--heads", args.heads, "--seq", args.seq,
+             "--batch", args.batch]
+    print(f"FSDP2 example {' '.join(model)}; wall per step = (wall({1 + args.steps} steps) - wall(1 step)) / {args.steps}")
+    print(f"{'ranks':>5} {'wall 1 step s':>13} {'wall/step s':>11} {'per rank s':>10} {'sim step ms':>11} "
+          f"{'PSS/rank MiB':>12} {'sim PSS MiB':>11}")
+    base = None
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(x) for x in args.ranks.split(",")):
+            short, _, _ = run(n, 1, model, Path(tmp) / f"s{n}.json")
+            long, mem, stdout = run(n, 1 + args.steps, model, Path(tmp) / f"l{n}.json")
+            per_step = (long - short) / args.steps
+            sim = re.findall(r"^step \d+: time ([\d.]+) ms", stdout, re.M)
+            pss = mem.peak_ranks_kib / max(mem.peak_ranks, 1) / 1024
+            base = base or per_step
+            print(f"{n:>5} {short:>13.1f} {per_step:>11.2f} {per_step / n:>10.2f} {float(sim[-1]):>11.2f} "
+                  f"{pss:>12.0f} {mem.peak_sim_kib / 1024:>11.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
