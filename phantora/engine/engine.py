@@ -256,6 +256,9 @@ class Engine:
                 self._host_sync(st, "cudaEventSynchronize", st.timeline.events.get(rec[1], 0))
             elif kind == P.R_NVTX_PUSH:
                 st.nvtx.append((str(rec[1]), st.timeline.host_ns))
+                # The range is written when it closes (R_NVTX_POP, finish_rank); announced now so
+                # sinks that write begin events in time order can start it here.
+                self.sink.open_slice(st.info.trace_pid, HOST_TRACK, str(rec[1]), st.timeline.host_ns, "nvtx")
             elif kind == P.R_NVTX_POP:
                 if st.nvtx:
                     name, start = st.nvtx.pop()

@@ -24,6 +24,60 @@ def _us(ns: int) -> float:
     return round(ns / 1000.0, 3)
 
 
+# The event dicts of this format, one function per sink call. The Perfetto protobuf reader
+# (perfetto_reader.py) builds its output with the same functions, so a decoded .pftrace has
+# exactly the shape of the JSON this sink writes.
+
+COLLECTIVE_FLOW_CATEGORY = "collective"
+
+
+def process_events(pid: int, name: str, sort_index: int) -> list[dict[str, Any]]:
+    return [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}},
+            {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": sort_index}}]
+
+
+def thread_events(pid: int, tid: int, name: str, sort_index: int) -> list[dict[str, Any]]:
+    return [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}},
+            {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": sort_index}}]
+
+
+def slice_event(pid: int, tid: int, name: str, ts_ns: int, dur_ns: int, cat: str, args: dict[str, Any] | None = None,
+                flow_out: int | None = None, flow_in: int | None = None) -> dict[str, Any]:
+    ev: dict[str, Any] = {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": cat,
+                          "ts": _us(ts_ns), "dur": _us(dur_ns)}
+    if args:
+        ev["args"] = args
+    # Flow v2: the arrow is bound to this slice (a slice carries at most one bind_id).
+    if flow_out is not None:
+        ev["bind_id"] = flow_out
+        ev["flow_out"] = True
+    elif flow_in is not None:
+        ev["bind_id"] = flow_in
+        ev["flow_in"] = True
+    return ev
+
+
+def instant_event(pid: int, tid: int, name: str, ts_ns: int, cat: str,
+                  args: dict[str, Any] | None = None) -> dict[str, Any]:
+    ev: dict[str, Any] = {"ph": "i", "s": "t", "pid": pid, "tid": tid, "name": name, "cat": cat, "ts": _us(ts_ns)}
+    if args:
+        ev["args"] = args
+    return ev
+
+
+def counter_event(pid: int, name: str, ts_ns: int, values: dict[str, float]) -> dict[str, Any]:
+    return {"ph": "C", "pid": pid, "tid": 0, "name": name, "ts": _us(ts_ns), "args": values}
+
+
+def flow_events(flow_id: int, name: str, src: tuple[int, int, int], dst: tuple[int, int, int]) -> list[dict[str, Any]]:
+    # Flow v1 events bound to the enclosing slices ("bp": "e"); ids live apart from bind_ids.
+    fid = f"c{flow_id}"
+    return [{"ph": "s", "id": fid, "pid": src[0], "tid": src[1], "ts": _us(src[2]), "name": name,
+             "cat": COLLECTIVE_FLOW_CATEGORY, "bp": "e"},
+            {"ph": "f", "id": fid, "pid": dst[0], "tid": dst[1], "ts": _us(dst[2]), "name": name,
+             "cat": COLLECTIVE_FLOW_CATEGORY, "bp": "e"}]
+
+
 class ChromeJsonSink:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -53,12 +107,12 @@ class ChromeJsonSink:
         self._pending.clear()
 
     def process(self, pid: int, name: str, sort_index: int) -> None:
-        self._emit({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
-        self._emit({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": sort_index}})
+        for ev in process_events(pid, name, sort_index):
+            self._emit(ev)
 
     def thread(self, pid: int, tid: int, name: str, sort_index: int) -> None:
-        self._emit({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
-        self._emit({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": sort_index}})
+        for ev in thread_events(pid, tid, name, sort_index):
+            self._emit(ev)
 
     def slice(
         self,
@@ -72,34 +126,20 @@ class ChromeJsonSink:
         flow_out: int | None = None,
         flow_in: int | None = None,
     ) -> None:
-        ev: dict[str, Any] = {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": cat,
-                              "ts": _us(ts_ns), "dur": _us(dur_ns)}
-        if args:
-            ev["args"] = args
-        if flow_out is not None:
-            ev["bind_id"] = flow_out
-            ev["flow_out"] = True
-        elif flow_in is not None:
-            ev["bind_id"] = flow_in
-            ev["flow_in"] = True
-        self._emit(ev)
+        self._emit(slice_event(pid, tid, name, ts_ns, dur_ns, cat, args, flow_out, flow_in))
+
+    def open_slice(self, pid: int, tid: int, name: str, ts_ns: int, cat: str) -> None:
+        pass  # complete ("X") events are written once the slice ends
 
     def instant(self, pid: int, tid: int, name: str, ts_ns: int, cat: str, args: dict[str, Any] | None = None) -> None:
-        ev: dict[str, Any] = {"ph": "i", "s": "t", "pid": pid, "tid": tid, "name": name, "cat": cat, "ts": _us(ts_ns)}
-        if args:
-            ev["args"] = args
-        self._emit(ev)
+        self._emit(instant_event(pid, tid, name, ts_ns, cat, args))
 
     def counter(self, pid: int, name: str, ts_ns: int, values: dict[str, float]) -> None:
-        self._emit({"ph": "C", "pid": pid, "tid": 0, "name": name, "ts": _us(ts_ns), "args": values})
+        self._emit(counter_event(pid, name, ts_ns, values))
 
     def flow(self, flow_id: int, name: str, src: tuple[int, int, int], dst: tuple[int, int, int]) -> None:
-        # Flow v1 events bound to the enclosing slices ("bp": "e"); ids live apart from bind_ids.
-        fid = f"c{flow_id}"
-        self._emit({"ph": "s", "id": fid, "pid": src[0], "tid": src[1], "ts": _us(src[2]), "name": name,
-                    "cat": "collective", "bp": "e"})
-        self._emit({"ph": "f", "id": fid, "pid": dst[0], "tid": dst[1], "ts": _us(dst[2]), "name": name,
-                    "cat": "collective", "bp": "e"})
+        for ev in flow_events(flow_id, name, src, dst):
+            self._emit(ev)
 
     def close(self, metadata: dict[str, Any]) -> None:
         if self.closed:
