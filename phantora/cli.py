@@ -65,12 +65,14 @@ def main() -> None:
     Examples:
       phantora trace -o run.json -- python examples/gpt_train.py
       phantora trace --gpu a100 -o run.json.gz -- python train.py --batch 8
+      phantora trace -o run.pftrace -- python examples/gpt_train.py
     """
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Trace file to write: .json or .json.gz (Chrome JSON; opens in ui.perfetto.dev).")
+              help="Trace file to write: .json or .json.gz (Chrome JSON) or .pftrace (Perfetto protobuf, "
+                   "smaller); both open in ui.perfetto.dev.")
 @click.option("--gpu", "gpu", default=None, type=_GpuType(),
               help=f"GPU model to simulate, short or full name (case-insensitive): {_gpu_help()}. "
                    f"Default: the cluster's GPU ({DEFAULT_GPU} for the default cluster).")

@@ -1,7 +1,8 @@
 """Trace sinks: where the simulator writes what happened.
 
 The engine talks to a sink through the small `TraceSink` protocol below; each output format
-implements it (Chrome JSON today). Times are integer nanoseconds since simulation start.
+implements it (Chrome JSON in chrome.py, native Perfetto protobuf in perfetto.py). Times are
+integer nanoseconds since simulation start.
 
 Order in which the engine writes (a sink may rely on it): on each track (pid, tid), slices
 arrive in order of their start time, except slices announced with `open_slice` when they
@@ -66,14 +67,22 @@ class UnsupportedTraceFormat(ValueError):
     pass
 
 
+PERFETTO_PROTO_SUFFIXES = (".pftrace", ".perfetto-trace")
+
+
 def open_sink(path: str | Path) -> TraceSink:
-    """A sink for `path`, chosen by its extension (.json or .json.gz)."""
+    """A sink for `path`, chosen by its extension: .json or .json.gz (Chrome JSON), .pftrace or
+    .perfetto-trace (native Perfetto protobuf)."""
     p = str(path)
     if p.endswith(".json") or p.endswith(".json.gz"):
         from phantora.trace.chrome import ChromeJsonSink
 
         return ChromeJsonSink(Path(p))
+    if p.endswith(PERFETTO_PROTO_SUFFIXES):
+        from phantora.trace.perfetto import PerfettoProtoSink
+
+        return PerfettoProtoSink(Path(p))
     raise UnsupportedTraceFormat(
-        f"cannot write a trace to {p!r}: use a name ending in .json or .json.gz (Chrome JSON, "
-        "opens in ui.perfetto.dev)"
+        f"cannot write a trace to {p!r}: use a name ending in .json or .json.gz (Chrome JSON) or .pftrace "
+        "(Perfetto protobuf, smaller); all open in ui.perfetto.dev"
     )

@@ -1,0 +1,568 @@
+"""Native Perfetto protobuf trace writer (`phantora trace -o run.pftrace`).
+
+The file is a `Trace` proto (perfetto_trace.proto, PyPI package `perfetto`): a stream of
+`TracePacket`s carrying TrackEvents, the format the Perfetto SDK writes. It holds what the
+Chrome JSON output holds (chrome.py) and `perfetto_reader.read_pftrace` decodes it back to the
+same JSON events. Choices, and why:
+
+Track tree. `phantora query` runs the same SQL on a .json and a .pftrace through Perfetto's
+tables (process, thread, thread_track, process_counter_track, ...), so every pid/tid of the JSON
+keeps its identity: a rank (and the simulator and network processes) is a track with a
+`ProcessDescriptor` (pid, name), its host and CUDA stream tracks are tracks with a
+`ThreadDescriptor` (pid, tid, name) whose parent is the process track. The trace processor
+gives a `ProcessDescriptor` track no parent (TrackEventTracker::ReserveDescriptorProcessTrack
+takes none; a process track is always a root), so ranks cannot be nested under "node" or
+"cluster" tracks without ceasing to be processes. Node and cluster grouping is therefore
+expressed the way the JSON does it: the process name ("rank 3 · node 0 · GPU 3 · H100") and its
+sort index (the rank, node-major), written as `legacy_sort_index`, which the trace processor
+stores as `process_sort_index_hint` / `thread_sort_index_hint`, the same args the JSON's
+process_sort_index / thread_sort_index events become and the args the UI orders by; the cluster
+itself is described in the metadata. Below a process the tree is explicit: each counter event
+name ("cuda:0 memory", "link nvlink0") is a group track (a child of the process) whose children
+are one counter track per value ("cuda:0 memory allocated", "cuda:0 memory reserved": the names
+the JSON importer gives those counters), so memory counters sit under their GPU and link
+counters under the "network" process, and rollback instants under the simulator process.
+
+Metadata. The JSON's top-level "metadata" dict goes where Chrome's own protobuf traces keep it:
+`ChromeEventBundle.metadata` (one `ChromeMetadata` per key: strings, ints and bools as such,
+anything else as JSON), which the trace processor files in its `metadata` table.
+
+Slices. TrackEvent has no complete event, so each slice is a SLICE_BEGIN and a SLICE_END, and
+those must nest per track. The engine writes a slice when it ends, but on each track in order of
+start time (TraceSink's contract); the one exception, an nvtx range, is announced by
+`open_slice` when it starts (its begin is written then) and completed by `slice` when it ends.
+Each track keeps a small heap of events not yet written and a watermark, the latest start seen:
+an event earlier than the watermark can no longer be preceded by anything still to come, so it
+is written; events at or after it wait. Memory per track is therefore the slices in flight
+(usually one or two), not the run. Events at one timestamp are written in the order that makes
+them nest the way the JSON importer nests complete events (longer first, ends before begins,
+zero-length slices inside a slice that starts with them), because the trace processor sorts
+packets by timestamp and keeps file order among equal timestamps (TraceSorter sorts by
+timestamp, then position). A slice that breaks the contract (starts before its track's
+watermark) is still written, with correct timestamps; only its nesting among equal timestamps
+may differ, and it is counted in `late_slices`.
+
+Flows. The host-op -> kernel arrows (JSON bind_id) are v2 flows: `flow_ids` on the op's begin,
+`terminating_flow_ids` on the kernel's. A collective's participant arrows (JSON v1 "s"/"f") are
+v2 flows too, in their own id space (`COLLECTIVE_FLOW_BIT`), attached to the begins of the
+slices they connect, which are still unwritten when the engine reports the flow (it does so
+right after writing them). TrackEvent flows have no name; the JSON's flow name is kept, for the
+reader only, as an interned event name (iid = flow id) on a second packet sequence that no event
+refers to, which the trace processor ignores.
+
+Interning. Event names, categories, debug-annotation names and string values are interned per
+sequence (`interned_data` + `sequence_flags`), each string stored once; the tables are capped
+(`_INTERN_LIMIT`), after which new strings are written inline, so memory stays bounded. Every
+packet carries `trusted_packet_sequence_id` (the trace processor drops events without one).
+
+Streaming. Packets are appended to `<path>.partial` as they are produced and the file is renamed
+on `close`, which the simulator calls on every exit path; a closed file is a complete trace.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (ChromeEventBundle, DebugAnnotation, InternedData,
+                                                               TracePacket, TrackDescriptor, TrackEvent)
+
+# Packet sequences: all events on one; the collective flows' names on another (see above).
+EVENT_SEQUENCE_ID = 1
+FLOW_NAME_SEQUENCE_ID = 2
+# Flow-id space of collective participant arrows, apart from the engine's bind ids.
+COLLECTIVE_FLOW_BIT = 1 << 63
+
+_BEGIN, _END, _INSTANT, _COUNTER = (TrackEvent.TYPE_SLICE_BEGIN, TrackEvent.TYPE_SLICE_END,
+                                    TrackEvent.TYPE_INSTANT, TrackEvent.TYPE_COUNTER)
+_NESTED_ARRAY = DebugAnnotation.NestedValue.ARRAY
+_NESTED_DICT = DebugAnnotation.NestedValue.DICT
+
+_INTERN_LIMIT = 1 << 17  # strings per intern table; beyond it new strings are written inline
+_ANNOTATION_CACHE_LIMIT = 1 << 16  # cached encodings of (arg name, value) pairs
+_WRITE_BUFFER = 1 << 20
+_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
+_OPEN = -(1 << 62)  # sort key of an open slice's unknown (-duration): outermost at its start
+
+# Phase of an event in its timestamp's group: ends, then begins, then zero-length slices and
+# instants (the nesting the JSON importer gives complete events with equal timestamps).
+_PHASE_END, _PHASE_BEGIN, _PHASE_POINT = 0, 1, 2
+
+
+_ONE_BYTE = [bytes([i]) for i in range(0x80)]
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _ONE_BYTE[n]
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _key(field_number: int, wire_type: int) -> bytes:
+    return _varint((field_number << 3) | wire_type)
+
+
+# Packets are assembled from their fields' encodings (protobuf wire format: key, then varint or
+# length-delimited bytes) around payloads serialized by the perfetto_trace_pb2 messages: the
+# envelope of every packet is the same few fields, and building a TracePacket message for each
+# one cost as much as its whole payload. Field numbers come from the generated protos.
+_VARINT, _LEN = 0, 2
+_TRACE_PACKET_KEY = _key(1, _LEN)  # Trace.packet: a trace is a stream of these
+_TIMESTAMP_KEY = _key(TracePacket.TIMESTAMP_FIELD_NUMBER, _VARINT)
+_SEQUENCE_KEY = _key(TracePacket.TRUSTED_PACKET_SEQUENCE_ID_FIELD_NUMBER, _VARINT)
+_FLAGS_KEY = _key(TracePacket.SEQUENCE_FLAGS_FIELD_NUMBER, _VARINT)
+_FIRST_ON_SEQUENCE = (_key(TracePacket.FIRST_PACKET_ON_SEQUENCE_FIELD_NUMBER, _VARINT) + b"\x01"
+                      + _key(TracePacket.PREVIOUS_PACKET_DROPPED_FIELD_NUMBER, _VARINT) + b"\x01")
+_TRACK_EVENT_KEY = _key(TracePacket.TRACK_EVENT_FIELD_NUMBER, _LEN)
+_TRACK_DESCRIPTOR_KEY = _key(TracePacket.TRACK_DESCRIPTOR_FIELD_NUMBER, _LEN)
+_CHROME_EVENTS_KEY = _key(TracePacket.CHROME_EVENTS_FIELD_NUMBER, _LEN)
+_INTERNED_DATA_KEY = _key(TracePacket.INTERNED_DATA_FIELD_NUMBER, _LEN)
+_DEBUG_ANNOTATIONS_KEY = _key(TrackEvent.DEBUG_ANNOTATIONS_FIELD_NUMBER, _LEN)
+_FLAGS_FIRST = _FLAGS_KEY + _varint(TracePacket.SEQ_INCREMENTAL_STATE_CLEARED | TracePacket.SEQ_NEEDS_INCREMENTAL_STATE)
+_FLAGS_NEXT = _FLAGS_KEY + _varint(TracePacket.SEQ_NEEDS_INCREMENTAL_STATE)
+
+
+@dataclass(eq=False)
+class _Slice:
+    """One slice or instant waiting on its track's heap until its events are written."""
+
+    seq: int  # arrival order on the track: breaks ties between identical intervals
+    name: str
+    cat: str
+    start: int
+    dur: int | None  # None while an open slice has not ended
+    args: dict[str, Any] | None = None
+    end_args: dict[str, Any] | None = None  # args known only at the end (open slices)
+    flow_ids: list[int] = field(default_factory=list)
+    terminating_flow_ids: list[int] = field(default_factory=list)
+    begin_written: bool = False
+    instant: bool = False
+
+
+@dataclass(eq=False)
+class _ThreadTrack:
+    uuid: int
+    end_event: bytes  # this track's TrackEvent SLICE_END without args, serialized once
+    watermark: int = -1  # latest start seen: nothing still to come starts earlier
+    last_ts: int = 0  # latest timestamp seen (where still-open slices end on close)
+    heap: list[tuple[Any, ...]] = field(default_factory=list)
+    opens: dict[tuple[str, int], list[_Slice]] = field(default_factory=dict)
+    seq: int = 0
+
+
+class PerfettoProtoSink:
+    """A TraceSink writing a native Perfetto protobuf trace (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._partial = path.with_name(path.name + ".partial")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[bytes] = open(self._partial, "wb", buffering=_WRITE_BUFFER)
+        self._uuids = 0
+        self._processes: dict[int, int] = {}  # pid -> process track uuid
+        self._threads: dict[tuple[int, int], _ThreadTrack] = {}
+        self._counter_groups: dict[tuple[int, str], int] = {}
+        self._counter_tracks: dict[tuple[int, str, str], int] = {}
+        self._sequence_heads: dict[int, bytes] = {}  # sequence id -> its packets' id and flags fields
+        # Intern tables of the event sequence (string -> iid); new entries go into `_interned`,
+        # which is written with the packet being built (the first one that uses them).
+        self._names: dict[str, int] = {}
+        self._cats: dict[str, int] = {}
+        self._arg_names: dict[str, int] = {}
+        self._strings: dict[str, int] = {}
+        self._interned = InternedData()
+        self._interned_new = False
+        # Scratch messages, cleared and refilled for each packet.
+        self._event = TrackEvent()
+        self._annotation = DebugAnnotation()
+        self._annotation_cache: dict[tuple[Any, bytes], bytes] = {}
+        self.packets_written = 0
+        self.bytes_written = 0
+        self.late_slices = 0  # slices that started before their track's watermark
+        self.unbound_flows = 0  # collective flows whose slices were already written
+        self.unclosed_slices = 0  # open slices still open on close (ended at their track's last event)
+        self.closed = False
+
+    # --- packets --------------------------------------------------------------------------------
+    def _write(self, payload_key: bytes, payload: bytes, ts: int | None = None,
+               sequence: int = EVENT_SEQUENCE_ID, interned: bytes = b"") -> None:
+        """One TracePacket: `payload` (a serialized message) under `payload_key`, the packet's
+        timestamp, sequence id and flags, and the strings interned while building it."""
+        head = self._sequence_heads.get(sequence)
+        if head is None:  # the first packet of a sequence starts its incremental (interning) state
+            self._sequence_heads[sequence] = _SEQUENCE_KEY + _varint(sequence) + _FLAGS_NEXT
+            head = _SEQUENCE_KEY + _varint(sequence) + _FLAGS_FIRST + _FIRST_ON_SEQUENCE
+        if self._interned_new:
+            interned = self._interned.SerializeToString()
+            self._interned.Clear()
+            self._interned_new = False
+        packet = head if ts is None else _TIMESTAMP_KEY + _varint(ts) + head
+        if payload_key:
+            packet += payload_key + _varint(len(payload)) + payload
+        if interned:
+            packet += _INTERNED_DATA_KEY + _varint(len(interned)) + interned
+        framed = _TRACE_PACKET_KEY + _varint(len(packet)) + packet
+        self._file.write(framed)
+        self.packets_written += 1
+        self.bytes_written += len(framed)
+
+    def _intern(self, table: dict[str, int], value: str) -> int:
+        """The iid of `value`, 0 when the table is full (write it inline then)."""
+        iid = table.get(value)
+        if iid is not None:
+            return iid
+        if len(table) >= _INTERN_LIMIT:
+            return 0
+        iid = table[value] = len(table) + 1
+        self._interned_new = True
+        interned = self._interned
+        if table is self._names:
+            interned.event_names.add(iid=iid, name=value)
+        elif table is self._cats:
+            interned.event_categories.add(iid=iid, name=value)
+        elif table is self._arg_names:
+            interned.debug_annotation_names.add(iid=iid, name=value)
+        else:
+            interned.debug_annotation_string_values.add(iid=iid, str=value.encode())
+        return iid
+
+    # --- tracks ---------------------------------------------------------------------------------
+    def _next_uuid(self) -> int:
+        self._uuids += 1
+        return self._uuids
+
+    def _process_track(self, pid: int, name: str | None = None, sort_index: int = 0) -> int:
+        """The uuid of `pid`'s process track. Its descriptor is written when the track is
+        created (named if `name` is given) and again whenever a name is given."""
+        uuid = self._processes.get(pid)
+        if uuid is not None and name is None:
+            return uuid
+        if uuid is None:
+            uuid = self._processes[pid] = self._next_uuid()
+        desc = TrackDescriptor(uuid=uuid)
+        desc.process.pid = pid
+        if name is not None:
+            desc.process.process_name = name
+            desc.process.legacy_sort_index = sort_index
+        self._write(_TRACK_DESCRIPTOR_KEY, desc.SerializeToString())
+        return uuid
+
+    def _thread_track(self, pid: int, tid: int, name: str | None = None, sort_index: int = 0) -> _ThreadTrack:
+        """The thread track (pid, tid), a child of its process track; descriptor as above."""
+        track = self._threads.get((pid, tid))
+        if track is not None and name is None:
+            return track
+        parent = self._process_track(pid)
+        if track is None:
+            uuid = self._next_uuid()
+            track = self._threads[(pid, tid)] = _ThreadTrack(
+                uuid, TrackEvent(type=_END, track_uuid=uuid).SerializeToString())
+        desc = TrackDescriptor(uuid=track.uuid, parent_uuid=parent)
+        desc.thread.pid = pid
+        desc.thread.tid = tid
+        if name is not None:
+            desc.thread.thread_name = name
+            desc.thread.legacy_sort_index = sort_index
+        self._write(_TRACK_DESCRIPTOR_KEY, desc.SerializeToString())
+        return track
+
+    def _counter_track(self, pid: int, name: str, key: str) -> int:
+        uuid = self._counter_tracks.get((pid, name, key))
+        if uuid is not None:
+            return uuid
+        group = self._counter_groups.get((pid, name))
+        if group is None:
+            group = self._counter_groups[(pid, name)] = self._next_uuid()
+            desc = TrackDescriptor(uuid=group, parent_uuid=self._process_track(pid), name=name)
+            self._write(_TRACK_DESCRIPTOR_KEY, desc.SerializeToString())
+        uuid = self._counter_tracks[(pid, name, key)] = self._next_uuid()
+        # Named as Perfetto's JSON importer names this counter ("<event name> <key>").
+        desc = TrackDescriptor(uuid=uuid, parent_uuid=group, name=f"{name} {key}")
+        desc.counter.SetInParent()
+        self._write(_TRACK_DESCRIPTOR_KEY, desc.SerializeToString())
+        return uuid
+
+    # --- TraceSink --------------------------------------------------------------------------------
+    def process(self, pid: int, name: str, sort_index: int) -> None:
+        self._process_track(pid, name, sort_index)
+
+    def thread(self, pid: int, tid: int, name: str, sort_index: int) -> None:
+        self._thread_track(pid, tid, name, sort_index)
+
+    def slice(
+        self,
+        pid: int,
+        tid: int,
+        name: str,
+        ts_ns: int,
+        dur_ns: int,
+        cat: str,
+        args: dict[str, Any] | None = None,
+        flow_out: int | None = None,
+        flow_in: int | None = None,
+    ) -> None:
+        track = self._thread_track(pid, tid)
+        waiting = track.opens.get((name, ts_ns))
+        if waiting:
+            self._end_open(track, waiting.pop(), dur_ns, args)
+            if not waiting:
+                del track.opens[(name, ts_ns)]
+        else:
+            s = self._new_slice(track, name, cat, ts_ns, dur_ns, args)
+            if flow_out is not None:
+                s.flow_ids.append(flow_out)
+            elif flow_in is not None:
+                s.terminating_flow_ids.append(flow_in)
+            if dur_ns > 0:
+                self._push(track, (ts_ns, _PHASE_BEGIN, -dur_ns, s.seq), s)
+                self._push(track, (ts_ns + dur_ns, _PHASE_END, -ts_ns, -s.seq), s)
+            else:
+                self._push(track, (ts_ns, _PHASE_POINT, s.seq, 0), s)
+        self._advance(track, ts_ns)
+
+    def open_slice(self, pid: int, tid: int, name: str, ts_ns: int, cat: str) -> None:
+        track = self._thread_track(pid, tid)
+        s = self._new_slice(track, name, cat, ts_ns, None, None)
+        track.opens.setdefault((name, ts_ns), []).append(s)
+        self._push(track, (ts_ns, _PHASE_BEGIN, _OPEN, s.seq), s)
+        self._advance(track, ts_ns)
+
+    def instant(self, pid: int, tid: int, name: str, ts_ns: int, cat: str, args: dict[str, Any] | None = None) -> None:
+        track = self._thread_track(pid, tid)
+        track.seq += 1
+        s = _Slice(track.seq, name, cat, ts_ns, 0, args, instant=True)
+        self._push(track, (ts_ns, _PHASE_POINT, s.seq, 0), s)
+        if ts_ns >= track.watermark:
+            self._advance(track, ts_ns)
+        else:  # instants may come out of order (rollbacks go back in time): written as they come
+            self._flush(track)
+
+    def counter(self, pid: int, name: str, ts_ns: int, values: dict[str, float]) -> None:
+        items = [(self._counter_track(pid, name, str(key)), value) for key, value in values.items()
+                 if value is not None]
+        if not items:
+            return
+        ev = self._event
+        ev.Clear()
+        ev.type = _COUNTER
+        (uuid, value), rest = items[0], items[1:]
+        ev.track_uuid = uuid
+        # Integers stay integers (counter_value), as they do in the JSON.
+        if isinstance(value, int):
+            ev.counter_value = value
+        else:
+            ev.double_counter_value = value
+        for uuid, value in rest:
+            if isinstance(value, int):
+                ev.extra_counter_track_uuids.append(uuid)
+                ev.extra_counter_values.append(value)
+            else:
+                ev.extra_double_counter_track_uuids.append(uuid)
+                ev.extra_double_counter_values.append(value)
+        self._write(_TRACK_EVENT_KEY, ev.SerializeToString(), ts_ns)
+
+    def flow(self, flow_id: int, name: str, src: tuple[int, int, int], dst: tuple[int, int, int]) -> None:
+        source, target = self._enclosing(src), self._enclosing(dst)
+        if source is None or target is None:
+            self.unbound_flows += 1
+            return
+        fid = COLLECTIVE_FLOW_BIT | flow_id
+        source.flow_ids.append(fid)
+        target.terminating_flow_ids.append(fid)
+        names = InternedData()
+        names.event_names.add(iid=fid, name=name)
+        self._write(b"", b"", sequence=FLOW_NAME_SEQUENCE_ID, interned=names.SerializeToString())
+
+    def close(self, metadata: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for track in self._threads.values():
+            for waiting in track.opens.values():
+                for s in waiting:
+                    self.unclosed_slices += 1
+                    self._end_open(track, s, max(track.last_ts - s.start, 0), None)
+            track.opens.clear()
+            track.watermark = math.inf  # type: ignore[assignment]
+            self._flush(track)
+        bundle = ChromeEventBundle()
+        for key, value in metadata.items():
+            entry = bundle.metadata.add(name=str(key))
+            if isinstance(value, bool):
+                entry.bool_value = value
+            elif isinstance(value, int) and _INT64_MIN <= value <= _INT64_MAX:
+                entry.int_value = value
+            elif isinstance(value, str):
+                entry.string_value = value
+            else:
+                entry.json_value = orjson.dumps(value).decode()
+        self._write(_CHROME_EVENTS_KEY, bundle.SerializeToString())
+        self._file.close()
+        os.replace(self._partial, self.path)
+
+    # --- ordering ---------------------------------------------------------------------------------
+    def _new_slice(self, track: _ThreadTrack, name: str, cat: str, start: int, dur: int | None,
+                   args: dict[str, Any] | None) -> _Slice:
+        if start < track.watermark:
+            self.late_slices += 1
+        track.seq += 1
+        return _Slice(track.seq, name, cat, start, dur, args)
+
+    def _end_open(self, track: _ThreadTrack, s: _Slice, dur: int, args: dict[str, Any] | None) -> None:
+        s.dur = dur
+        s.end_args = args
+        if dur == 0 and not s.begin_written:
+            return  # its begin, still waiting, writes the end right after it
+        self._push(track, (s.start + dur, _PHASE_END, -s.start, -s.seq), s)
+
+    def _push(self, track: _ThreadTrack, key: tuple[int, int, int, int], s: _Slice) -> None:
+        heapq.heappush(track.heap, (*key, s))
+        end = s.start + (s.dur or 0)
+        if end > track.last_ts:
+            track.last_ts = end
+
+    def _advance(self, track: _ThreadTrack, start: int) -> None:
+        if start > track.watermark:
+            track.watermark = start
+        self._flush(track)
+
+    def _flush(self, track: _ThreadTrack) -> None:
+        heap = track.heap
+        while heap and heap[0][0] < track.watermark:
+            ts, phase, _, _, s = heapq.heappop(heap)
+            if phase == _PHASE_END:
+                self._write_end(track, ts, s)
+            else:
+                self._write_begin(track, _INSTANT if s.instant else _BEGIN, ts, s)
+                s.begin_written = True
+                if s.dur == 0 and not s.instant:  # zero-length (or an open slice that ended at once)
+                    self._write_end(track, ts, s)
+
+    def _enclosing(self, place: tuple[int, int, int]) -> _Slice | None:
+        """The innermost slice on track place[:2] that contains time place[2] and whose begin
+        is not written yet (flow ids go on the begin)."""
+        track = self._threads.get((place[0], place[1]))
+        if track is None:
+            return None
+        ts = place[2]
+        best: _Slice | None = None
+        for entry in track.heap:
+            s = entry[4]
+            if s.instant or s.begin_written or entry[1] == _PHASE_END:
+                continue
+            if s.start <= ts and (s.dur is None or ts <= s.start + s.dur):
+                if best is None or (s.start, s.seq) > (best.start, best.seq):
+                    best = s
+        return best
+
+    # --- events ---------------------------------------------------------------------------------
+    def _write_begin(self, track: _ThreadTrack, kind: int, ts: int, s: _Slice) -> None:
+        ev = self._event
+        ev.Clear()
+        ev.type = kind
+        ev.track_uuid = track.uuid
+        iid = self._intern(self._names, s.name)
+        if iid:
+            ev.name_iid = iid
+        else:
+            ev.name = s.name
+        iid = self._intern(self._cats, s.cat)
+        if iid:
+            ev.category_iids.append(iid)
+        else:
+            ev.categories.append(s.cat)
+        if s.flow_ids:
+            ev.flow_ids.extend(s.flow_ids)
+        if s.terminating_flow_ids:
+            ev.terminating_flow_ids.extend(s.terminating_flow_ids)
+        payload = ev.SerializeToString()
+        if s.args:
+            payload += self._annotations(s.args)  # repeated fields may come in any order
+        self._write(_TRACK_EVENT_KEY, payload, ts)
+
+    def _write_end(self, track: _ThreadTrack, ts: int, s: _Slice) -> None:
+        payload = track.end_event
+        if s.end_args:
+            payload += self._annotations(s.end_args)
+        self._write(_TRACK_EVENT_KEY, payload, ts)
+
+    def _annotations(self, args: dict[str, Any]) -> bytes:
+        """`args` as serialized TrackEvent.debug_annotations fields, to append to an event.
+
+        Most (name, value) pairs repeat from event to event (op, dtypes, shapes, estimator...), so
+        each pair's encoding is cached, keyed by its JSON text (which tells 1 from 1.0 and true);
+        interned ids in a cached encoding stay valid because the intern tables only grow."""
+        out = []
+        cache = self._annotation_cache
+        for key, value in args.items():
+            cache_key = (key, orjson.dumps(value))
+            encoded = cache.get(cache_key)
+            if encoded is None:
+                ann = self._annotation
+                ann.Clear()
+                self._set_name(ann, key)
+                self._set_value(ann, value)
+                data = ann.SerializeToString()
+                encoded = _DEBUG_ANNOTATIONS_KEY + _varint(len(data)) + data
+                if len(cache) >= _ANNOTATION_CACHE_LIMIT:
+                    cache.clear()
+                cache[cache_key] = encoded
+            out.append(encoded)
+        return b"".join(out)
+
+    def _set_name(self, ann: DebugAnnotation, key: Any) -> None:
+        name = str(key)
+        iid = self._intern(self._arg_names, name)
+        if iid:
+            ann.name_iid = iid
+        else:
+            ann.name = name
+
+    def _set_value(self, ann: DebugAnnotation, value: Any) -> None:
+        """Debug-annotation value of a JSON-able arg. None (and NaN/inf, which orjson writes as
+        null) leaves the value unset, which the trace processor skips as the JSON importer
+        skips null; empty lists/dicts are typed nested values so they read back as such."""
+        if value is None:
+            return
+        if isinstance(value, bool):
+            ann.bool_value = value
+        elif isinstance(value, int):
+            if _INT64_MIN <= value <= _INT64_MAX:
+                ann.int_value = value
+            elif 0 <= value <= _UINT64_MAX:
+                ann.uint_value = value
+            else:
+                ann.legacy_json_value = str(value)
+        elif isinstance(value, float):
+            if math.isfinite(value):
+                ann.double_value = value
+        elif isinstance(value, str):
+            iid = self._intern(self._strings, value)
+            if iid:
+                ann.string_value_iid = iid
+            else:
+                ann.string_value = value
+        elif isinstance(value, (list, tuple)):
+            if not value:
+                ann.nested_value.nested_type = _NESTED_ARRAY
+            for item in value:
+                self._set_value(ann.array_values.add(), item)
+        elif isinstance(value, dict):
+            if not value:
+                ann.nested_value.nested_type = _NESTED_DICT
+            for k, item in value.items():
+                entry = ann.dict_entries.add()
+                self._set_name(entry, k)
+                self._set_value(entry, item)
+        else:
+            ann.string_value = str(value)
