@@ -1,0 +1,281 @@
+"""The Perfetto protobuf sink, driven directly: content, ordering, interning, streaming.
+
+The raw file is read back with the generated protos (`Trace.FromString`), independently of
+perfetto_reader, so the checks on packets do not trust the reader; the round-trip checks compare
+the reader's output with what the Chrome JSON sink writes for the same calls.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TracePacket, TrackEvent
+
+from phantora.trace import UnsupportedTraceFormat, open_sink
+from phantora.trace.check import load_chrome_trace
+from phantora.trace.chrome import ChromeJsonSink
+from phantora.trace.perfetto import PerfettoProtoSink
+from phantora.trace.perfetto_reader import PftraceFormatError, load_pftrace, read_pftrace
+
+BEGIN, END, INSTANT = TrackEvent.TYPE_SLICE_BEGIN, TrackEvent.TYPE_SLICE_END, TrackEvent.TYPE_INSTANT
+
+
+class Tee:
+    """Forwards every sink call to several sinks (the same run written in two formats)."""
+
+    def __init__(self, *sinks: Any) -> None:
+        self.sinks = sinks
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> None:
+            for sink in self.sinks:
+                getattr(sink, name)(*args, **kwargs)
+        return call
+
+
+def multiset(events: list[dict]) -> Counter:
+    return Counter(orjson.dumps(e, option=orjson.OPT_SORT_KEYS) for e in events)
+
+
+def packets(path: Path) -> list[TracePacket]:
+    return list(Trace.FromString(path.read_bytes()).packet)
+
+
+def track_names(pkts: list[TracePacket]) -> dict[int, tuple[int, int]]:
+    """Thread track uuid -> (pid, tid)."""
+    return {p.track_descriptor.uuid: (p.track_descriptor.thread.pid, p.track_descriptor.thread.tid)
+            for p in pkts if p.HasField("track_descriptor") and p.track_descriptor.HasField("thread")}
+
+
+def slices_in_file_order(path: Path) -> dict[tuple[int, int], list[tuple[str, int, int, int]]]:
+    """Per (pid, tid): (name, ts, dur, depth) of each slice, pairing begins and ends with a stack
+    in the order the packets are in the file (no sorting), failing on any unbalanced end or on a
+    track whose timestamps go back in file order."""
+    pkts = packets(path)
+    tracks = track_names(pkts)
+    names: dict[int, str] = {}
+    stacks: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    last_ts: dict[int, int] = {}
+    out: dict[tuple[int, int], list[tuple[str, int, int, int]]] = defaultdict(list)
+    for p in pkts:
+        for e in p.interned_data.event_names:
+            if p.trusted_packet_sequence_id == 1:
+                names[e.iid] = e.name
+        if not p.HasField("track_event") or p.track_event.type not in (BEGIN, END, INSTANT):
+            continue
+        ev = p.track_event
+        uuid = ev.track_uuid
+        assert p.timestamp >= last_ts.get(uuid, 0), f"track {tracks[uuid]} goes back in time in file order"
+        last_ts[uuid] = p.timestamp
+        stack = stacks[uuid]
+        if ev.type == BEGIN:
+            stack.append((names[ev.name_iid], p.timestamp))
+        elif ev.type == INSTANT:
+            out[tracks[uuid]].append((names[ev.name_iid], p.timestamp, 0, len(stack)))
+        else:
+            assert stack, f"unbalanced SLICE_END on track {tracks[uuid]} at {p.timestamp}"
+            name, ts = stack.pop()
+            out[tracks[uuid]].append((name, ts, p.timestamp - ts, len(stack)))
+    assert not any(stacks.values()), "slices left open"
+    return out
+
+
+def write_sample(sink: Any) -> None:
+    """A small run: two ranks, nvtx ranges opening before their contents, zero-length and
+    back-to-back slices, equal timestamps, instants out of order, counters, both kinds of flows,
+    args of every JSON type."""
+    sink.process(1, "rank 0 · node 0 · GPU 0 · H100", 0)
+    sink.thread(1, 1, "host (aten op launches)", 0)
+    sink.open_slice(1, 1, "step", 0, "nvtx")
+    sink.open_slice(1, 1, "forward", 0, "nvtx")
+    sink.slice(1, 1, "aten::mm", 0, 10, "cpu_op",
+               {"Input Dims": [[64, 32], [32, 16], []], "correlation": 1, "python_overhead_ns": 0}, flow_out=1)
+    sink.thread(1, 10, "cuda:0 default stream", 10)
+    sink.slice(1, 10, "gemm", 12, 8, "kernel",
+               {"op": "aten::mm.default", "flops": 65536.0, "bytes": 0.0, "estimator": "analytical", "device": 0,
+                "nested": {"a": [1, 2.5, None, True, "x"], "empty": {}, "none": None}, "ünïcode": "∑"},
+               flow_in=1)
+    sink.slice(1, 1, "python: optimizer_step", 10, 0, "python", {"count": 3})
+    sink.slice(1, 1, "cudaDeviceSynchronize", 10, 10, "cuda_runtime")
+    sink.counter(1, "cuda:0 memory", 20, {"allocated": 1 << 33, "reserved": 1.5e10})
+    sink.slice(1, 1, "forward", 0, 20, "nvtx")
+    sink.instant(1, 1, "CUDA out of memory", 20, "memory", {"requested_bytes": 8 << 30, "message": "OOM"})
+    sink.slice(1, 1, "aten::add", 20, 5, "cpu_op")
+    sink.slice(1, 1, "step", 0, 25, "nvtx")
+    sink.process(2, "rank 1 · node 0 · GPU 1 · H100", 1)
+    sink.thread(2, 1, "host (aten op launches)", 0)
+    sink.thread(1, 11, "cuda:0 nccl group [0, 1]", 11)
+    sink.thread(2, 11, "cuda:1 nccl group [0, 1]", 11)
+    sink.slice(1, 11, "ncclDevKernel_AllReduce", 30, 10, "kernel", {"op": "all_reduce", "root": None, "collective": 1})
+    sink.slice(2, 11, "ncclDevKernel_AllReduce", 35, 5, "kernel", {"op": "all_reduce", "root": None, "collective": 1})
+    sink.flow(3000, "all_reduce #0", (1, 11, 30), (2, 11, 35))
+    sink.process(0, "simulator (rollbacks, corrections)", -1)
+    sink.thread(0, 1, "network rollbacks", 0)
+    sink.instant(0, 1, "rollback: b", 40, "rollback", {"corrections": [["ar", 30, 41]]})
+    sink.instant(0, 1, "rollback: a", 5, "rollback", {"corrections": []})
+    sink.counter(1000000, "link nvlink0", 50, {"utilization": 0.25, "GB/s": 112.5})
+
+
+METADATA = {"gpu": "h100-sxm-80gb", "nodes": 1, "nproc_per_node": None, "wall_seconds": 1.25, "exit_code": 0,
+            "command": ["python", "train.py"], "ok": True}
+
+
+def close_both(tmp_path: Path) -> tuple[Path, Path, PerfettoProtoSink]:
+    js, pf = ChromeJsonSink(tmp_path / "run.json"), PerfettoProtoSink(tmp_path / "run.pftrace")
+    tee = Tee(js, pf)
+    write_sample(tee)
+    tee.close(METADATA)
+    return tmp_path / "run.json", tmp_path / "run.pftrace", pf
+
+
+def test_decoded_pftrace_equals_the_json_of_the_same_calls(tmp_path):
+    json_path, pf_path, sink = close_both(tmp_path)
+    assert sink.late_slices == sink.unbound_flows == sink.unclosed_slices == 0
+    expected = load_chrome_trace(json_path)
+    decoded = load_pftrace(pf_path)
+    assert multiset(decoded["traceEvents"]) == multiset(expected["traceEvents"])
+    assert decoded["metadata"] == expected["metadata"] == METADATA
+    assert list(read_pftrace(pf_path)) == decoded["traceEvents"]
+    assert not (tmp_path / "run.pftrace.partial").exists()
+
+
+def test_begins_and_ends_nest_per_track_in_file_order(tmp_path):
+    _, pf_path, _ = close_both(tmp_path)
+    host = slices_in_file_order(pf_path)[(1, 1)]
+    # The nvtx ranges were written when they closed, after their contents, yet their begins come
+    # first in the file; slices with equal timestamps nest as the JSON importer nests them.
+    assert sorted(host, key=lambda s: (s[1], -s[2], s[3])) == [
+        ("step", 0, 25, 0),
+        ("forward", 0, 20, 1),
+        ("aten::mm", 0, 10, 2),
+        ("cudaDeviceSynchronize", 10, 10, 2),
+        ("python: optimizer_step", 10, 0, 3),  # zero-length: inside the slice starting with it
+        ("aten::add", 20, 5, 1),  # back to back with "forward", which ends at 20
+        ("CUDA out of memory", 20, 0, 2),
+    ]
+    rollbacks = slices_in_file_order(pf_path)[(0, 1)]
+    assert sorted(rollbacks) == [("rollback: a", 5, 0, 0), ("rollback: b", 40, 0, 0)]
+
+
+def test_every_packet_carries_a_sequence_id_and_sequences_start_cleared(tmp_path):
+    _, pf_path, sink = close_both(tmp_path)
+    pkts = packets(pf_path)
+    assert len(pkts) == sink.packets_written and all(p.trusted_packet_sequence_id for p in pkts)
+    first: dict[int, TracePacket] = {}
+    for p in pkts:
+        first.setdefault(p.trusted_packet_sequence_id, p)
+        if p.HasField("interned_data") or p.HasField("track_event"):
+            assert p.sequence_flags & TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
+    for p in first.values():
+        assert p.sequence_flags & TracePacket.SEQ_INCREMENTAL_STATE_CLEARED and p.first_packet_on_sequence
+
+
+def test_ranks_are_processes_and_their_tracks_threads(tmp_path):
+    _, pf_path, _ = close_both(tmp_path)
+    descs = [p.track_descriptor for p in packets(pf_path) if p.HasField("track_descriptor")]
+    processes = {d.process.pid: (d.uuid, d.process.process_name, d.process.legacy_sort_index)
+                 for d in descs if d.HasField("process") and d.process.HasField("process_name")}
+    assert processes[1][1:] == ("rank 0 · node 0 · GPU 0 · H100", 0)
+    assert processes[0][1:] == ("simulator (rollbacks, corrections)", -1)
+    threads = [d for d in descs if d.HasField("thread")]
+    by_uuid = {d.uuid: d for d in descs}
+    for t in threads:
+        assert by_uuid[t.parent_uuid].process.pid == t.thread.pid  # a thread's parent is its process track
+    memory = [d for d in descs if d.HasField("counter") and d.name.startswith("cuda:0 memory")]
+    assert sorted(d.name for d in memory) == ["cuda:0 memory allocated", "cuda:0 memory reserved"]
+    group = by_uuid[memory[0].parent_uuid]
+    assert group.name == "cuda:0 memory" and by_uuid[group.parent_uuid].process.pid == 1
+
+
+def test_interning_stores_each_string_once(tmp_path):
+    sink = PerfettoProtoSink(tmp_path / "many.pftrace")
+    sink.thread(1, 10, "cuda:0 default stream", 10)
+    for i in range(200):
+        sink.slice(1, 10, "ampere_sgemm_128x64", i * 10, 5, "kernel", {"op": "aten::mm.default", "correlation": i})
+    sink.close({})
+    pkts = packets(tmp_path / "many.pftrace")
+    interned = [p.interned_data for p in pkts if p.HasField("interned_data")]
+    names = [e.name for i in interned for e in i.event_names]
+    strings = [s.str for i in interned for s in i.debug_annotation_string_values]
+    arg_names = [n.name for i in interned for n in i.debug_annotation_names]
+    assert names.count("ampere_sgemm_128x64") == 1 and strings.count(b"aten::mm.default") == 1
+    assert sorted(arg_names) == ["correlation", "op"]
+    begins = [p.track_event for p in pkts if p.HasField("track_event") and p.track_event.type == BEGIN]
+    assert len(begins) == 200 and all(b.name_iid and not b.HasField("name") for b in begins)
+
+
+def test_events_stream_to_disk_while_a_range_stays_open(tmp_path):
+    sink = PerfettoProtoSink(tmp_path / "long.pftrace")
+    sink.thread(1, 1, "host", 0)
+    sink.open_slice(1, 1, "whole run", 0, "nvtx")
+    for i in range(5000):
+        sink.slice(1, 1, "aten::add", i * 10, 10, "cpu_op")
+    # Two descriptors and every event but the three at or after the latest start (49,990 ns)
+    # are in the file already: nothing waits for the open range to close.
+    assert sink.packets_written == 2 + (1 + 2 * 5000) - 3
+    sink.slice(1, 1, "whole run", 0, 50000, "nvtx")
+    sink.close({})
+    host = slices_in_file_order(tmp_path / "long.pftrace")[(1, 1)]
+    assert ("whole run", 0, 50000, 0) in host and len(host) == 5001
+
+
+def test_a_slice_out_of_order_is_counted_and_kept(tmp_path):
+    sink = PerfettoProtoSink(tmp_path / "late.pftrace")
+    sink.slice(1, 1, "b", 100, 10, "cpu_op")
+    sink.slice(1, 1, "c", 200, 10, "cpu_op")
+    sink.slice(1, 1, "a", 50, 10, "cpu_op")  # starts before slices already written
+    sink.close({})
+    assert sink.late_slices == 1
+    xs = sorted((e["name"], e["ts"], e["dur"]) for e in read_pftrace(tmp_path / "late.pftrace") if e["ph"] == "X")
+    assert xs == [("a", 0.05, 0.01), ("b", 0.1, 0.01), ("c", 0.2, 0.01)]
+
+
+def test_a_flow_to_a_slice_already_written_is_counted_not_half_written(tmp_path):
+    sink = PerfettoProtoSink(tmp_path / "flow.pftrace")
+    sink.slice(1, 11, "ar", 10, 5, "kernel")
+    sink.slice(1, 11, "ar", 20, 5, "kernel")
+    sink.slice(2, 11, "ar", 20, 5, "kernel")
+    sink.flow(1000, "all_reduce #0", (1, 11, 10), (2, 11, 20))  # the first slice's begin is written
+    sink.close({})
+    assert sink.unbound_flows == 1
+    evs = list(read_pftrace(tmp_path / "flow.pftrace"))
+    assert not [e for e in evs if e["ph"] in ("s", "f")]
+    events = [p.track_event for p in packets(tmp_path / "flow.pftrace") if p.HasField("track_event")]
+    assert not any(e.flow_ids or e.terminating_flow_ids for e in events)
+
+
+def test_a_range_still_open_on_close_ends_at_its_tracks_last_event(tmp_path):
+    sink = PerfettoProtoSink(tmp_path / "open.pftrace")
+    sink.open_slice(1, 1, "never closed", 5, "nvtx")
+    sink.slice(1, 1, "op", 10, 30, "cpu_op")
+    sink.close({})
+    assert sink.unclosed_slices == 1
+    host = slices_in_file_order(tmp_path / "open.pftrace")[(1, 1)]
+    assert sorted(host) == [("never closed", 5, 35, 0), ("op", 10, 30, 1)]
+
+
+def test_open_sink_chooses_the_format_by_extension(tmp_path):
+    for name in ("a.pftrace", "a.perfetto-trace"):
+        sink = open_sink(tmp_path / name)
+        assert isinstance(sink, PerfettoProtoSink)
+        sink.close({})
+        assert (tmp_path / name).exists()
+    with pytest.raises(UnsupportedTraceFormat, match=r"\.pftrace"):
+        open_sink(tmp_path / "a.proto")
+
+
+def test_reader_errors_name_the_file(tmp_path):
+    _, pf_path, _ = close_both(tmp_path)
+    with pytest.raises(PftraceFormatError, match="not a Perfetto protobuf trace") as e:
+        load_pftrace(tmp_path / "run.json")
+    assert "run.json" in str(e.value)
+    cut = tmp_path / "cut.pftrace"
+    cut.write_bytes(pf_path.read_bytes()[:-7])
+    with pytest.raises(PftraceFormatError, match="truncated"):
+        load_pftrace(cut)
+    with pytest.raises(PftraceFormatError, match="cannot read"):
+        load_pftrace(tmp_path / "missing.pftrace")
