@@ -25,7 +25,7 @@ def _us(ns: int) -> float:
 
 
 # The event dicts of this format, one function per sink call. The Perfetto protobuf reader
-# (perfetto_reader.py) builds its output with the same functions, so a decoded .pftrace has
+# (perfetto.py) builds its output with the same functions, so a decoded .pftrace has
 # exactly the shape of the JSON this sink writes.
 
 COLLECTIVE_FLOW_CATEGORY = "collective"

@@ -1,7 +1,7 @@
 """The Perfetto protobuf sink, driven directly: content, ordering, interning, streaming.
 
 The raw file is read back with the generated protos (`Trace.FromString`), independently of
-perfetto_reader, so the checks on packets do not trust the reader; the round-trip checks compare
+read_pftrace, so the checks on packets do not trust the reader; the round-trip checks compare
 the reader's output with what the Chrome JSON sink writes for the same calls.
 """
 
@@ -18,8 +18,7 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TracePacket
 from phantora.trace import UnsupportedTraceFormat, open_sink
 from phantora.trace.check import load_chrome_trace
 from phantora.trace.chrome import ChromeJsonSink
-from phantora.trace.perfetto import PerfettoProtoSink
-from phantora.trace.perfetto_reader import PftraceFormatError, load_pftrace, read_pftrace
+from phantora.trace.perfetto import PerfettoProtoSink, PftraceFormatError, load_pftrace, read_pftrace
 
 BEGIN, END, INSTANT = TrackEvent.TYPE_SLICE_BEGIN, TrackEvent.TYPE_SLICE_END, TrackEvent.TYPE_INSTANT
 
@@ -102,6 +101,7 @@ def write_sample(sink: Any) -> None:
     sink.slice(1, 1, "python: optimizer_step", 10, 0, "python", {"count": 3})
     sink.slice(1, 1, "cudaDeviceSynchronize", 10, 10, "cuda_runtime")
     sink.counter(1, "cuda:0 memory", 20, {"allocated": 1 << 33, "reserved": 1.5e10})
+    sink.counter(1, "cuda:0 memory", 20, {"allocated": 1 << 32, "reserved": 1.5e10})  # same time: two events
     sink.slice(1, 1, "forward", 0, 20, "nvtx")
     sink.instant(1, 1, "CUDA out of memory", 20, "memory", {"requested_bytes": 8 << 30, "message": "OOM"})
     sink.slice(1, 1, "aten::add", 20, 5, "cpu_op")
@@ -191,7 +191,7 @@ def test_ranks_are_processes_and_their_tracks_threads(tmp_path):
     assert group.name == "cuda:0 memory" and by_uuid[group.parent_uuid].process.pid == 1
 
 
-def test_interning_stores_each_string_once(tmp_path):
+def test_names_categories_and_arg_names_are_interned_once(tmp_path):
     sink = PerfettoProtoSink(tmp_path / "many.pftrace")
     sink.thread(1, 10, "cuda:0 default stream", 10)
     for i in range(200):
@@ -199,13 +199,16 @@ def test_interning_stores_each_string_once(tmp_path):
     sink.close({})
     pkts = packets(tmp_path / "many.pftrace")
     interned = [p.interned_data for p in pkts if p.HasField("interned_data")]
-    names = [e.name for i in interned for e in i.event_names]
-    strings = [s.str for i in interned for s in i.debug_annotation_string_values]
-    arg_names = [n.name for i in interned for n in i.debug_annotation_names]
-    assert names.count("ampere_sgemm_128x64") == 1 and strings.count(b"aten::mm.default") == 1
-    assert sorted(arg_names) == ["correlation", "op"]
+    assert [e.name for i in interned for e in i.event_names] == ["ampere_sgemm_128x64"]
+    assert [c.name for i in interned for c in i.event_categories] == ["kernel"]
+    assert sorted(n.name for i in interned for n in i.debug_annotation_names) == ["correlation", "op"]
     begins = [p.track_event for p in pkts if p.HasField("track_event") and p.track_event.type == BEGIN]
-    assert len(begins) == 200 and all(b.name_iid and not b.HasField("name") for b in begins)
+    assert len(begins) == 200
+    for b in begins:
+        assert b.name_iid and not b.HasField("name") and list(b.category_iids) and not b.categories
+        assert all(a.name_iid and not a.HasField("name") for a in b.debug_annotations)
+        # String values stay inline: interned ones are lost on older trace processors.
+        assert [a.string_value for a in b.debug_annotations if a.HasField("string_value")] == ["aten::mm.default"]
 
 
 def test_events_stream_to_disk_while_a_range_stays_open(tmp_path):
@@ -245,7 +248,8 @@ def test_a_flow_to_a_slice_already_written_is_counted_not_half_written(tmp_path)
     evs = list(read_pftrace(tmp_path / "flow.pftrace"))
     assert not [e for e in evs if e["ph"] in ("s", "f")]
     events = [p.track_event for p in packets(tmp_path / "flow.pftrace") if p.HasField("track_event")]
-    assert not any(e.flow_ids or e.terminating_flow_ids for e in events)
+    assert not any(e.flow_ids or e.terminating_flow_ids or e.flow_ids_old or e.terminating_flow_ids_old
+                   for e in events)
 
 
 def test_a_range_still_open_on_close_ends_at_its_tracks_last_event(tmp_path):

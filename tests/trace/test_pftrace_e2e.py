@@ -21,8 +21,7 @@ from phantora.hardware import lookup_gpu
 from phantora.simulator import launch
 from phantora.trace.check import check_chrome_trace, load_chrome_trace
 from phantora.trace.chrome import ChromeJsonSink
-from phantora.trace.perfetto import PerfettoProtoSink
-from phantora.trace.perfetto_reader import load_pftrace
+from phantora.trace.perfetto import PerfettoProtoSink, load_pftrace
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "e2e" / "scripts"
