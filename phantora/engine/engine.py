@@ -209,6 +209,8 @@ class Engine:
         self.stale_replies = 0
         self.largest_stale_error_ns = 0
         self._rollbacks_written = 0
+        # (collective key, rank) -> host begin and end of that rank's call, until the collective runs
+        self._collective_launches: dict[tuple[Any, int], tuple[int, int, CollectiveCall]] = {}
         self._warn = warn or (lambda msg: print(f"phantora: warning: {msg}", file=sys.stderr, flush=True))
 
     # --- ranks --------------------------------------------------------------------------------
@@ -422,7 +424,9 @@ class Engine:
         if comm.unresolved:
             return None
         tl = st.timeline
+        launch_begin = tl.host_ns
         tl.advance_host(HOST_COSTS.collective_ns)
+        self._collective_launches[(call.key, rank)] = (launch_begin, tl.host_ns, call)
         current = self._stream(st, call.device, call.stream)
         # ProcessGroupNCCL makes its stream wait for the caller's current stream first.
         ready = max(tl.host_ns + self.timing.launch_latency_ns, current.tail_ns, comm.tail_ns)
@@ -489,16 +493,34 @@ class Engine:
                 st.comm_busy.setdefault(call.device, IntervalTree()).addi(ready, end)
             st.collectives += 1
             self.comm_busy_ns += end - ready
+            launch = self._write_collective_launch(st, call)
             self.sink.slice(st.info.trace_pid, stream.track, name, ready, end - ready, "kernel", {
                 "op": call.op, "bytes": call.nbytes, "dtype": call.dtype, "group ranks": list(call.group),
                 "seq": call.seq, "root": call.root, "algorithm": algorithm, "protocol": protocol,
                 "bus bandwidth GB/s": round(info.busbw, 2) if info else None,
                 "waited for peers ns": start - ready, "network ns": end - start, "call site": call.site,
-                "collective": work,
-            })
+                "collective": work, "correlation": launch,
+            }, flow_in=launch)
             places.append((st.info.trace_pid, stream.track, ready))
         for i, dst in enumerate(places[1:]):
             self.sink.flow(flow * 1000 + i, f"{first.op} #{first.seq}", places[0], dst)
+
+    def _write_collective_launch(self, st: RankState, call: CollectiveCall, ran: bool = True) -> int | None:
+        """The host slice of `call` (ProcessGroupNCCL enqueuing the NCCL kernel), written once the
+        collective has run so that it links to its kernel like an aten op does; the flow id, or
+        None for a collective that never ran."""
+        span = self._collective_launches.pop((call.key, call.rank), None)
+        if span is None:
+            return None
+        launch = self._next_flow() if ran else None
+        args = {"group ranks": list(call.group), "seq": call.seq, "call site": call.site}
+        if launch is None:
+            args["never ran"] = True
+        else:
+            args["correlation"] = launch
+        self.sink.slice(st.info.trace_pid, HOST_TRACK, f"nccl:{call.op}", span[0], span[1] - span[0], "cpu_op", args,
+                        flow_out=launch)
+        return launch
 
     def _record_corrections(self) -> None:
         """Completion times the network changed after they were used: written to the trace and
@@ -540,6 +562,8 @@ class Engine:
         return failed
 
     def _drop(self, p: PendingCollective) -> None:
+        for call in p.arrivals.values():
+            self._write_collective_launch(self.ranks[call.rank], call, ran=False)
         self.matcher.drop(p.key)
         work = self._key_works.pop(p.key, None)
         self.unresolved_works.discard(work)  # waits on it become no-ops; its members are failing
@@ -593,6 +617,8 @@ class Engine:
         )
 
     def close(self, metadata: dict[str, Any]) -> None:
+        for (_, rank), (_, _, call) in list(self._collective_launches.items()):  # collectives still waiting
+            self._write_collective_launch(self.ranks[rank], call, ran=False)
         for r in list(self.ranks):
             self.finish_rank(r)
         self.sink.close(metadata)
