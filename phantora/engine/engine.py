@@ -33,6 +33,7 @@ from phantora.ops import OpSignature, TensorMeta
 from phantora.trace import TraceSink
 
 HOST_TRACK = 1
+STEP_TRACK = 2  # "ProfilerStep#N" slices, one per optimizer step (the name Kineto and HTA use)
 # Records that may need a collective's completion time (Engine._needs_unresolved).
 _MAY_WAIT_ON_COLLECTIVES = frozenset((P.R_WORK_WAIT, P.R_SYNC_DEVICE, P.R_SYNC_STREAM, P.R_EVENT_RECORD))
 _MAX_ARG_SHAPES = 16
@@ -111,6 +112,8 @@ class RankState:
     comm_streams: dict[tuple[int, tuple[int, ...], bool], int] = field(default_factory=dict)  # -> stream id
     comm_busy: dict[int, IntervalTree] = field(default_factory=dict)  # device -> NCCL kernels' [start, end)
     collectives: int = 0
+    steps: int = 0
+    step_end_ns: int = 0
 
 
 @dataclass
@@ -262,6 +265,8 @@ class Engine:
                     self.sink.slice(st.info.trace_pid, HOST_TRACK, name, start, st.timeline.host_ns - start, "nvtx")
             elif kind == P.R_SLEEP:
                 st.timeline.advance_host(int(rec[1]))
+            elif kind == P.R_STEP:
+                self._step_marker(st)
             elif kind == P.R_HOST:
                 self._host_event(st, str(rec[1]), int(rec[2]))
             elif kind == P.R_WORK_WAIT:
@@ -372,6 +377,16 @@ class Engine:
         if kind != "module_call":  # module calls are too many and too short to show one by one
             self.sink.slice(st.info.trace_pid, HOST_TRACK, f"python: {kind}", start, tl.host_ns - start, "python",
                             {"count": count})
+
+    def _step_marker(self, st: RankState) -> None:
+        pid = st.info.trace_pid
+        if st.steps == 0:
+            self.sink.thread(pid, STEP_TRACK, "steps (optimizer.step)", 1)
+        now = st.timeline.host_ns
+        self.sink.slice(pid, STEP_TRACK, f"ProfilerStep#{st.steps}", st.step_end_ns, now - st.step_end_ns,
+                        "user_annotation", {"step": st.steps})
+        st.steps += 1
+        st.step_end_ns = now
 
     def _host_sync(self, st: RankState, name: str, until_ns: int) -> None:
         tl = st.timeline
