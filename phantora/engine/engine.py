@@ -38,6 +38,7 @@ STEP_TRACK = 2  # "ProfilerStep#N" slices, one per optimizer step (the name Kine
 _MAY_WAIT_ON_COLLECTIVES = frozenset((P.R_WORK_WAIT, P.R_SYNC_DEVICE, P.R_SYNC_STREAM, P.R_EVENT_RECORD))
 _MAX_ARG_SHAPES = 16
 SIMULATOR_PID = 0  # trace process for rollback corrections and stale replies
+NETWORK_PID = 1_000_000  # trace process for the network's link counters
 _NCCL_OPS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
              "broadcast": "Broadcast", "reduce": "Reduce", "all_to_all": "SendRecv", "send_recv": "SendRecv",
              "barrier": "AllReduce"}
@@ -607,7 +608,30 @@ class Engine:
             largest_stale_error_ns=self.largest_stale_error_ns,
         )
 
+    def _write_link_counters(self) -> None:
+        """Each link's load over the run as counters. Written at the end, when rollbacks can no
+        longer change them."""
+        if self.network is None:
+            return
+        end = max((max(st.timeline.host_ns, st.timeline.gpu_end_ns()) for st in self.ranks.values()), default=0)
+        segments = self.network.link_utilization(0, end + 1)
+        if not segments:
+            return
+        names = {info.link: info.name for info in self.network.links()}
+        self.sink.process(NETWORK_PID, "network", 1_000_000)
+        for i, seg in enumerate(segments):  # sorted by link, then time
+            name = f"link {names[seg.link]}"
+            self.sink.counter(NETWORK_PID, name, seg.start_ns,
+                              {"utilization": round(seg.utilization, 6), "GB/s": round(seg.load, 3)})
+            nxt = segments[i + 1] if i + 1 < len(segments) else None
+            if nxt is None or nxt.link != seg.link or nxt.start_ns != seg.end_ns:
+                self.sink.counter(NETWORK_PID, name, seg.end_ns, {"utilization": 0.0, "GB/s": 0.0})
+
     def close(self, metadata: dict[str, Any]) -> None:
         for r in list(self.ranks):
             self.finish_rank(r)
+        try:
+            self._write_link_counters()
+        except Exception as e:  # the trace must still close on every path
+            self._warn(f"link counters not written: {type(e).__name__}: {e}")
         self.sink.close(metadata)
