@@ -8,7 +8,7 @@ HTA 0.5's parser reads (hta/common/trace_file.py, trace_parser.py, trace.py):
   on the file's lines, so the header is written first, with a space after each colon.
 - GPU events carry args `stream` > 0 and `correlation` >= 0; host events carry no `stream` (HTA
   reads -1). A kernel is linked to the host event with the same `correlation`, which must be
-  unique on the host: it is a `cuda_runtime` launch (cudaLaunchKernel / cudaMemcpyAsync) nested
+  unique on the host: it is a `cuda_runtime` launch (cudaLaunchKernel, cudaMemcpyAsync) nested
   in the aten op, as Kineto writes it; the aten op (`cpu_op`) carries `External id` instead.
 - Iterations are `ProfilerStep#N` slices on the host thread; HTA keeps only kernels launched
   before the last step starts.
@@ -46,7 +46,7 @@ from phantora.hardware import GPUSpec
 
 HOST_PID_BASE = 100_000
 KERNEL_LAUNCH = "cudaLaunchKernel"
-MEMCPY_LAUNCH = "cudaMemcpyAsync"
+_LAUNCH_CALLS = {"gpu_memcpy": "cudaMemcpyAsync", "gpu_memset": "cudaMemsetAsync"}
 _CHUNK_EVENTS = 4096
 _RANK_PROCESS = re.compile(r"^rank (\d+) · node (\d+) · GPU (\d+)")
 _GPU_TRACK = re.compile(r"^cuda:(\d+) ")
@@ -203,6 +203,10 @@ class KinetoSink:
 
     def _gpu_slice(self, r: _Rank, device: int, tid: int, name: str, ts_ns: int, dur_ns: int, cat: str,
                    args: dict[str, Any]) -> None:
+        if cat == "kernel" and name.startswith(("Memcpy", "Memset")):
+            # Device-to-device copies: the main trace files them with kernels; Kineto (and HTA's
+            # memory kernel type) with copies.
+            cat = "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset"
         out = dict(args)
         out["device"] = device
         out["stream"] = tid
@@ -211,7 +215,7 @@ class KinetoSink:
             out["External id"] = correlation
             launch = self._launches.pop(correlation, None)
             if launch is not None:
-                self._emit_launch(r, correlation, launch, MEMCPY_LAUNCH if cat == "gpu_memcpy" else KERNEL_LAUNCH)
+                self._emit_launch(r, correlation, launch, _LAUNCH_CALLS.get(cat, KERNEL_LAUNCH))
                 self._emit(r, {"ph": "f", "id": correlation, "pid": device, "tid": tid, "ts": _us(ts_ns),
                                "cat": "ac2g", "name": "ac2g", "bp": "e"})
         if cat == "gpu_memcpy" and dur_ns > 0 and isinstance(args.get("bytes"), (int, float)):
