@@ -55,8 +55,16 @@ def install_python_events(rt: Any) -> None:
         rt.in_optimizer += 1
         record("optimizer_step", sum(len(g["params"]) for g in optimizer.param_groups))
 
+    stepping: list[int] = []  # id() of the optimizer whose steps mark training steps
+
     def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         rt.in_optimizer -= 1
+        # Scripts with several optimizers (one per parameter set, or per pipeline stage) step
+        # each once per training step: the first one to step marks the steps.
+        if not stepping:
+            stepping.append(id(optimizer))
+        if stepping[0] == id(optimizer) and rt.in_optimizer == 0 and rt.active and rt.client.connected:
+            rt.client.record([P.R_STEP])
 
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 

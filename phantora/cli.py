@@ -95,10 +95,15 @@ def main() -> None:
 @click.option("--comm-slowdown", type=click.FloatRange(0.0, 10.0), default=0.1, show_default=True,
               help="Fraction by which compute kernels slow down while an NCCL kernel runs on the same GPU "
                    "(NCCL occupies SMs); 0 disables. An assumption, not a measured figure.")
+@click.option("--export-kineto", "kineto_dir", default=None, metavar="DIR",
+              type=click.Path(file_okay=False, path_type=Path),
+              help="Also write one Kineto trace per rank (DIR/rank-<R>.pt.trace.json, the format torch.profiler "
+                   "writes) for Holistic Trace Analysis: TraceAnalysis(trace_dir=DIR). DIR is created; rank files "
+                   "of an earlier export there are replaced.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluster_name: str, nnodes: int,  # type: ignore[no-untyped-def]
           nproc_per_node: int | None, collective_timeout: float, call_timeout: float, comm_slowdown: float,
-          command: tuple[str, ...]) -> None:
+          kineto_dir: Path | None, command: tuple[str, ...]) -> None:
     """Run COMMAND on simulated GPUs and write a trace.
 
     Put `--` before the command. The exit code is the command's. A short summary (simulated
@@ -110,10 +115,12 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluste
       phantora trace --gpu h200 --vram 100GiB -o run.json -- python train.py
       phantora trace --nnodes 2 --nproc-per-node 8 -o run.json -- python train_ddp.py
       phantora trace -o run.json -- torchrun --nproc-per-node 8 train_ddp.py
+      phantora trace --nproc-per-node 2 -o run.json --export-kineto hta/ -- python train_ddp.py
     """
     from phantora.net.cluster import ClusterConfigError, load_cluster
     from phantora.simulator.launch import CommandNotFound, LaunchError, TraceRun, print_summary, run_trace
     from phantora.trace import UnsupportedTraceFormat
+    from phantora.trace.kineto import KinetoExportError
 
     try:
         cluster = load_cluster(cluster_name, nodes=nnodes)
@@ -125,7 +132,7 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluste
     run = TraceRun(command=list(command), output=output, gpu=gpu or cluster.gpu_spec, vram_bytes=vram,
                    gpus_per_node=gpus_per_node or cluster.gpus_per_node, call_timeout_s=call_timeout,
                    cluster=cluster, nproc_per_node=nproc_per_node, collective_timeout_s=collective_timeout,
-                   comm_slowdown=comm_slowdown)
+                   comm_slowdown=comm_slowdown, kineto_dir=kineto_dir)
     try:
         result = run_trace(run)
     except CommandNotFound as e:
@@ -135,6 +142,8 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluste
         raise click.BadParameter(str(e), param_hint="'--nproc-per-node'") from None
     except UnsupportedTraceFormat as e:
         raise click.BadParameter(str(e), param_hint="'-o' / '--output'") from None
+    except KinetoExportError as e:
+        raise click.BadParameter(str(e), param_hint="'--export-kineto'") from None
     print_summary(run, result)
     sys.exit(result.exit_code)
 

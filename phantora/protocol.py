@@ -36,6 +36,7 @@ R_WARN = 12  # [R_WARN, text]: the user side hit something worth reporting in th
 R_OOM = 13  # [R_OOM, device, requested_bytes, message]: an allocation failed in the script
 R_HOST = 14  # [R_HOST, kind, count]: Python-level work with modelled host time (cost/host.py)
 R_WORK_WAIT = 15  # [R_WORK_WAIT, work_id, device, stream_id, host_blocks]: Work.wait() on a collective
+R_STEP = 16  # [R_STEP]: the script's (first) optimizer finished a step: a training-step marker
 
 # R_OP flags: the op's context, for the host-time model (phantora/cost/host.py)
 OP_BACKWARD = 1  # run by the autograd engine (backward pass, checkpoint recomputation)

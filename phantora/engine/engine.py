@@ -33,10 +33,12 @@ from phantora.ops import OpSignature, TensorMeta
 from phantora.trace import TraceSink
 
 HOST_TRACK = 1
+STEP_TRACK = 2  # "ProfilerStep#N" slices, one per optimizer step (the name Kineto and HTA use)
 # Records that may need a collective's completion time (Engine._needs_unresolved).
 _MAY_WAIT_ON_COLLECTIVES = frozenset((P.R_WORK_WAIT, P.R_SYNC_DEVICE, P.R_SYNC_STREAM, P.R_EVENT_RECORD))
 _MAX_ARG_SHAPES = 16
 SIMULATOR_PID = 0  # trace process for rollback corrections and stale replies
+NETWORK_PID = 1_000_000  # trace process for the network's link counters
 _NCCL_OPS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
              "broadcast": "Broadcast", "reduce": "Reduce", "all_to_all": "SendRecv", "send_recv": "SendRecv",
              "barrier": "AllReduce"}
@@ -111,6 +113,8 @@ class RankState:
     comm_streams: dict[tuple[int, tuple[int, ...], bool], int] = field(default_factory=dict)  # -> stream id
     comm_busy: dict[int, IntervalTree] = field(default_factory=dict)  # device -> NCCL kernels' [start, end)
     collectives: int = 0
+    steps: int = 0
+    step_end_ns: int = 0
 
 
 @dataclass
@@ -209,6 +213,8 @@ class Engine:
         self.stale_replies = 0
         self.largest_stale_error_ns = 0
         self._rollbacks_written = 0
+        # (collective key, rank) -> host begin and end of that rank's call, until the collective runs
+        self._collective_launches: dict[tuple[Any, int], tuple[int, int, CollectiveCall]] = {}
         self._warn = warn or (lambda msg: print(f"phantora: warning: {msg}", file=sys.stderr, flush=True))
 
     # --- ranks --------------------------------------------------------------------------------
@@ -265,6 +271,8 @@ class Engine:
                     self.sink.slice(st.info.trace_pid, HOST_TRACK, name, start, st.timeline.host_ns - start, "nvtx")
             elif kind == P.R_SLEEP:
                 st.timeline.advance_host(int(rec[1]))
+            elif kind == P.R_STEP:
+                self._step_marker(st)
             elif kind == P.R_HOST:
                 self._host_event(st, str(rec[1]), int(rec[2]))
             elif kind == P.R_WORK_WAIT:
@@ -376,6 +384,16 @@ class Engine:
             self.sink.slice(st.info.trace_pid, HOST_TRACK, f"python: {kind}", start, tl.host_ns - start, "python",
                             {"count": count})
 
+    def _step_marker(self, st: RankState) -> None:
+        pid = st.info.trace_pid
+        if st.steps == 0:
+            self.sink.thread(pid, STEP_TRACK, "steps (optimizer.step)", 1)
+        now = st.timeline.host_ns
+        self.sink.slice(pid, STEP_TRACK, f"ProfilerStep#{st.steps}", st.step_end_ns, now - st.step_end_ns,
+                        "user_annotation", {"step": st.steps})
+        st.steps += 1
+        st.step_end_ns = now
+
     def _host_sync(self, st: RankState, name: str, until_ns: int) -> None:
         tl = st.timeline
         start = tl.host_ns
@@ -425,7 +443,9 @@ class Engine:
         if comm.unresolved:
             return None
         tl = st.timeline
+        launch_begin = tl.host_ns
         tl.advance_host(HOST_COSTS.collective_ns)
+        self._collective_launches[(call.key, rank)] = (launch_begin, tl.host_ns, call)
         current = self._stream(st, call.device, call.stream)
         # ProcessGroupNCCL makes its stream wait for the caller's current stream first.
         ready = max(tl.host_ns + self.timing.launch_latency_ns, current.tail_ns, comm.tail_ns)
@@ -492,16 +512,34 @@ class Engine:
                 st.comm_busy.setdefault(call.device, IntervalTree()).addi(ready, end)
             st.collectives += 1
             self.comm_busy_ns += end - ready
+            launch = self._write_collective_launch(st, call)
             self.sink.slice(st.info.trace_pid, stream.track, name, ready, end - ready, "kernel", {
                 "op": call.op, "bytes": call.nbytes, "dtype": call.dtype, "group ranks": list(call.group),
                 "seq": call.seq, "root": call.root, "algorithm": algorithm, "protocol": protocol,
                 "bus bandwidth GB/s": round(info.busbw, 2) if info else None,
                 "waited for peers ns": start - ready, "network ns": end - start, "call site": call.site,
-                "collective": work,
-            })
+                "collective": work, "correlation": launch,
+            }, flow_in=launch)
             places.append((st.info.trace_pid, stream.track, ready))
         for i, dst in enumerate(places[1:]):
             self.sink.flow(flow * 1000 + i, f"{first.op} #{first.seq}", places[0], dst)
+
+    def _write_collective_launch(self, st: RankState, call: CollectiveCall, ran: bool = True) -> int | None:
+        """The host slice of `call` (ProcessGroupNCCL enqueuing the NCCL kernel), written once the
+        collective has run so that it links to its kernel like an aten op does; the flow id, or
+        None for a collective that never ran."""
+        span = self._collective_launches.pop((call.key, call.rank), None)
+        if span is None:
+            return None
+        launch = self._next_flow() if ran else None
+        args = {"group ranks": list(call.group), "seq": call.seq, "call site": call.site}
+        if launch is None:
+            args["never ran"] = True
+        else:
+            args["correlation"] = launch
+        self.sink.slice(st.info.trace_pid, HOST_TRACK, f"nccl:{call.op}", span[0], span[1] - span[0], "cpu_op", args,
+                        flow_out=launch)
+        return launch
 
     def _record_corrections(self) -> None:
         """Completion times the network changed after they were used: written to the trace and
@@ -543,6 +581,8 @@ class Engine:
         return failed
 
     def _drop(self, p: PendingCollective) -> None:
+        for call in p.arrivals.values():
+            self._write_collective_launch(self.ranks[call.rank], call, ran=False)
         self.matcher.drop(p.key)
         work = self._key_works.pop(p.key, None)
         self.unresolved_works.discard(work)  # waits on it become no-ops; its members are failing
@@ -595,7 +635,32 @@ class Engine:
             largest_stale_error_ns=self.largest_stale_error_ns,
         )
 
+    def _write_link_counters(self) -> None:
+        """Each link's load over the run as counters. Written at the end, when rollbacks can no
+        longer change them."""
+        if self.network is None:
+            return
+        end = max((max(st.timeline.host_ns, st.timeline.gpu_end_ns()) for st in self.ranks.values()), default=0)
+        segments = self.network.link_utilization(0, end + 1)
+        if not segments:
+            return
+        names = {info.link: info.name for info in self.network.links()}
+        self.sink.process(NETWORK_PID, "network", 1_000_000)
+        for i, seg in enumerate(segments):  # sorted by link, then time
+            name = f"link {names[seg.link]}"
+            self.sink.counter(NETWORK_PID, name, seg.start_ns,
+                              {"utilization": round(seg.utilization, 6), "GB/s": round(seg.load, 3)})
+            nxt = segments[i + 1] if i + 1 < len(segments) else None
+            if nxt is None or nxt.link != seg.link or nxt.start_ns != seg.end_ns:
+                self.sink.counter(NETWORK_PID, name, seg.end_ns, {"utilization": 0.0, "GB/s": 0.0})
+
     def close(self, metadata: dict[str, Any]) -> None:
+        for (_, rank), (_, _, call) in list(self._collective_launches.items()):  # collectives still waiting
+            self._write_collective_launch(self.ranks[rank], call, ran=False)
         for r in list(self.ranks):
             self.finish_rank(r)
+        try:
+            self._write_link_counters()
+        except Exception as e:  # the trace must still close on every path
+            self._warn(f"link counters not written: {type(e).__name__}: {e}")
         self.sink.close(metadata)

@@ -28,7 +28,8 @@ from phantora.hardware import GPUSpec
 from phantora.net.cluster import Cluster
 from phantora.net.network import Network
 from phantora.simulator.server import SimulatorServer
-from phantora.trace import open_sink
+from phantora.trace import TeeSink, TraceSink, open_sink
+from phantora.trace.kineto import KinetoExport, KinetoSink
 
 BOOTSTRAP_DIR = Path(interpose.__file__).resolve().parent / "bootstrap"
 PACKAGE_ROOT = Path(interpose.__file__).resolve().parent.parent
@@ -49,6 +50,7 @@ class TraceRun:
     nproc_per_node: int | None = None  # None: run COMMAND once (it may be torchrun itself)
     collective_timeout_s: float = 300.0
     comm_slowdown: float = TimingConfig.comm_slowdown
+    kineto_dir: Path | None = None  # also write one Kineto trace per rank here (for HTA)
 
 
 @dataclass
@@ -59,6 +61,7 @@ class TraceResult:
     internal_errors: list[str]
     rank_errors: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # ranks that exited with an error
+    kineto: KinetoExport | None = None
 
 
 def child_env(run: TraceRun, socket_path: str) -> dict[str, str]:
@@ -120,7 +123,11 @@ def run_trace(run: TraceRun) -> TraceResult:
         raise LaunchError(f"--nproc-per-node {run.nproc_per_node} is more than the {run.cluster.gpus_per_node} GPUs "
                           f"of a {run.cluster.name} node; use at most {run.cluster.gpus_per_node} or more --nnodes")
     started = time.time()
-    sink = open_sink(run.output)
+    # The export directory first: it only creates the directory, while open_sink opens a file.
+    kineto = KinetoSink(run.kineto_dir, run.gpu, run.vram_bytes) if run.kineto_dir is not None else None
+    sink: TraceSink = open_sink(run.output)
+    if kineto is not None:
+        sink = TeeSink([sink, kineto])
     engine = Engine(run.gpu, make_estimator(run.estimator, run.gpu), sink, TimingConfig(comm_slowdown=run.comm_slowdown),
                     network=Network(run.cluster))
     server = SimulatorServer(engine, collective_timeout_s=run.collective_timeout_s)
@@ -208,7 +215,8 @@ def run_trace(run: TraceRun) -> TraceResult:
             "wall_seconds": round(time.time() - started, 3),
             "simulated_ns": summary.simulated_ns,
         })
-    return TraceResult(exit_code, summary, time.time() - started, server.internal_errors, server.rank_errors, failures)
+    return TraceResult(exit_code, summary, time.time() - started, server.internal_errors, server.rank_errors, failures,
+                       kineto.export if kineto else None)
 
 
 def format_bytes(n: float) -> str:
@@ -249,6 +257,16 @@ def format_summary(run: TraceRun, result: TraceResult) -> str:
     if result.internal_errors:
         lines.append(f"  simulator errors: {len(result.internal_errors)} (see messages above)")
     lines.append(f"  trace: {run.output}")
+    if result.kineto is not None:
+        k = result.kineto
+        lines.append(f"  kineto traces (for HTA): {len(k.files)} file(s) in {k.directory}/ "
+                     f"({', '.join(p.name for p in k.files[:4])}{', ...' if len(k.files) > 4 else ''})")
+        if k.removed_stale:
+            lines.append(f"    removed {len(k.removed_stale)} rank file(s) of an earlier run: "
+                         + ", ".join(p.name for p in k.removed_stale[:4]))
+        if k.other_trace_files:
+            lines.append(f"    note: HTA will also load {len(k.other_trace_files)} other .json/.gz file(s) there: "
+                         + ", ".join(p.name for p in k.other_trace_files[:4]))
     return "\n".join(lines)
 
 

@@ -60,6 +60,33 @@ def test_every_collective_kind_is_matched_and_timed_by_the_network_model(tmp_pat
     assert sum(1 for e in events(out) if e.get("ph") == "s" and e.get("cat") == "collective") == 10
 
 
+def test_network_links_are_counter_tracks_of_their_load(tmp_path):
+    proc, out = trace_script(tmp_path, str(SCRIPTS / "dist_collectives.py"), options=("--nproc-per-node", "2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    evs = events(out)
+    net_pid = next(e["pid"] for e in evs if e.get("name") == "process_name" and e["args"]["name"] == "network")
+    links: dict[str, list[dict]] = {}
+    for e in evs:
+        if e.get("ph") == "C" and e["pid"] == net_pid:
+            links.setdefault(e["name"], []).append(e)
+    # two GPUs on one NVSwitch: each GPU's link up to the switch and down from it
+    assert set(links) == {f"link {d} [node0 gpu{g}]" for d in ("gpu->nvswitch", "nvswitch->gpu") for g in (0, 1)}
+    comm = [(k["ts"], k["ts"] + k["dur"], k) for k in nccl_kernels(out, 1)]
+    for name, samples in links.items():
+        samples.sort(key=lambda e: e["ts"])
+        assert samples[-1]["args"]["utilization"] == 0.0  # every busy period ends
+        for a, b in zip(samples, samples[1:]):
+            assert 0.0 <= a["args"]["utilization"] <= 1.0
+            if a["args"]["GB/s"] > 0:  # a link is busy only while some collective runs
+                assert any(s - 0.002 <= a["ts"] and b["ts"] <= e + 0.002 for s, e, _ in comm), (name, a, b)
+    # the ring all-gather of a 128 MiB output: each GPU sends its 64 MiB half over its up-link
+    s, e, k = next(c for c in comm if c[2]["args"]["op"] == "all_gather")
+    up = sorted(links["link gpu->nvswitch [node0 gpu0]"], key=lambda x: x["ts"])
+    sent = sum(a["args"]["GB/s"] * 1e9 * (min(b["ts"], e) - max(a["ts"], s)) / 1e6
+               for a, b in zip(up, up[1:]) if min(b["ts"], e) > max(a["ts"], s))
+    assert sent == pytest.approx(k["args"]["bytes"] / 2, rel=0.01)
+
+
 @pytest.mark.slow
 def test_ddp_example_buckets_all_reduce_with_the_network_models_times(tmp_path):
     proc, out = trace_script(tmp_path, "examples/ddp_train.py", *SMALL, "--steps", "2", "--accum", "2",

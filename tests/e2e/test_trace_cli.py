@@ -89,6 +89,30 @@ def test_step_time_printed_by_the_script_is_the_simulated_time(tmp_path):
 
 
 @pytest.mark.slow
+def test_optimizer_steps_are_marked_as_profiler_steps(tmp_path):
+    proc, out = trace_script(tmp_path, "examples/gpt_train.py", *SMALL_GPT)
+    assert proc.returncode == 0, proc.stderr
+    evs = events(out)
+    names = {e["tid"]: e["args"]["name"] for e in evs if e.get("name") == "thread_name"}
+    assert names[2] == "steps (optimizer.step)"
+    steps = sorted((e for e in evs if e.get("ph") == "X" and e["tid"] == 2), key=lambda e: e["ts"])
+    assert [s["name"] for s in steps] == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+    assert all(s["cat"] == "user_annotation" for s in steps)
+    assert steps[0]["ts"] == 0
+    for a, b in zip(steps, steps[1:]):  # steps tile the run: each starts where the previous ended
+        assert b["ts"] == pytest.approx(a["ts"] + a["dur"], abs=0.002)
+    host = [e for e in evs if e.get("ph") == "X" and e["tid"] == 1 and e["cat"] == "cpu_op"]
+    adamw = sorted((e for e in host if e["name"] == "aten::_fused_adamw_"), key=lambda e: e["ts"])
+    assert len(adamw) == 3
+    for step, opt in zip(steps, adamw):
+        end = step["ts"] + step["dur"]
+        # A step ends when the optimizer's step returns: after its last op, before the next op.
+        assert step["ts"] <= opt["ts"] and opt["ts"] + opt["dur"] <= end + 0.002
+        before = max(e["ts"] + e["dur"] for e in host if e["ts"] < end)
+        assert end == pytest.approx(before, abs=0.002)
+
+
+@pytest.mark.slow
 def test_activation_checkpointing_recomputes_forward(tmp_path):
     plain, out_plain = trace_script(tmp_path, "examples/gpt_train.py", *SMALL_GPT, name="plain.json")
     ckpt, out_ckpt = trace_script(tmp_path, "examples/gpt_train.py", *SMALL_GPT, "--checkpoint", name="ckpt.json")
