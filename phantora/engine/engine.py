@@ -446,6 +446,9 @@ class Engine:
         launch_begin = tl.host_ns
         tl.advance_host(HOST_COSTS.collective_ns)
         self._collective_launches[(call.key, rank)] = (launch_begin, tl.host_ns, call)
+        # Written by _write_collective_launch once the collective has run; announced now, when the
+        # rank's host track reaches it.
+        self.sink.open_slice(st.info.trace_pid, HOST_TRACK, f"nccl:{call.op}", launch_begin, "cpu_op", end_ns=tl.host_ns)
         current = self._stream(st, call.device, call.stream)
         # ProcessGroupNCCL makes its stream wait for the caller's current stream first.
         ready = max(tl.host_ns + self.timing.launch_latency_ns, current.tail_ns, comm.tail_ns)

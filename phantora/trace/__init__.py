@@ -6,8 +6,8 @@ integer nanoseconds since simulation start.
 
 Order in which the engine writes (a sink may rely on it): on each track (pid, tid), slices
 arrive in order of their start time, except slices announced with `open_slice` when they
-start and written with `slice` when they end (nvtx ranges); instants and counters may
-arrive in any order.
+start and written with `slice` later (nvtx ranges, when they close; a collective's host call,
+when the collective has run); instants and counters may arrive in any order.
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ class TraceSink(Protocol):
         flow_in: int | None = None,
     ) -> None: ...
 
-    def open_slice(self, pid: int, tid: int, name: str, ts_ns: int, cat: str) -> None:
-        """A slice starting now whose end is not known yet; the same slice is written later by
-        `slice` (same pid, tid, name and start) when it ends. Sinks that need begin events in
-        time order (Perfetto protobuf) write the begin here; others ignore it."""
+    def open_slice(self, pid: int, tid: int, name: str, ts_ns: int, cat: str, end_ns: int | None = None) -> None:
+        """A slice starting now that is written later, by `slice` with the same pid, tid, name and
+        start (with its args and flows). `end_ns`: its end when already known (a collective's
+        host call, whose link to its kernel is known only when the collective runs); without
+        it the slice may enclose whatever comes until it is written (an nvtx range). Sinks that
+        need begin events in time order (Perfetto protobuf) use this; others ignore it."""
 
     def instant(self, pid: int, tid: int, name: str, ts_ns: int, cat: str, args: dict[str, Any] | None = None) -> None: ...
 
@@ -93,6 +95,10 @@ class TeeSink:
     ) -> None:
         for s in self.sinks:
             s.slice(pid, tid, name, ts_ns, dur_ns, cat, args, flow_out, flow_in)
+
+    def open_slice(self, pid: int, tid: int, name: str, ts_ns: int, cat: str, end_ns: int | None = None) -> None:
+        for s in self.sinks:
+            s.open_slice(pid, tid, name, ts_ns, cat, end_ns)
 
     def instant(self, pid: int, tid: int, name: str, ts_ns: int, cat: str, args: dict[str, Any] | None = None) -> None:
         for s in self.sinks:

@@ -128,7 +128,7 @@ class ChromeJsonSink:
     ) -> None:
         self._emit(slice_event(pid, tid, name, ts_ns, dur_ns, cat, args, flow_out, flow_in))
 
-    def open_slice(self, pid: int, tid: int, name: str, ts_ns: int, cat: str) -> None:
+    def open_slice(self, pid: int, tid: int, name: str, ts_ns: int, cat: str, end_ns: int | None = None) -> None:
         pass  # complete ("X") events are written once the slice ends
 
     def instant(self, pid: int, tid: int, name: str, ts_ns: int, cat: str, args: dict[str, Any] | None = None) -> None:

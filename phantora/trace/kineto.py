@@ -190,6 +190,9 @@ class KinetoSink:
         else:
             self._host_slice(r, name, ts_ns, dur_ns, cat, args or {})
 
+    def open_slice(self, pid: int, tid: int, name: str, ts_ns: int, cat: str, end_ns: int | None = None) -> None:
+        pass  # complete ("X") events are written once the slice ends
+
     def _host_slice(self, r: _Rank, name: str, ts_ns: int, dur_ns: int, cat: str, args: dict[str, Any]) -> None:
         out = {k: v for k, v in args.items() if k != "correlation"}
         correlation = args.get("correlation")

@@ -36,7 +36,12 @@ start time (TraceSink's contract); the one exception, an nvtx range, is announce
 Each track keeps a small heap of events not yet written and a watermark, the latest start seen:
 an event earlier than the watermark can no longer be preceded by anything still to come, so it
 is written; events at or after it wait. Memory per track is therefore the slices in flight
-(usually one or two), not the run. Events at one timestamp are written in the order that makes
+(usually one or two), not the run. A collective's host call is announced by `open_slice` with
+its end, but written (with its args and its link to the NCCL kernel) only when the collective
+has run, after later host slices: the events at its start and end times wait for it (parked)
+while later ones are written, and its begin, written then, carries its args and flows as any
+slice's does. (The file is then in time order per track except for those few events; the trace
+processor sorts by time anyway.) Events at one timestamp are written in the order that makes
 them nest the way the JSON importer nests complete events (longer first, ends before begins,
 zero-length slices inside a slice that starts with them), because the trace processor sorts
 packets by timestamp and keeps file order among equal timestamps (TraceSorter sorts by
@@ -166,9 +171,15 @@ class _Slice:
     start: int
     dur: int | None  # None while an open slice has not ended
     args: dict[str, Any] | None = None
-    end_args: dict[str, Any] | None = None  # args known only at the end (open slices)
     flow_ids: list[int] = field(default_factory=list)
     terminating_flow_ids: list[int] = field(default_factory=list)
+    # An open slice's args and flows arrive when it is written: they go on its begin when that
+    # is still waiting, else on its end event.
+    end_args: dict[str, Any] | None = None
+    end_flow_ids: list[int] = field(default_factory=list)
+    end_terminating_flow_ids: list[int] = field(default_factory=list)
+    announced_end: int | None = None  # an open slice's end, when open_slice gave it
+    blocking: tuple[int, ...] = ()  # the times whose events wait for this open slice
     begin_written: bool = False
     instant: bool = False
 
@@ -181,6 +192,11 @@ class _ThreadTrack:
     last_ts: int = 0  # latest timestamp seen (where still-open slices end on close)
     heap: list[tuple[Any, ...]] = field(default_factory=list)
     opens: dict[tuple[str, int], list[_Slice]] = field(default_factory=dict)
+    # Start and end of open slices announced with their end: the events at such a time wait
+    # (parked) until the slice is written, so that its begin can carry its args and flows and
+    # its begin and end take their places among the other events at those times.
+    blocked: dict[int, int] = field(default_factory=dict)  # time -> open slices blocking it
+    parked: dict[int, list[tuple[Any, ...]]] = field(default_factory=dict)
     seq: int = 0
 
 
@@ -335,7 +351,7 @@ class PerfettoProtoSink:
         track = self._thread_track(pid, tid)
         waiting = track.opens.get((name, ts_ns))
         if waiting:
-            self._end_open(track, waiting.pop(), dur_ns, args)
+            self._end_open(track, waiting.pop(), dur_ns, args, flow_out, flow_in)  # nvtx ranges close last-opened first
             if not waiting:
                 del track.opens[(name, ts_ns)]
         else:
@@ -351,11 +367,21 @@ class PerfettoProtoSink:
                 self._push(track, (ts_ns, _PHASE_POINT, s.seq, 0), s)
         self._advance(track, ts_ns)
 
-    def open_slice(self, pid: int, tid: int, name: str, ts_ns: int, cat: str) -> None:
+    def open_slice(self, pid: int, tid: int, name: str, ts_ns: int, cat: str, end_ns: int | None = None) -> None:
         track = self._thread_track(pid, tid)
         s = self._new_slice(track, name, cat, ts_ns, None, None)
         track.opens.setdefault((name, ts_ns), []).append(s)
-        self._push(track, (ts_ns, _PHASE_BEGIN, _OPEN, s.seq), s)
+        if end_ns is None:  # may enclose what comes until it ends: outermost at its start
+            self._push(track, (ts_ns, _PHASE_BEGIN, _OPEN, s.seq), s)
+        else:
+            s.announced_end = end_ns
+            s.blocking = (ts_ns, end_ns) if end_ns > ts_ns else (ts_ns,)
+            for t in s.blocking:
+                track.blocked[t] = track.blocked.get(t, 0) + 1
+            if end_ns > ts_ns:
+                self._push(track, (ts_ns, _PHASE_BEGIN, ts_ns - end_ns, s.seq), s)
+            else:  # zero length: its begin waits at the blocked time with the rest
+                self._push(track, (ts_ns, _PHASE_POINT, s.seq, 0), s)
         self._advance(track, ts_ns)
 
     def instant(self, pid: int, tid: int, name: str, ts_ns: int, cat: str, args: dict[str, Any] | None = None) -> None:
@@ -399,10 +425,11 @@ class PerfettoProtoSink:
             return
         self.closed = True
         for track in self._threads.values():
-            for waiting in track.opens.values():
+            for waiting in list(track.opens.values()):
                 for s in waiting:
                     self.unclosed_slices += 1
-                    self._end_open(track, s, max(track.last_ts - s.start, 0), None)
+                    end = s.announced_end if s.announced_end is not None else max(track.last_ts, s.start)
+                    self._end_open(track, s, end - s.start, None, None, None)
             track.opens.clear()
             track.watermark = math.inf  # type: ignore[assignment]
             self._flush(track)
@@ -429,12 +456,29 @@ class PerfettoProtoSink:
         track.seq += 1
         return _Slice(track.seq, name, cat, start, dur, args)
 
-    def _end_open(self, track: _ThreadTrack, s: _Slice, dur: int, args: dict[str, Any] | None) -> None:
+    def _end_open(self, track: _ThreadTrack, s: _Slice, dur: int, args: dict[str, Any] | None,
+                  flow_out: int | None, flow_in: int | None) -> None:
         s.dur = dur
-        s.end_args = args
-        if dur == 0 and not s.begin_written:
-            return  # its begin, still waiting, writes the end right after it
-        self._push(track, (s.start + dur, _PHASE_END, -s.start, -s.seq), s)
+        flow_ids, terminating = ((s.flow_ids, s.terminating_flow_ids) if not s.begin_written
+                                 else (s.end_flow_ids, s.end_terminating_flow_ids))
+        if flow_out is not None:
+            flow_ids.append(flow_out)
+        elif flow_in is not None:
+            terminating.append(flow_in)
+        if s.begin_written:
+            s.end_args = args
+        else:
+            s.args = args
+        if not (dur == 0 and not s.begin_written):  # else its begin, still waiting, writes the end too
+            self._push(track, (s.start + dur, _PHASE_END, -s.start, -s.seq), s)
+        for t in s.blocking:
+            left = track.blocked.pop(t) - 1
+            if left:
+                track.blocked[t] = left
+            else:  # the events that waited at that time may go now, in their order
+                for entry in track.parked.pop(t, ()):
+                    heapq.heappush(track.heap, entry)
+        self._flush(track)
 
     def _push(self, track: _ThreadTrack, key: tuple[int, int, int, int], s: _Slice) -> None:
         heapq.heappush(track.heap, (*key, s))
@@ -450,7 +494,11 @@ class PerfettoProtoSink:
     def _flush(self, track: _ThreadTrack) -> None:
         heap = track.heap
         while heap and heap[0][0] < track.watermark:
-            ts, phase, _, _, s = heapq.heappop(heap)
+            entry = heapq.heappop(heap)
+            ts, phase, _, _, s = entry
+            if ts in track.blocked:
+                track.parked.setdefault(ts, []).append(entry)
+                continue
             if phase == _PHASE_END:
                 self._write_end(track, ts, s)
             else:
@@ -467,7 +515,7 @@ class PerfettoProtoSink:
             return None
         ts = place[2]
         best: _Slice | None = None
-        for entry in track.heap:
+        for entry in [*track.heap, *(e for parked in track.parked.values() for e in parked)]:
             s = entry[4]
             if s.instant or s.begin_written or entry[1] == _PHASE_END:
                 continue
@@ -503,6 +551,13 @@ class PerfettoProtoSink:
 
     def _write_end(self, track: _ThreadTrack, ts: int, s: _Slice) -> None:
         payload = track.end_event
+        if s.end_flow_ids or s.end_terminating_flow_ids:
+            # The trace processor binds the flows of an end event to the slice it ends.
+            ev = self._event
+            ev.Clear()
+            ev.flow_ids_old.extend(s.end_flow_ids)
+            ev.terminating_flow_ids_old.extend(s.end_terminating_flow_ids)
+            payload += ev.SerializeToString()
         if s.end_args:
             payload += self._annotations(s.end_args)
         self._write(_TRACK_EVENT_KEY, payload, ts)
@@ -917,9 +972,12 @@ class _Decoder:
                 begin = stack.pop()
                 args = {**begin.args, **r.args}
                 place = (pid, tid, begin.ts)
-                flow_out = next((f for f in begin.flow_ids if not f & COLLECTIVE_FLOW_BIT), None)
-                flow_in = next((f for f in begin.terminating_flow_ids if not f & COLLECTIVE_FLOW_BIT), None)
+                # Flows and args of a slice may be on its begin or on its end.
+                flow_out = next((f for f in begin.flow_ids + r.flow_ids if not f & COLLECTIVE_FLOW_BIT), None)
+                flow_in = next((f for f in begin.terminating_flow_ids + r.terminating_flow_ids
+                                if not f & COLLECTIVE_FLOW_BIT), None)
                 self._note_flows(begin, place, sources, targets)
+                self._note_flows(r, place, sources, targets)
                 yield slice_event(pid, tid, begin.name, begin.ts, r.ts - begin.ts, begin.cat, args or None,
                                   flow_out, flow_in)
             self.unterminated_slices += len(stack)

@@ -50,20 +50,21 @@ def track_names(pkts: list[TracePacket]) -> dict[int, tuple[int, int]]:
             for p in pkts if p.HasField("track_descriptor") and p.track_descriptor.HasField("thread")}
 
 
-def slices_in_file_order(path: Path) -> dict[tuple[int, int], list[tuple[str, int, int, int]]]:
+def slices_in_file_order(path: Path, sort: bool = False) -> dict[tuple[int, int], list[tuple[str, int, int, int]]]:
     """Per (pid, tid): (name, ts, dur, depth) of each slice, pairing begins and ends with a stack
     in the order the packets are in the file (no sorting), failing on any unbalanced end or on a
-    track whose timestamps go back in file order."""
+    track whose timestamps go back in file order. With `sort`, in the order the trace processor
+    takes them instead: by timestamp, then file position."""
     pkts = packets(path)
     tracks = track_names(pkts)
-    names: dict[int, str] = {}
+    # Interned names, in file order (the writer never redefines an iid).
+    names = {e.iid: e.name for p in pkts if p.trusted_packet_sequence_id == 1 for e in p.interned_data.event_names}
+    if sort:
+        pkts = [p for _, p in sorted(enumerate(pkts), key=lambda ip: (ip[1].timestamp, ip[0]))]
     stacks: dict[int, list[tuple[str, int]]] = defaultdict(list)
     last_ts: dict[int, int] = {}
     out: dict[tuple[int, int], list[tuple[str, int, int, int]]] = defaultdict(list)
     for p in pkts:
-        for e in p.interned_data.event_names:
-            if p.trusted_packet_sequence_id == 1:
-                names[e.iid] = e.name
         if not p.HasField("track_event") or p.track_event.type not in (BEGIN, END, INSTANT):
             continue
         ev = p.track_event
@@ -224,6 +225,56 @@ def test_events_stream_to_disk_while_a_range_stays_open(tmp_path):
     sink.close({})
     host = slices_in_file_order(tmp_path / "long.pftrace")[(1, 1)]
     assert ("whole run", 0, 50000, 0) in host and len(host) == 5001
+
+
+def write_collective_call(sink: Any) -> None:
+    """A collective's host call announced with its end when the rank makes it, written (with
+    its args and its link to the kernel) only after the rank's host track went on."""
+    sink.process(1, "rank 0", 0)
+    sink.thread(1, 1, "host (aten op launches)", 0)
+    sink.thread(1, 11, "cuda:0 nccl group [0, 1]", 11)
+    sink.slice(1, 1, "aten::mm", 0, 10, "cpu_op", {"correlation": 1}, flow_out=1)
+    sink.open_slice(1, 1, "nccl:all_reduce", 10, "cpu_op", end_ns=12)
+    sink.slice(1, 1, "python: module_call", 12, 0, "python")  # at the call's end: waits for it
+    sink.slice(1, 1, "aten::add", 12, 8, "cpu_op")
+    sink.slice(1, 1, "aten::mul", 20, 10, "cpu_op")
+    sink.slice(1, 11, "ncclDevKernel_AllReduce", 40, 10, "kernel", {"op": "all_reduce", "correlation": 7},
+               flow_in=7)
+    sink.slice(1, 1, "nccl:all_reduce", 10, 2, "cpu_op", {"seq": 0, "correlation": 7}, flow_out=7)
+
+
+def test_a_call_written_after_later_slices_keeps_its_place_args_and_flow(tmp_path):
+    js, pf = ChromeJsonSink(tmp_path / "c.json"), PerfettoProtoSink(tmp_path / "c.pftrace")
+    tee = Tee(js, pf)
+    write_collective_call(tee)
+    tee.close({})
+    assert pf.late_slices == 0
+    decoded = load_pftrace(tmp_path / "c.pftrace")
+    assert multiset(decoded["traceEvents"]) == multiset(load_chrome_trace(tmp_path / "c.json")["traceEvents"])
+    host = slices_in_file_order(tmp_path / "c.pftrace", sort=True)[(1, 1)]
+    assert sorted(host, key=lambda s: (s[1], -s[2])) == [
+        ("aten::mm", 0, 10, 0), ("nccl:all_reduce", 10, 2, 0), ("aten::add", 12, 8, 0),
+        ("python: module_call", 12, 0, 1), ("aten::mul", 20, 10, 0)]
+    # The call's begin waited for its flow and args, as a complete slice's begin carries them.
+    events = [p.track_event for p in packets(tmp_path / "c.pftrace") if p.HasField("track_event")]
+    calls = [e for e in events if e.type == BEGIN and list(e.flow_ids_old) == [7]]
+    assert len(calls) == 1 and len(calls[0].debug_annotations) == 2  # seq, correlation
+    assert not any(e.flow_ids_old or e.debug_annotations for e in events if e.type == END)
+
+
+def test_events_go_on_while_a_call_waits_for_its_args(tmp_path):
+    sink = PerfettoProtoSink(tmp_path / "wait.pftrace")
+    sink.thread(1, 1, "host", 0)
+    sink.open_slice(1, 1, "nccl:all_gather", 0, "cpu_op", end_ns=5)
+    for i in range(1000):
+        sink.slice(1, 1, "aten::add", 5 + i * 10, 10, "cpu_op")
+    # Only the events at the call's start and end wait for it (its begin, the next slice's
+    # begin), not the 1,000 slices after it; the usual three at the latest start wait too.
+    assert sink.packets_written == 2 + (1 + 2 * 1000) - 3 - 2
+    sink.slice(1, 1, "nccl:all_gather", 0, 5, "cpu_op", {"seq": 3})
+    sink.close({})
+    host = slices_in_file_order(tmp_path / "wait.pftrace", sort=True)[(1, 1)]
+    assert ("nccl:all_gather", 0, 5, 0) in host and all(depth == 0 for *_, depth in host) and len(host) == 1001
 
 
 def test_a_slice_out_of_order_is_counted_and_kept(tmp_path):
