@@ -9,31 +9,17 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TracePacket, TrackEvent
 
-from phantora.trace import UnsupportedTraceFormat, open_sink
+from phantora.trace import TeeSink, TraceSink, UnsupportedTraceFormat, open_sink
 from phantora.trace.check import load_chrome_trace
 from phantora.trace.chrome import ChromeJsonSink
 from phantora.trace.perfetto import PerfettoProtoSink, PftraceFormatError, load_pftrace, read_pftrace
 
 BEGIN, END, INSTANT = TrackEvent.TYPE_SLICE_BEGIN, TrackEvent.TYPE_SLICE_END, TrackEvent.TYPE_INSTANT
-
-
-class Tee:
-    """Forwards every sink call to several sinks (the same run written in two formats)."""
-
-    def __init__(self, *sinks: Any) -> None:
-        self.sinks = sinks
-
-    def __getattr__(self, name: str) -> Any:
-        def call(*args: Any, **kwargs: Any) -> None:
-            for sink in self.sinks:
-                getattr(sink, name)(*args, **kwargs)
-        return call
 
 
 def multiset(events: list[dict]) -> Counter:
@@ -84,7 +70,7 @@ def slices_in_file_order(path: Path, sort: bool = False) -> dict[tuple[int, int]
     return out
 
 
-def write_sample(sink: Any) -> None:
+def write_sample(sink: TraceSink) -> None:
     """A small run: two ranks, nvtx ranges opening before their contents, zero-length and
     back-to-back slices, equal timestamps, instants out of order, counters, both kinds of flows,
     args of every JSON type."""
@@ -127,7 +113,7 @@ METADATA = {"gpu": "h100-sxm-80gb", "nodes": 1, "nproc_per_node": None, "wall_se
 
 def close_both(tmp_path: Path) -> tuple[Path, Path, PerfettoProtoSink]:
     js, pf = ChromeJsonSink(tmp_path / "run.json"), PerfettoProtoSink(tmp_path / "run.pftrace")
-    tee = Tee(js, pf)
+    tee = TeeSink([js, pf])
     write_sample(tee)
     tee.close(METADATA)
     return tmp_path / "run.json", tmp_path / "run.pftrace", pf
@@ -227,7 +213,7 @@ def test_events_stream_to_disk_while_a_range_stays_open(tmp_path):
     assert ("whole run", 0, 50000, 0) in host and len(host) == 5001
 
 
-def write_collective_call(sink: Any) -> None:
+def write_collective_call(sink: TraceSink) -> None:
     """A collective's host call announced with its end when the rank makes it, written (with
     its args and its link to the kernel) only after the rank's host track went on."""
     sink.process(1, "rank 0", 0)
@@ -245,7 +231,7 @@ def write_collective_call(sink: Any) -> None:
 
 def test_a_call_written_after_later_slices_keeps_its_place_args_and_flow(tmp_path):
     js, pf = ChromeJsonSink(tmp_path / "c.json"), PerfettoProtoSink(tmp_path / "c.pftrace")
-    tee = Tee(js, pf)
+    tee = TeeSink([js, pf])
     write_collective_call(tee)
     tee.close({})
     assert pf.late_slices == 0

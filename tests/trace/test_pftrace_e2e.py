@@ -12,13 +12,13 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
 from phantora.hardware import lookup_gpu
 from phantora.simulator import launch
+from phantora.trace import TeeSink
 from phantora.trace.check import check_chrome_trace, load_chrome_trace
 from phantora.trace.chrome import ChromeJsonSink
 from phantora.trace.perfetto import PerfettoProtoSink, load_pftrace
@@ -30,30 +30,22 @@ TINY_DDP = ["--layers", "1", "--embd", "128", "--heads", "2", "--seq", "128", "-
             "--accum", "2", "--bucket-mb", "1"]
 
 
-class BothFormats:
-    """A sink writing every call to `<stem>.json` and `<stem>.pftrace`."""
-
-    def __init__(self, stem: Path) -> None:
-        self.json = ChromeJsonSink(stem.with_suffix(".json"))
-        self.pftrace = PerfettoProtoSink(stem.with_suffix(".pftrace"))
-
-    def __getattr__(self, name: str) -> Any:
-        def call(*args: Any, **kwargs: Any) -> None:
-            getattr(self.json, name)(*args, **kwargs)
-            getattr(self.pftrace, name)(*args, **kwargs)
-        return call
+def both_formats(stem: Path) -> tuple[TeeSink, PerfettoProtoSink]:
+    """A sink writing every call to `<stem>.json` and `<stem>.pftrace`, and the latter."""
+    pftrace = PerfettoProtoSink(stem.with_suffix(".pftrace"))
+    return TeeSink([ChromeJsonSink(stem.with_suffix(".json")), pftrace]), pftrace
 
 
 def run_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str],
              nproc_per_node: int | None = None) -> tuple[dict, dict, PerfettoProtoSink]:
-    sinks: list[BothFormats] = []
-    monkeypatch.setattr(launch, "open_sink", lambda path: sinks.append(BothFormats(Path(path))) or sinks[-1])
+    sinks: list[tuple[TeeSink, PerfettoProtoSink]] = []
+    monkeypatch.setattr(launch, "open_sink", lambda path: sinks.append(both_formats(Path(path))) or sinks[-1][0])
     run = launch.TraceRun(command=command, output=tmp_path / "run", gpu=lookup_gpu("h100"),
                           nproc_per_node=nproc_per_node)
     result = launch.run_trace(run)
     assert result.exit_code == 0 and not result.internal_errors, result
     assert check_chrome_trace(tmp_path / "run.json").ok
-    return load_chrome_trace(tmp_path / "run.json"), load_pftrace(tmp_path / "run.pftrace"), sinks[0].pftrace
+    return load_chrome_trace(tmp_path / "run.json"), load_pftrace(tmp_path / "run.pftrace"), sinks[0][1]
 
 
 def multiset(events: list[dict]) -> Counter:
