@@ -87,6 +87,7 @@ import gzip
 import heapq
 import math
 import os
+import struct
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -123,18 +124,20 @@ _OPEN = -(1 << 62)  # sort key of an open slice's unknown (-duration): outermost
 _PHASE_END, _PHASE_BEGIN, _PHASE_POINT = 0, 1, 2
 
 
-_ONE_BYTE = [bytes([i]) for i in range(0x80)]
-
-
-def _varint(n: int) -> bytes:
-    if n < 0x80:
-        return _ONE_BYTE[n]
-    out = bytearray()
+def _varint_slow(n: int) -> bytes:
+    out = []
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+_SMALL_VARINTS = [_varint_slow(i) for i in range(1 << 14)]  # one and two bytes: lengths, ids
+
+
+def _varint(n: int) -> bytes:
+    return _SMALL_VARINTS[n] if n < 0x4000 else _varint_slow(n)
 
 
 def _key(field_number: int, wire_type: int) -> bytes:
@@ -157,6 +160,10 @@ _TRACK_DESCRIPTOR_KEY = _key(TracePacket.TRACK_DESCRIPTOR_FIELD_NUMBER, _LEN)
 _CHROME_EVENTS_KEY = _key(TracePacket.CHROME_EVENTS_FIELD_NUMBER, _LEN)
 _INTERNED_DATA_KEY = _key(TracePacket.INTERNED_DATA_FIELD_NUMBER, _LEN)
 _DEBUG_ANNOTATIONS_KEY = _key(TrackEvent.DEBUG_ANNOTATIONS_FIELD_NUMBER, _LEN)
+_FLOW_ID_KEY = _key(TrackEvent.FLOW_IDS_OLD_FIELD_NUMBER, _VARINT)
+_TERMINATING_FLOW_ID_KEY = _key(TrackEvent.TERMINATING_FLOW_IDS_OLD_FIELD_NUMBER, _VARINT)
+_COUNTER_VALUE_KEY = _key(TrackEvent.COUNTER_VALUE_FIELD_NUMBER, _VARINT)
+_DOUBLE_COUNTER_VALUE_KEY = _key(TrackEvent.DOUBLE_COUNTER_VALUE_FIELD_NUMBER, 1)  # 64-bit
 _FLAGS_FIRST = _FLAGS_KEY + _varint(TracePacket.SEQ_INCREMENTAL_STATE_CLEARED | TracePacket.SEQ_NEEDS_INCREMENTAL_STATE)
 _FLAGS_NEXT = _FLAGS_KEY + _varint(TracePacket.SEQ_NEEDS_INCREMENTAL_STATE)
 
@@ -213,6 +220,7 @@ class PerfettoProtoSink:
         self._threads: dict[tuple[int, int], _ThreadTrack] = {}
         self._counter_groups: dict[tuple[int, str], int] = {}
         self._counter_tracks: dict[tuple[int, str, str], int] = {}
+        self._counter_events: dict[int, bytes] = {}  # counter track -> its TrackEvent without a value
         self._sequence_heads: dict[int, bytes] = {}  # sequence id -> its packets' id and flags fields
         # Intern tables of the event sequence (string -> iid); new entries go into `_interned`,
         # which is written with the packet being built (the first one that uses them).
@@ -225,6 +233,7 @@ class PerfettoProtoSink:
         self._event = TrackEvent()
         self._annotation = DebugAnnotation()
         self._annotation_cache: dict[tuple[Any, bytes], bytes] = {}
+        self._begin_events: dict[tuple[int, int, str, str], bytes] = {}
         self.packets_written = 0
         self.bytes_written = 0
         self.late_slices = 0  # slices that started before their track's watermark
@@ -323,6 +332,7 @@ class PerfettoProtoSink:
             desc = TrackDescriptor(uuid=group, parent_uuid=self._process_track(pid), name=name)
             self._write(_TRACK_DESCRIPTOR_KEY, desc.SerializeToString())
         uuid = self._counter_tracks[(pid, name, key)] = self._next_uuid()
+        self._counter_events[uuid] = TrackEvent(type=_COUNTER, track_uuid=uuid).SerializeToString()
         # Named as Perfetto's JSON importer names this counter ("<event name> <key>").
         desc = TrackDescriptor(uuid=uuid, parent_uuid=group, name=f"{name} {key}")
         desc.counter.SetInParent()
@@ -397,16 +407,13 @@ class PerfettoProtoSink:
     def counter(self, pid: int, name: str, ts_ns: int, values: dict[str, float]) -> None:
         tracks = [(self._counter_track(pid, name, str(key)), value) for key, value in values.items()
                   if value is not None]
-        ev = self._event
         for uuid, value in tracks:  # one after the other: the reader joins them into one event
-            ev.Clear()
-            ev.type = _COUNTER
-            ev.track_uuid = uuid
-            if isinstance(value, int):  # integers stay integers, as in the JSON
-                ev.counter_value = value
+            # Integers stay integers (counter_value), as they do in the JSON.
+            if isinstance(value, int) and _INT64_MIN <= value <= _INT64_MAX:
+                encoded = _COUNTER_VALUE_KEY + _varint(value & _UINT64_MAX)  # int64: two's complement
             else:
-                ev.double_counter_value = value
-            self._write(_TRACK_EVENT_KEY, ev.SerializeToString(), ts_ns)
+                encoded = _DOUBLE_COUNTER_VALUE_KEY + struct.pack("<d", value)
+            self._write(_TRACK_EVENT_KEY, self._counter_events[uuid] + encoded, ts_ns)
 
     def flow(self, flow_id: int, name: str, src: tuple[int, int, int], dst: tuple[int, int, int]) -> None:
         source, target = self._enclosing(src), self._enclosing(dst)
@@ -526,38 +533,45 @@ class PerfettoProtoSink:
 
     # --- events ---------------------------------------------------------------------------------
     def _write_begin(self, track: _ThreadTrack, kind: int, ts: int, s: _Slice) -> None:
-        ev = self._event
-        ev.Clear()
-        ev.type = kind
-        ev.track_uuid = track.uuid
-        iid = self._intern(self._names, s.name)
-        if iid:
-            ev.name_iid = iid
-        else:
-            ev.name = s.name
-        iid = self._intern(self._cats, s.cat)
-        if iid:
-            ev.category_iids.append(iid)
-        else:
-            ev.categories.append(s.cat)
-        if s.flow_ids:
-            ev.flow_ids_old.extend(s.flow_ids)
-        if s.terminating_flow_ids:
-            ev.terminating_flow_ids_old.extend(s.terminating_flow_ids)
-        payload = ev.SerializeToString()
+        # The event's type, track, name and category repeat: serialized once (the first time
+        # also interns the name and category, into this packet), then reused.
+        key = (track.uuid, kind, s.name, s.cat)
+        payload = self._begin_events.get(key)
+        if payload is None:
+            ev = self._event
+            ev.Clear()
+            ev.type = kind
+            ev.track_uuid = track.uuid
+            iid = self._intern(self._names, s.name)
+            if iid:
+                ev.name_iid = iid
+            else:
+                ev.name = s.name
+            iid = self._intern(self._cats, s.cat)
+            if iid:
+                ev.category_iids.append(iid)
+            else:
+                ev.categories.append(s.cat)
+            payload = ev.SerializeToString()
+            if len(self._begin_events) >= _ANNOTATION_CACHE_LIMIT:
+                self._begin_events.clear()
+            self._begin_events[key] = payload
+        # Fields of a message may come in any order: flows and args follow.
+        for fid in s.flow_ids:
+            payload += _FLOW_ID_KEY + _varint(fid)
+        for fid in s.terminating_flow_ids:
+            payload += _TERMINATING_FLOW_ID_KEY + _varint(fid)
         if s.args:
-            payload += self._annotations(s.args)  # repeated fields may come in any order
+            payload += self._annotations(s.args)
         self._write(_TRACK_EVENT_KEY, payload, ts)
 
     def _write_end(self, track: _ThreadTrack, ts: int, s: _Slice) -> None:
         payload = track.end_event
-        if s.end_flow_ids or s.end_terminating_flow_ids:
-            # The trace processor binds the flows of an end event to the slice it ends.
-            ev = self._event
-            ev.Clear()
-            ev.flow_ids_old.extend(s.end_flow_ids)
-            ev.terminating_flow_ids_old.extend(s.end_terminating_flow_ids)
-            payload += ev.SerializeToString()
+        # The trace processor binds the flows of an end event to the slice it ends.
+        for fid in s.end_flow_ids:
+            payload += _FLOW_ID_KEY + _varint(fid)
+        for fid in s.end_terminating_flow_ids:
+            payload += _TERMINATING_FLOW_ID_KEY + _varint(fid)
         if s.end_args:
             payload += self._annotations(s.end_args)
         self._write(_TRACK_EVENT_KEY, payload, ts)
