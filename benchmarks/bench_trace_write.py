@@ -7,12 +7,13 @@ The recorded trace (.json, .json.gz or .pftrace) is turned back into the sink ca
 made (process/thread names, slices with their flows, instants, counters, collective flows) and
 replayed into NullSink, the Chrome JSON sink (.json and .json.gz) and the Perfetto protobuf sink
 (.pftrace), each writing a fresh file in a temporary directory. For each: the best time over
-`--repeat` replays, calls per second, the file size, and the time as a share of the recorded
-run's `wall_seconds` (the simulation's whole wall time, trace writing included) - what writing
-that format costs a run. Also the time `read_pftrace` takes to decode the .pftrace back.
+`--repeat` rounds (one replay of each sink per round), calls per second, the file size, and the
+time as a share of the recorded run's `wall_seconds` (the simulation's whole wall time, trace
+writing included): what writing that format costs a run. Also the size of the .pftrace gzipped
+and the time `read_pftrace` takes to decode it.
 
-nvtx ranges are replayed as plain slices (the JSON does not record when they opened), so a
-trace with nvtx ranges counts them as late slices in the protobuf sink.
+nvtx ranges and collective host calls are replayed as plain slices (the JSON does not record
+when they were announced), so the protobuf sink counts those as late slices.
 """
 
 from __future__ import annotations
@@ -100,10 +101,15 @@ def main() -> int:
             ("ChromeJsonSink .json.gz", lambda: ChromeJsonSink(Path(tmp) / "t.json.gz"), Path(tmp) / "t.json.gz"),
             ("PerfettoProtoSink .pftrace", lambda: PerfettoProtoSink(Path(tmp) / "t.pftrace"), Path(tmp) / "t.pftrace"),
         ]
+        # Rounds of one replay per sink, so that a busy machine slows every sink alike.
+        times: dict[str, list[float]] = {label: [] for label, _, _ in sinks}
+        for _ in range(opts.repeat):
+            for label, make, _ in sinks:
+                times[label].append(replay(calls, make(), metadata))
         print(f"\n| sink | best of {opts.repeat} s | calls/s | file bytes | share of run wall |")
         print("|---|---:|---:|---:|---:|")
-        for label, make, out in sinks:
-            best = min(replay(calls, make(), metadata) for _ in range(opts.repeat))
+        for label, _, out in sinks:
+            best = min(times[label])
             size = f"{out.stat().st_size:,}" if out else "-"
             share = f"{100 * best / wall:.1f}%" if wall else "-"
             print(f"| {label} | {best:.3f} | {len(calls) / best:,.0f} | {size} | {share} |")

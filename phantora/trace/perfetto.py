@@ -30,24 +30,23 @@ Metadata. The JSON's top-level "metadata" dict goes where Chrome's own protobuf 
 anything else as JSON), which the trace processor files in its `metadata` table.
 
 Slices. TrackEvent has no complete event, so each slice is a SLICE_BEGIN and a SLICE_END, and
-those must nest per track. The engine writes a slice when it ends, but on each track in order of
-start time (TraceSink's contract); the one exception, an nvtx range, is announced by
-`open_slice` when it starts (its begin is written then) and completed by `slice` when it ends.
-Each track keeps a small heap of events not yet written and a watermark, the latest start seen:
-an event earlier than the watermark can no longer be preceded by anything still to come, so it
-is written; events at or after it wait. Memory per track is therefore the slices in flight
-(usually one or two), not the run. A collective's host call is announced by `open_slice` with
-its end, but written (with its args and its link to the NCCL kernel) only when the collective
-has run, after later host slices: the events at its start and end times wait for it (parked)
-while later ones are written, and its begin, written then, carries its args and flows as any
-slice's does. (The file is then in time order per track except for those few events; the trace
-processor sorts by time anyway.) Events at one timestamp are written in the order that makes
-them nest the way the JSON importer nests complete events (longer first, ends before begins,
-zero-length slices inside a slice that starts with them), because the trace processor sorts
-packets by timestamp and keeps file order among equal timestamps (TraceSorter sorts by
-timestamp, then position). A slice that breaks the contract (starts before its track's
-watermark) is still written, with correct timestamps; only its nesting among equal timestamps
-may differ, and it is counted in `late_slices`.
+those must nest per track. The engine writes a slice when it ends, and on each track in order of
+start time (TraceSink's contract), except slices it announces with `open_slice` when they start:
+an nvtx range (it may enclose what follows; its begin is written then, its end when it closes)
+and a collective's host call (its end is known but its args and its link to the NCCL kernel
+come only once the collective has run, after later host slices). Each track keeps a small heap
+of events not yet written and a watermark, the latest start seen: an event earlier than the
+watermark can no longer be preceded by anything still to come, so it is written; events at or
+after it wait. The events at the start and end times of an announced host call wait (parked)
+until it is written, while later ones go on; its begin, written then, carries its args and
+flows as any slice's does. Memory per track is therefore the slices in flight (usually one or
+two), not the run, and the file is in time order per track but for those parked events. Events
+at one timestamp are written in the order that makes them nest the way the JSON importer nests
+complete events (longer first, ends before begins, zero-length slices inside a slice that starts
+with them), because the trace processor sorts packets by timestamp and keeps file order among
+equal timestamps (TraceSorter sorts by timestamp, then position). A slice that breaks the
+contract (starts before its track's watermark) is still written, with correct timestamps; only
+its nesting among equal timestamps may differ, and it is counted in `late_slices`.
 
 Flows. The host-op -> kernel arrows (JSON bind_id) are TrackEvent flows: the flow id on the op's
 begin, the same id as a terminating flow id on the kernel's. A collective's participant arrows
@@ -137,7 +136,7 @@ _SMALL_VARINTS = [_varint_slow(i) for i in range(1 << 14)]  # one and two bytes:
 
 
 def _varint(n: int) -> bytes:
-    return _SMALL_VARINTS[n] if n < 0x4000 else _varint_slow(n)
+    return _SMALL_VARINTS[n] if 0 <= n < 0x4000 else _varint_slow(n)
 
 
 def _key(field_number: int, wire_type: int) -> bytes:
