@@ -6,6 +6,9 @@ to `<path>.partial` and renamed on close; `close` runs on every exit path of the
 
 Timestamps: Chrome JSON uses microseconds; we write ns / 1000 with three decimals, which keeps
 nanosecond precision because times are relative to simulation start (notes/perfetto.md).
+No "displayTimeUnit": the format makes it a display preference only and current Perfetto
+ignores it, but Perfetto from 2020 to early 2022 (e.g. trace processor v20.1) read "ns" as
+"ts and dur are in nanoseconds" and showed every time 1000x too short.
 """
 
 from __future__ import annotations
@@ -114,7 +117,7 @@ class ChromeJsonSink:
             return
         self.closed = True
         self._flush()
-        self._file.write(b'\n],"displayTimeUnit":"ns","metadata":' + orjson.dumps(metadata) + b"}\n")
+        self._file.write(b'\n],"metadata":' + orjson.dumps(metadata) + b"}\n")
         self._file.close()
         if self._raw is not self._file:
             self._raw.close()
