@@ -6,12 +6,16 @@ The trace processor is the WASM build of Perfetto v20.1 (2021) in the npm packag
 Where v20.1 differs from current Perfetto, the expectation follows v20.1 and says so:
 - durations: v20.1 truncates dur * 1000 to ns, current Perfetto rounds (conformance.dur_ns_v20);
 - thread names: v20.1 names threads by tid alone, so a tid that is also a pid and is used by
-  several processes can carry another process's thread name. Those threads' names are not
-  compared (their slices still are, by pid and tid); test_v20_names_threads_by_tid_alone pins
-  the behaviour so the exclusion goes when the trace processor is upgraded;
+  several processes can carry another process's thread name. Those threads' names are only
+  checked to be none or one we gave that tid (their slices are compared exactly, by pid and
+  tid); test_v20_names_threads_by_tid_alone pins the behaviour so the exclusion goes when the
+  trace processor is upgraded;
 - partly overlapping slices: v20.1 nests them without a stat, so the nesting is checked with
   SQL (conformance.NESTING_QUERY);
-- top-level "metadata" is not imported by v20.1 and is not checked here.
+- top-level "metadata" is not imported by v20.1 and is not checked here; nor can v20.1 tell a
+  truncated file (test_query_errors_and_unreadable_traces_are_reported).
+Flow v2 (bind_id, flow_in/flow_out) is supported by v20.1 and compared like v1 flows.
+The import problems looked for are listed at conformance.STATS_QUERY.
 """
 
 from __future__ import annotations
@@ -156,11 +160,20 @@ def test_sink_output_imports_exactly(perfetto_tp, tmp_path):
         sink.counter(pid, f"cuda:{rank} memory", 1234, {"allocated": 1.0, "reserved": 2.0})
     for i in range(3):
         sink.flow(i, "all_reduce", (1, 11, 1000 * i + 700), (2, 11, 1000 * i + 700))
+    # The simulator's process (pid 0, which Perfetto also uses for the kernel's idle task) with a
+    # rollback instant, and the network's process with a link counter, as the engine writes them.
+    sink.process(0, "simulator (rollbacks, corrections)", -1)
+    sink.thread(0, 1, "network rollbacks", 0)
+    sink.instant(0, 1, "rollback: all_reduce #0", 800, "rollback", {"flows rolled back": 2})
+    sink.process(1_000_000, "network", 1_000_000)
+    sink.counter(1_000_000, "link gpu->nvswitch [node0 gpu0]", 700, {"utilization": 0.5, "GB/s": 225.0})
     sink.close({"gpu": "h100"})
     assert check_chrome_trace(sink.path).ok
     got = import_with_trace_processor(perfetto_tp, sink.path)
     assert got.problems == []
     assert sum(got.contents.flows.values()) == 9
+    assert got.contents.process_names[0] == "simulator (rollbacks, corrections)"
+    assert (0, 1, 800, 0, "rollback: all_reduce #0", "rollback") in got.contents.slices
     assert got.contents == contents_of_json(sink.path)
 
 
