@@ -13,8 +13,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfetto_wasm import TraceProcessorRun, WasmTraceProcessor
 from phantora.trace.check import load_chrome_trace
+
+from .perfetto_wasm import TraceProcessorRun, WasmTraceProcessor
 
 ThreadKey = tuple[int, int]  # pid, tid
 SliceKey = tuple[int, int, int, int, str, str | None]  # pid, tid, ts ns, dur ns, name, category

@@ -1,9 +1,5 @@
 """Fixtures for the trace tests: Perfetto's WASM trace processor (installed once per cache
-directory) and traces of tiny example runs (made once per test session).
-
-No __init__.py in this directory, unlike tests/engine: pytest would import it as a package
-named `trace` and shadow the standard library's `trace` module for the whole session.
-"""
+directory) and traces of tiny example runs (made once per test session)."""
 
 from __future__ import annotations
 
@@ -13,8 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conformance import Imported, import_with_trace_processor
-from perfetto_wasm import TraceProcessorUnavailable, WasmTraceProcessor, install
+
+from .conformance import Imported, import_with_trace_processor
+from .perfetto_wasm import TraceProcessorUnavailable, WasmTraceProcessor, install
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_GPT = ["--layers", "1", "--embd", "64", "--heads", "2", "--seq", "64", "--batch", "2", "--steps", "2"]

@@ -27,11 +27,12 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conformance import TraceContents, ThreadKey, contents_of_json, import_with_trace_processor
-from perfetto_wasm import TraceProcessorError
 
 from phantora.trace.check import check_chrome_trace
 from phantora.trace.chrome import ChromeJsonSink
+
+from .conformance import TraceContents, ThreadKey, contents_of_json, import_with_trace_processor
+from .perfetto_wasm import TraceProcessorError
 
 TRACES = ["gpt", "ddp", "pp", "gpt.json.gz"]
 
