@@ -518,8 +518,13 @@ class Engine:
                 "collective": work, "correlation": launch,
             }, flow_in=launch)
             places.append((st.info.trace_pid, stream.track, ready))
-        for i, dst in enumerate(places[1:]):
-            self.sink.flow(flow * 1000 + i, f"{first.op} #{first.seq}", places[0], dst)
+        src = places[0]
+        for i, (pid, track, ready) in enumerate(places[1:]):
+            # Perfetto meets flow events in time order and drops an arrow whose end it meets before
+            # its start (stat flow_end_without_start): a recv often waits from before its send.
+            # Each member's slice lasts from its ready time to `end`, so a point no earlier than
+            # the source's is still inside it.
+            self.sink.flow(flow * 1000 + i, f"{first.op} #{first.seq}", src, (pid, track, max(ready, src[2])))
 
     def _write_collective_launch(self, st: RankState, call: CollectiveCall, ran: bool = True) -> int | None:
         """The host slice of `call` (ProcessGroupNCCL enqueuing the NCCL kernel), written once the
