@@ -137,5 +137,45 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluste
     sys.exit(result.exit_code)
 
 
+@main.command()
+@click.argument("trace_file", metavar="TRACE", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--port", type=click.IntRange(0, 65535), default=9001, show_default=True,
+              help="Port on 127.0.0.1 to serve from (0: any free port). ui.perfetto.dev opens url= links only "
+                   "from 127.0.0.1:9001; on another port use the dashboard's \"Open in Perfetto UI\" button.")
+@click.option("--no-browser", is_flag=True, help="Only print the URLs; do not open a browser.")
+def view(trace_file: Path, port: int, no_browser: bool) -> None:
+    """Serve TRACE to ui.perfetto.dev and to a local dashboard, until Ctrl-C.
+
+    Listens on 127.0.0.1 only and serves nothing but the trace and the dashboard (step times,
+    compute / communication / idle per GPU, memory, network links, top kernels; the same
+    figures as `phantora summary`). Ctrl-C stops it with exit code 0.
+
+    \b
+    Examples:
+      phantora view run.json
+      phantora view --port 9002 --no-browser run.json.gz
+    """
+    from phantora.query.errors import TraceFileError
+    from phantora.view import PERFETTO_DEEP_LINK_PORT, PortInUse, PortNotAllowed, ViewerAssetsMissing, serve
+
+    try:
+        serve(trace_file, port=port, open_browser=not no_browser, echo=click.echo)
+    except KeyboardInterrupt:
+        # Ctrl-C is how this command is meant to end, so it is a success, not a failure.
+        click.echo("phantora view: stopped", err=True)
+        sys.exit(0)
+    except PortInUse as e:
+        raise click.ClickException(
+            f"port {e.port} on 127.0.0.1 is already in use (another `phantora view`?): stop that program or pick "
+            f"another port with --port N (--port 0 picks a free one). Note: ui.perfetto.dev opens url= links only "
+            f"from 127.0.0.1:{PERFETTO_DEEP_LINK_PORT}; on another port, use the dashboard's \"Open in Perfetto UI\" "
+            "button instead") from None
+    except PortNotAllowed as e:
+        raise click.ClickException(f"not allowed to listen on port {e.port} (ports below 1024 need root): "
+                                   f"use --port {PERFETTO_DEEP_LINK_PORT}") from None
+    except (TraceFileError, ViewerAssetsMissing) as e:
+        raise click.ClickException(str(e)) from None
+
+
 if __name__ == "__main__":
     main()

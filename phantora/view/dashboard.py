@@ -1,0 +1,163 @@
+"""What the dashboard shows, as two JSON documents computed once when `phantora view` starts.
+
+`/api/summary.json` is a `DashboardSummary`: the trace's `TraceSummary` (phantora.query.summary,
+the code behind `phantora summary`) reshaped for display; no figure is computed here.
+`/api/series.json` is a `DashboardSeries`: counters over time read with SQL from the loaded
+trace (memory per rank and device, network link load, rollback instants), thinned out for drawing.
+Times are milliseconds since simulation start; memory in bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import orjson
+
+from phantora.view.server import ViewUrls
+
+# A counter with more points than this is thinned for drawing (the peaks are kept; the peak
+# figures themselves come from the summary, not from the thinned series).
+MAX_POINTS_PER_SERIES = 2000
+
+
+@dataclass
+class RunInfo:
+    gpu: str | None
+    cluster: str | None
+    nodes: int | None
+    ranks: int
+    command: str | None
+    simulated_ms: float | None
+    wall_seconds: float | None
+    exit_code: int | None
+    estimator: str | None
+
+
+@dataclass
+class StepStats:
+    source: str | None  # how steps were found: "step markers", "nvtx ranges", ...
+    count: int
+    mean_ms: float | None
+    median_ms: float | None
+    min_ms: float | None
+    max_ms: float | None
+    warmup_excluded: bool
+
+
+@dataclass
+class Throughput:
+    tflops: float | None
+    mfu: float | None
+    peak_tflops: float | None
+    peak_note: str
+
+
+@dataclass
+class RankView:
+    rank: int
+    label: str
+    step_ms: list[float]
+    mean_step_ms: float | None
+    span_ms: float
+    compute_ms: float
+    comm_ms: float
+    exposed_comm_ms: float
+    idle_ms: float
+    overlap_fraction: float | None
+    tflops: float | None
+    mfu: float | None
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+
+
+@dataclass
+class KernelRow:
+    name: str
+    count: int
+    total_ms: float
+    share: float
+
+
+@dataclass
+class OpCount:
+    name: str
+    count: int
+
+
+@dataclass
+class Rollbacks:
+    count: int
+    stale_replies: int
+
+
+@dataclass
+class DashboardSummary:
+    file: str
+    trace_url: str
+    trace_bytes: int
+    perfetto_deep_link: str | None
+    run: RunInfo
+    steps: StepStats
+    throughput: Throughput
+    ranks: list[RankView]
+    top_kernels: list[KernelRow]
+    rollbacks: Rollbacks
+    unknown_ops: list[OpCount]
+
+
+@dataclass
+class MemorySeries:
+    rank: int
+    device: int
+    allocated: list[tuple[float, float]]  # (ms, bytes)
+    reserved: list[tuple[float, float]]
+
+
+@dataclass
+class LinkSeries:
+    name: str
+    points: list[tuple[float, float, float]]  # (ms, utilization 0..1, GB/s)
+
+
+@dataclass
+class RollbackMark:
+    ms: float
+    name: str
+
+
+@dataclass
+class DashboardSeries:
+    span_ms: float
+    memory: list[MemorySeries] = field(default_factory=list)
+    links: list[LinkSeries] = field(default_factory=list)
+    rollbacks: list[RollbackMark] = field(default_factory=list)
+
+
+@dataclass
+class Dashboard:
+    trace: Path
+    summary: DashboardSummary
+    series: DashboardSeries
+
+    def api_documents(self, urls: ViewUrls) -> dict[str, bytes]:
+        """Route name under /api/ -> JSON body."""
+        summary = asdict(self.summary)
+        summary["perfetto_deep_link"] = urls.perfetto
+        return {"summary.json": orjson.dumps(summary, option=orjson.OPT_SERIALIZE_NUMPY),
+                "series.json": orjson.dumps(asdict(self.series), option=orjson.OPT_SERIALIZE_NUMPY)}
+
+
+def thin(points: list[tuple[float, ...]], limit: int = MAX_POINTS_PER_SERIES) -> list[tuple[float, ...]]:
+    """At most about `limit` points of a step series (value held until the next point): per
+    bucket of consecutive points, the first, the largest and the last, in time order, so
+    peaks and the final level survive."""
+    if len(points) <= limit:
+        return points
+    per = max(1, (len(points) * 3) // limit + 1)
+    out: list[tuple[float, ...]] = []
+    for i in range(0, len(points), per):
+        bucket = points[i:i + per]
+        keep = {0, max(range(len(bucket)), key=lambda j: bucket[j][1]), len(bucket) - 1}
+        out.extend(bucket[j] for j in sorted(keep))
+    return out
