@@ -37,8 +37,10 @@ function h(tag, attrs = {}, ...children) {
 }
 
 function card(labelText, valueText, note, key, raw) {
+  const [number, ...unit] = valueText.split(' ');
   return h('div', { class: 'card', 'data-key': key, 'data-value': raw == null ? '' : String(raw) },
-    h('div', { class: 'label' }, labelText), h('div', { class: 'value' }, valueText),
+    h('div', { class: 'label' }, labelText),
+    h('div', { class: 'value' }, number, unit.length ? h('span', { class: 'unit' }, unit.join(' ')) : null),
     note ? h('div', { class: 'note' }, note) : null);
 }
 
@@ -101,15 +103,15 @@ function renderSteps(s) {
 
 function renderBreakdown(s) {
   const rows = s.ranks.map((r) => {
-    const seg = (name, value, color) => ({
-      value, color, text: `${name} ${fmt.pct(r.span_ms ? value / r.span_ms : null)}`,
+    const seg = (name, value, color, dark = false) => ({
+      value, color, dark, text: `${name} ${fmt.pct(r.span_ms ? value / r.span_ms : null)}`,
       title: `rank ${r.rank} ${name}: ${fmt.ms(value)} ms (${fmt.pct(r.span_ms ? value / r.span_ms : null)} of ${fmt.ms(r.span_ms)} ms)`,
       attrs: { 'data-part': name.replace(' ', '-'), 'data-ms': value },
     });
     return {
       label: `rank ${r.rank}`,
       attrs: { 'data-rank': r.rank, 'data-span-ms': r.span_ms },
-      segments: [seg('compute', r.compute_ms, COMPUTE), seg('exposed comm', r.exposed_comm_ms, COMM), seg('idle', r.idle_ms, IDLE)],
+      segments: [seg('compute', r.compute_ms, COMPUTE), seg('exposed comm', r.exposed_comm_ms, COMM), seg('idle', r.idle_ms, IDLE, true)],
     };
   });
   const chart = $('breakdown-chart');
@@ -127,13 +129,15 @@ function renderMemory(s, series) {
     chart.replaceChildren(h('p', { class: 'empty' }, 'No memory counters in this trace.'));
     return;
   }
+  const gib = (points) => points.map(([t, b]) => [t, b / 2 ** 30]);
   const lines = series.memory.flatMap((m) => [
-    { label: `rank ${m.rank} cuda:${m.device} allocated`, color: rankColor(m.rank), points: m.allocated,
-      attrs: { 'data-rank': m.rank, 'data-kind': 'allocated' } },
-    { label: `rank ${m.rank} cuda:${m.device} reserved`, color: rankColor(m.rank), dashed: true, points: m.reserved,
-      attrs: { 'data-rank': m.rank, 'data-kind': 'reserved' } },
+    { label: `rank ${m.rank} cuda:${m.device} allocated`, color: rankColor(m.rank), points: gib(m.allocated),
+      attrs: { 'data-rank': m.rank, 'data-device': m.device, 'data-kind': 'allocated', 'data-points': m.allocated.length } },
+    { label: `rank ${m.rank} cuda:${m.device} reserved`, color: rankColor(m.rank), dashed: true, points: gib(m.reserved),
+      attrs: { 'data-rank': m.rank, 'data-device': m.device, 'data-kind': 'reserved', 'data-points': m.reserved.length } },
   ]);
-  stepLines(chart, { series: lines, xMax: series.span_ms, xFormat: timeAxisFormat(series.span_ms), yFormat: fmt.bytes });
+  stepLines(chart, { series: lines, xMax: series.span_ms, xFormat: timeAxisFormat(series.span_ms),
+    yFormat: (v) => `${+v.toFixed(2)} GiB` });
   chart.prepend(legend(s.ranks.map((r) => ({
     label: `rank ${r.rank}: peak ${fmt.gib(r.peak_allocated_bytes)} allocated, ${fmt.gib(r.peak_reserved_bytes)} reserved`,
     color: rankColor(r.rank),

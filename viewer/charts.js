@@ -28,14 +28,16 @@ function label(x, y, text, attrs = {}) {
   return t;
 }
 
-/** About `count` round tick values covering [lo, hi]. */
+/** Round tick values, about `count` of them, from lo up to the first one at or above hi. */
 export function niceTicks(lo, hi, count = 5) {
   if (!(hi > lo)) hi = lo + 1;
   const raw = (hi - lo) / count;
   const mag = 10 ** Math.floor(Math.log10(raw));
   const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => s >= raw);
   const ticks = [];
-  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) ticks.push(+v.toPrecision(12));
+  let v = Math.ceil(lo / step) * step;
+  for (; v < hi - step * 1e-9; v += step) ticks.push(+v.toPrecision(12));
+  ticks.push(+v.toPrecision(12));
   return ticks;
 }
 
@@ -111,8 +113,9 @@ export function stackedRows(container, { rows, xFormat, rowHeight = 26 }) {
   const m = { l: 70, r: 16, t: 6, b: 26 };
   const H = m.t + m.b + rows.length * (rowHeight + 8);
   const max = Math.max(0, ...rows.map((r) => r.segments.reduce((s, x) => s + x.value, 0)));
-  const ticks = niceTicks(0, max || 1, 6);
-  const right = ticks[ticks.length - 1];
+  // The longest row spans the full width; ticks stop inside it.
+  const right = max || 1;
+  const ticks = niceTicks(0, right, 6).filter((t) => t <= right);
   const x = (v) => m.l + (W - m.l - m.r) * (v / right);
   const svg = el('svg', { viewBox: `0 0 ${W} ${H}`, role: 'img' });
   for (const t of ticks) {
@@ -128,7 +131,9 @@ export function stackedRows(container, { rows, xFormat, rowHeight = 26 }) {
       const w = x(acc + s.value) - x(acc);
       g.append(el('rect', { class: 'seg', x: x(acc), y: top, width: Math.max(0, w), height: rowHeight, fill: s.color,
         ...(s.attrs || {}) }, [title(s.title)]));
-      if (w > 58 && s.text) g.append(label(x(acc) + 6, top + rowHeight / 2 + 4, s.text, { fill: '#fff', 'font-weight': 600 }));
+      if (w > 8 * s.text.length && s.text) {
+        g.append(label(x(acc) + 6, top + rowHeight / 2 + 4, s.text, { class: s.dark ? 'on-light' : 'on-dark' }));
+      }
       acc += s.value;
     }
     svg.append(g);

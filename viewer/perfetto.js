@@ -57,8 +57,9 @@ export async function openInPerfetto({ origin, traceUrl, title, fileName, onStat
     window.addEventListener('message', onMessage);
   });
   const buffer = await trace;
-  onStatus(`Sending ${(buffer.byteLength / 1e6).toFixed(1)} MB to ${origin}…`);
+  const size = buffer.byteLength; // read before the transfer below empties `buffer`
+  onStatus(`Sending ${(size / 1e6).toFixed(1)} MB to ${origin}…`);
   // Transferred, not copied: traces can be hundreds of MB.
   ui.postMessage({ perfetto: { buffer, title, fileName } }, origin, [buffer]);
-  return buffer.byteLength;
+  return size;
 }

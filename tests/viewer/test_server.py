@@ -4,7 +4,6 @@ the CORS header ui.perfetto.dev needs, and everything it must refuse."""
 from __future__ import annotations
 
 import http.client
-import os
 import socket
 from pathlib import Path
 
