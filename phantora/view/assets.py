@@ -26,9 +26,11 @@ def _is_viewer_dir(path: Path) -> bool:
     return all((path / name).is_file() for name in REQUIRED)
 
 
-def viewer_dir() -> Path:
+CHECKOUT_VIEWER = Path(__file__).resolve().parents[2] / "viewer"
+
+
+def viewer_dir(checkout: Path = CHECKOUT_VIEWER) -> Path:
     """The folder holding index.html, app.js and the rest of the dashboard."""
-    checkout = Path(__file__).resolve().parents[2] / "viewer"
     if _is_viewer_dir(checkout):
         return checkout
     try:
