@@ -9,12 +9,17 @@ Times are milliseconds since simulation start; memory in bytes.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 
 from phantora.view.server import ViewUrls
+
+if TYPE_CHECKING:
+    from phantora.query import TraceDB
 
 # A counter with more points than this is thinned for drawing (the peaks are kept; the peak
 # figures themselves come from the summary, not from the thinned series).
@@ -161,3 +166,57 @@ def thin(points: list[tuple[float, ...]], limit: int = MAX_POINTS_PER_SERIES) ->
         keep = {0, max(range(len(bucket)), key=lambda j: bucket[j][1]), len(bucket) - 1}
         out.extend(bucket[j] for j in sorted(keep))
     return out
+
+
+# Perfetto's JSON importer names a counter track "<counter name> <args key>".
+_MEMORY_SQL = """
+SELECT p.name AS process, t.name AS track, c.ts, c.value
+FROM counter c JOIN process_counter_track t ON c.track_id = t.id JOIN process p ON t.upid = p.upid
+WHERE t.name GLOB 'cuda:* memory allocated' OR t.name GLOB 'cuda:* memory reserved'
+ORDER BY p.pid, t.name, c.ts
+"""
+_LINK_SQL = """
+SELECT t.name AS track, c.ts, c.value
+FROM counter c JOIN process_counter_track t ON c.track_id = t.id JOIN process p ON t.upid = p.upid
+WHERE p.name = 'network' AND t.name GLOB 'link *'
+ORDER BY t.name, c.ts
+"""
+_ROLLBACK_SQL = "SELECT ts, name FROM slice WHERE category = 'rollback' ORDER BY ts"
+_SPAN_SQL = "SELECT max(ts + dur) FROM slice"
+
+_RANK = re.compile(r"^rank (\d+)\b")
+_MEMORY_TRACK = re.compile(r"^cuda:(\d+) memory (allocated|reserved)$")
+_LINK_TRACK = re.compile(r"^link (.+) (utilization|GB/s)$")
+
+
+def _ms(ns: float) -> float:
+    return ns / 1e6
+
+
+def read_series(db: TraceDB) -> DashboardSeries:
+    """Counters over time, by SQL on Perfetto's tables (either query engine)."""
+    simulated_ns = db.metadata.get("simulated_ns")
+    span_ns = simulated_ns if isinstance(simulated_ns, (int, float)) else (db.query(_SPAN_SQL).scalar() or 0)
+
+    memory: dict[tuple[int, int], dict[str, list[tuple[float, float]]]] = {}
+    for process, track, ts, value in db.query(_MEMORY_SQL).rows:
+        rank, kind = _RANK.match(process or ""), _MEMORY_TRACK.match(track)
+        if rank and kind:
+            key = (int(rank.group(1)), int(kind.group(1)))
+            memory.setdefault(key, {"allocated": [], "reserved": []})[kind.group(2)].append((_ms(ts), value))
+
+    links: dict[str, dict[int, list[float]]] = {}
+    for track, ts, value in db.query(_LINK_SQL).rows:
+        m = _LINK_TRACK.match(track)
+        if m:
+            point = links.setdefault(m.group(1), {}).setdefault(ts, [0.0, 0.0])
+            point[0 if m.group(2) == "utilization" else 1] = value
+
+    return DashboardSeries(
+        span_ms=_ms(span_ns),
+        memory=[MemorySeries(rank, device, thin(v["allocated"]), thin(v["reserved"]))
+                for (rank, device), v in sorted(memory.items())],
+        links=[LinkSeries(name, thin([(_ms(ts), u, gbps) for ts, (u, gbps) in sorted(points.items())]))
+               for name, points in sorted(links.items())],
+        rollbacks=[RollbackMark(_ms(ts), name) for ts, name in db.query(_ROLLBACK_SQL).rows],
+    )
