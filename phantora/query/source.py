@@ -126,15 +126,17 @@ def _recover_truncated(raw: bytes) -> Any:
     """A Chrome JSON file cut off mid-write, decoded up to its last complete event (phantora
     writes one event per line); None if that does not decode either."""
     start = raw.find(b"[")
-    end = raw.rfind(b"}\n", start)
-    for _ in range(8):  # an event line itself cut mid-way: try a few lines further back
-        if start < 0 or end <= start:
+    end = len(raw)
+    closing = b"]" + (b"}" if raw.lstrip()[:1] == b"{" else b"")
+    for _ in range(8):  # a line itself cut mid-way: try a few lines further back
+        newline = raw.rfind(b"\n", start + 1, end)
+        brace = raw.rfind(b"}", start + 1, newline) if newline > 0 else -1
+        if start < 0 or brace < 0:
             break
-        candidate = raw[: end + 1] + b"]" + (b"}" if raw.lstrip()[:1] == b"{" else b"")
         try:
-            return _decode(candidate)
+            return _decode(raw[: brace + 1] + closing)
         except msgspec.MsgspecError:
-            end = raw.rfind(b"}\n", start, end)
+            end = brace
     return None
 
 
