@@ -65,6 +65,8 @@ def main() -> None:
     Examples:
       phantora trace -o run.json -- python examples/gpt_train.py
       phantora trace --gpu a100 -o run.json.gz -- python train.py --batch 8
+      phantora summary run.json
+      phantora query run.json "select name, sum(dur) from slice group by name order by 2 desc limit 5"
     """
 
 
@@ -175,6 +177,112 @@ def view(trace_file: Path, port: int, no_browser: bool) -> None:
                                    f"use --port {PERFETTO_DEEP_LINK_PORT}") from None
     except (TraceFileError, ViewerAssetsMissing) as e:
         raise click.ClickException(str(e)) from None
+
+
+# --- reading traces: query, summary, diff -------------------------------------------------------
+_ENGINE_OPTION = click.option(
+    "--engine", type=click.Choice(["auto", "builtin", "trace_processor"]), default="auto", show_default=True,
+    help="Who answers: Perfetto's trace_processor_shell (set PHANTORA_TRACE_PROCESSOR to one; never downloaded), "
+         "the built-in SQLite engine, or auto: the first when a binary is found.")
+
+
+def _fail(message: str) -> None:
+    click.echo(f"phantora: {message}", err=True)
+    sys.exit(1)
+
+
+def _open_trace(path: str, engine: str):  # type: ignore[no-untyped-def]
+    from phantora.query import EngineUnavailable, TraceFileError, load
+
+    try:
+        return load(path, engine=engine)
+    except (TraceFileError, EngineUnavailable) as e:
+        _fail(str(e))
+
+
+@main.command()
+@click.argument("trace_file", metavar="TRACE")
+@click.argument("sql")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
+              help="table: aligned columns; csv: with a header row; json: a list of row objects.")
+@_ENGINE_OPTION
+def query(trace_file: str, sql: str, fmt: str, engine: str) -> None:
+    """Run SQL on a trace, with Perfetto's tables (slice, thread_track, thread, process,
+    counter, process_counter_track, flow, args, metadata; times in ns).
+
+    \b
+    Examples:
+      phantora query run.json "select name, count(*), sum(dur) from slice group by name order by 3 desc limit 10"
+      phantora query run.json "select name, str_value, int_value from metadata"
+      phantora query run.json.gz --format csv "select ts, dur, extract_arg(arg_set_id, 'args.flops') as flops
+        from slice where category = 'kernel'"
+    """
+    from phantora.query import QueryError
+    from phantora.query.render import query_result
+
+    with _open_trace(trace_file, engine) as db:
+        try:
+            result = db.query(sql)
+        except QueryError as e:
+            _fail(f"SQL error: {e.message} (in query: {' '.join(e.sql.split())})")
+        click.echo(query_result(result, fmt))
+
+
+@main.command()
+@click.argument("trace_file", metavar="TRACE")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (the TraceSummary dataclass).")
+@click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Kernels to list.")
+@_ENGINE_OPTION
+def summary(trace_file: str, as_json: bool, top: int, engine: str) -> None:
+    """Step time, compute / communication / idle breakdown, MFU, top kernels and peak memory
+    of a trace, per rank and overall.
+
+    \b
+    Examples:
+      phantora summary run.json
+      phantora summary --json run.json > summary.json
+    """
+    from phantora.query import QueryError
+    from phantora.query import render
+    from phantora.query.summary import summarize
+
+    with _open_trace(trace_file, engine) as db:
+        try:
+            s = summarize(db, top=top)
+        except QueryError as e:  # a trace_processor without the tables this needs
+            _fail(f"cannot summarize {trace_file}: {e.message}")
+    click.echo(render.to_json(s) if as_json else render.summary(s))
+
+
+@main.command()
+@click.argument("trace_a", metavar="A")
+@click.argument("trace_b", metavar="B")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.option("--top", type=click.IntRange(1), default=10, show_default=True,
+              help="Kernels to compare: the union of each trace's top N.")
+@_ENGINE_OPTION
+def diff(trace_a: str, trace_b: str, as_json: bool, top: int, engine: str) -> None:
+    """Compare two traces: step time, GPU time breakdown, MFU and top kernels, with B - A and
+    B / A.
+
+    \b
+    Example:
+      phantora diff baseline.json with_checkpointing.json
+    """
+    from phantora.query import QueryError
+    from phantora.query import render
+    from phantora.query.diff import diff as compare
+    from phantora.query.summary import summarize
+
+    summaries = []
+    for path in (trace_a, trace_b):
+        with _open_trace(path, engine) as db:
+            try:
+                summaries.append(summarize(db, top=None))
+            except QueryError as e:
+                _fail(f"cannot summarize {path}: {e.message}")
+    d = compare(summaries[0], summaries[1], top=top)
+    click.echo(render.to_json(d) if as_json else render.trace_diff(d))
 
 
 if __name__ == "__main__":

@@ -49,17 +49,20 @@ function rankColor(rank) {
 }
 
 function renderCards(s) {
-  const peakAlloc = Math.max(...s.ranks.map((r) => r.peak_allocated_bytes ?? 0));
+  const peakAlloc = s.memory.length ? Math.max(...s.memory.map((m) => m.allocated_bytes ?? 0)) : null;
+  const st = s.steps;
+  const stale = s.rollbacks.stale_replies == null ? 'stale replies not recorded' : `${fmt.int(s.rollbacks.stale_replies)} stale replies`;
   const cards = [
-    card('Mean step time', `${fmt.ms(s.steps.mean_ms)} ms`,
-      s.steps.count ? `${s.steps.count} steps, ${s.steps.warmup_excluded ? 'first excluded' : 'all'}` : 'no steps found',
-      'step-mean-ms', s.steps.mean_ms),
-    card('Throughput', `${fmt.tflops(s.throughput.tflops)} TFLOP/s`, 'per GPU, kernel FLOPs / span', 'tflops', s.throughput.tflops),
-    card('MFU', fmt.pct(s.throughput.mfu), s.throughput.peak_note, 'mfu', s.throughput.mfu),
-    card('Peak memory', fmt.gib(peakAlloc), 'allocated, busiest rank', 'peak-allocated', peakAlloc),
-    card('Simulated time', `${fmt.ms(s.run.simulated_ms)} ms`, `wall ${s.run.wall_seconds ?? '–'} s`, 'simulated-ms', s.run.simulated_ms),
-    card('Ranks', String(s.run.ranks), `${s.run.gpu ?? ''}`, 'ranks', s.run.ranks),
-    card('Rollbacks', fmt.int(s.rollbacks.count), `${fmt.int(s.rollbacks.stale_replies)} stale replies`, 'rollbacks', s.rollbacks.count),
+    card('Step time', `${fmt.ms(st.mean_ms)} ms`,
+      st.count ? `mean of ${st.steady_count} of ${st.count} steps${st.count > st.steady_count ? ' (first is warm-up)' : ''}` : 'no steps found',
+      'step-mean-ms', st.mean_ms),
+    card('Throughput', `${fmt.tflops(s.throughput.tflops)} TFLOP/s`, `${s.throughput.gpus} GPU(s) together`, 'tflops', s.throughput.tflops),
+    card('MFU', fmt.pct(s.throughput.mfu), `of ${s.throughput.peak}`, 'mfu', s.throughput.mfu),
+    card('Peak memory', fmt.gib(peakAlloc), 'allocated, busiest GPU', 'peak-allocated', peakAlloc),
+    card('Simulated time', `${fmt.ms(s.run.simulated_ms)} ms`, s.run.wall_seconds != null ? `in ${s.run.wall_seconds} s wall` : '',
+      'simulated-ms', s.run.simulated_ms),
+    card('Ranks', String(s.run.ranks), s.run.gpu ?? '', 'ranks', s.run.ranks),
+    card('Rollbacks', fmt.int(s.rollbacks.count), stale, 'rollbacks', s.rollbacks.count),
     card('Unknown ops', fmt.int(s.unknown_ops.length), s.unknown_ops.length ? 'costed as zero' : 'every op estimated',
       'unknown-ops', s.unknown_ops.length),
   ];
@@ -71,10 +74,11 @@ function renderCards(s) {
 }
 
 function renderSteps(s) {
-  $('step-source').textContent = s.steps.source ? `from ${s.steps.source}` : '';
+  $('step-source').textContent = s.steps.source !== 'none' ? `from ${s.steps.detail}` : '';
   const nSteps = Math.max(0, ...s.ranks.map((r) => r.step_ms.length));
+  const warmup = s.steps.count > s.steps.steady_count;
   if (!nSteps) {
-    $('step-chart').replaceChildren(h('p', { class: 'empty' }, 'No steps found in this trace.'));
+    $('step-chart').replaceChildren(h('p', { class: 'empty' }, `No steps found in this trace (${s.steps.detail}).`));
     $('step-table').replaceChildren();
     return;
   }
@@ -83,8 +87,8 @@ function renderSteps(s) {
     groups.push({
       label: `step ${i}`,
       bars: s.ranks.filter((r) => i < r.step_ms.length).map((r) => ({
-        value: r.step_ms[i], color: rankColor(r.rank), faded: i === 0 && s.steps.warmup_excluded,
-        title: `rank ${r.rank}, step ${i}: ${fmt.ms(r.step_ms[i])} ms${i === 0 && s.steps.warmup_excluded ? ' (warm-up, excluded from means)' : ''}`,
+        value: r.step_ms[i], color: rankColor(r.rank), faded: i === 0 && warmup,
+        title: `rank ${r.rank}, step ${i}: ${fmt.ms(r.step_ms[i])} ms${i === 0 && warmup ? ' (warm-up, left out of the means)' : ''}`,
         attrs: { 'data-rank': r.rank, 'data-step': i, 'data-ms': r.step_ms[i] },
       })),
     });
@@ -98,29 +102,41 @@ function renderSteps(s) {
   const rows = s.ranks.map((r) => h('tr', { 'data-rank': String(r.rank), 'data-mean-step-ms': String(r.mean_step_ms ?? '') },
     h('td', {}, r.label), h('td', { class: 'mean' }, fmt.ms(r.mean_step_ms)),
     ...Array.from({ length: nSteps }, (_, i) => h('td', {}, i < r.step_ms.length ? fmt.ms(r.step_ms[i]) : ''))));
+  rows.push(h('tr', { class: 'overall', 'data-overall': '1', 'data-mean-step-ms': String(s.steps.mean_ms ?? '') },
+    h('td', {}, 'step (slowest rank)'), h('td', { class: 'mean' }, fmt.ms(s.steps.mean_ms)),
+    ...Array.from({ length: nSteps }, (_, i) => h('td', {}, i < s.steps.step_ms.length ? fmt.ms(s.steps.step_ms[i]) : ''))));
   $('step-table').replaceChildren(h('thead', {}, head), h('tbody', {}, ...rows));
 }
 
 function renderBreakdown(s) {
-  const rows = s.ranks.map((r) => {
+  const chart = $('breakdown-chart');
+  if (!s.gpus.length) {
+    chart.replaceChildren(h('p', { class: 'empty' }, 'No GPU work in this trace.'));
+    return;
+  }
+  const rows = s.gpus.map((g) => {
+    const share = (v) => fmt.pct(g.span_ms ? v / g.span_ms : null);
     const seg = (name, value, color, dark = false) => ({
-      value, color, dark, text: `${name} ${fmt.pct(r.span_ms ? value / r.span_ms : null)}`,
-      title: `rank ${r.rank} ${name}: ${fmt.ms(value)} ms (${fmt.pct(r.span_ms ? value / r.span_ms : null)} of ${fmt.ms(r.span_ms)} ms)`,
+      value, color, dark, text: `${name} ${share(value)}`,
+      title: `rank ${g.rank} cuda:${g.device} ${name}: ${fmt.ms(value)} ms (${share(value)} of ${fmt.ms(g.span_ms)} ms)`,
       attrs: { 'data-part': name.replace(' ', '-'), 'data-ms': value },
     });
     return {
-      label: `rank ${r.rank}`,
-      attrs: { 'data-rank': r.rank, 'data-span-ms': r.span_ms },
-      segments: [seg('compute', r.compute_ms, COMPUTE), seg('exposed comm', r.exposed_comm_ms, COMM), seg('idle', r.idle_ms, IDLE, true)],
+      label: `rank ${g.rank}` + (s.gpus.some((o) => o.rank === g.rank && o.device !== g.device) ? ` cuda:${g.device}` : ''),
+      attrs: { 'data-rank': g.rank, 'data-device': g.device, 'data-span-ms': g.span_ms },
+      segments: [seg('compute', g.compute_ms, COMPUTE), seg('exposed comm', g.exposed_comm_ms, COMM), seg('idle', g.idle_ms, IDLE, true)],
     };
   });
-  const chart = $('breakdown-chart');
   stackedRows(chart, { rows, xFormat: (v) => `${+v.toFixed(1)} ms` });
   chart.prepend(legend([{ label: 'compute', color: COMPUTE }, { label: 'communication not overlapped by compute', color: COMM },
     { label: 'idle', color: IDLE }]));
-  const notes = s.ranks.map((r) => `rank ${r.rank}: communication ${fmt.ms(r.comm_ms)} ms, ${fmt.pct(r.overlap_fraction)} overlapped`
-    + ` · ${fmt.tflops(r.tflops)} TFLOP/s · MFU ${fmt.pct(r.mfu)}`);
-  chart.append(h('div', { class: 'legend' }, notes.join('   |   ')));
+  const head = h('tr', {}, h('th', {}, 'GPU'), h('th', {}, 'span (ms)'), h('th', {}, 'compute (ms)'), h('th', {}, 'comm (ms)'),
+    h('th', {}, 'exposed comm (ms)'), h('th', {}, 'idle (ms)'), h('th', {}, 'comm overlapped'), h('th', {}, 'TFLOP/s'), h('th', {}, 'MFU'));
+  const body = s.gpus.map((g) => h('tr', { 'data-rank': String(g.rank), 'data-device': String(g.device) },
+    h('td', {}, `rank ${g.rank} cuda:${g.device}`), h('td', {}, fmt.ms(g.span_ms)), h('td', {}, fmt.ms(g.compute_ms)),
+    h('td', {}, fmt.ms(g.comm_ms)), h('td', {}, fmt.ms(g.exposed_comm_ms)), h('td', {}, fmt.ms(g.idle_ms)),
+    h('td', {}, fmt.pct(g.overlap_fraction)), h('td', {}, fmt.tflops(g.tflops)), h('td', { class: 'mfu' }, fmt.pct(g.mfu))));
+  chart.append(h('table', { class: 'data', id: 'breakdown-table' }, h('thead', {}, head), h('tbody', {}, ...body)));
 }
 
 function renderMemory(s, series) {
@@ -138,9 +154,9 @@ function renderMemory(s, series) {
   ]);
   stepLines(chart, { series: lines, xMax: series.span_ms, xFormat: timeAxisFormat(series.span_ms),
     yFormat: (v) => `${+v.toFixed(2)} GiB` });
-  chart.prepend(legend(s.ranks.map((r) => ({
-    label: `rank ${r.rank}: peak ${fmt.gib(r.peak_allocated_bytes)} allocated, ${fmt.gib(r.peak_reserved_bytes)} reserved`,
-    color: rankColor(r.rank),
+  chart.prepend(legend(s.memory.map((m) => ({
+    label: `rank ${m.rank} cuda:${m.device}: peak ${fmt.gib(m.allocated_bytes)} allocated, ${fmt.gib(m.reserved_bytes)} reserved`,
+    color: rankColor(m.rank),
   }))));
 }
 
@@ -190,7 +206,8 @@ function renderRollbacks(s, series) {
   const box = $('rollbacks');
   const text = h('p', { 'data-rollbacks': String(s.rollbacks.count) },
     s.rollbacks.count
-      ? `${fmt.int(s.rollbacks.count)} rollback(s) of the network simulation; ${fmt.int(s.rollbacks.stale_replies)} reply(ies) already given to a rank were stale.`
+      ? `${fmt.int(s.rollbacks.count)} rollback(s) of the network simulation`
+        + (s.rollbacks.stale_replies == null ? '.' : `; ${fmt.int(s.rollbacks.stale_replies)} reply(ies) already given to a rank were stale.`)
       : 'No rollbacks: every flow arrived in time order.');
   box.replaceChildren(text);
   if (series.rollbacks.length) {

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import orjson
 
@@ -20,6 +21,7 @@ from phantora.view.server import ViewUrls
 
 if TYPE_CHECKING:
     from phantora.query import TraceDB
+    from phantora.query.summary import TraceSummary
 
 # A counter with more points than this is thinned for drawing (the peaks are kept; the peak
 # figures themselves come from the summary, not from the thinned series).
@@ -40,22 +42,17 @@ class RunInfo:
 
 
 @dataclass
-class StepStats:
-    source: str | None  # how steps were found: "step markers", "nvtx ranges", ...
-    count: int
+class StepView:
+    """Overall steps: step N takes as long as the slowest rank's step N."""
+    source: str  # "step markers", "nvtx ranges", "kernel periodicity" or "none"
+    detail: str
+    count: int  # steps found
+    step_ms: list[float]
+    steady_count: int  # steps the statistics cover (the first, warm-up, one left out)
     mean_ms: float | None
     median_ms: float | None
     min_ms: float | None
     max_ms: float | None
-    warmup_excluded: bool
-
-
-@dataclass
-class Throughput:
-    tflops: float | None
-    mfu: float | None
-    peak_tflops: float | None
-    peak_note: str
 
 
 @dataclass
@@ -64,6 +61,12 @@ class RankView:
     label: str
     step_ms: list[float]
     mean_step_ms: float | None
+
+
+@dataclass
+class GpuView:
+    rank: int
+    device: int
     span_ms: float
     compute_ms: float
     comm_ms: float
@@ -72,8 +75,22 @@ class RankView:
     overlap_fraction: float | None
     tflops: float | None
     mfu: float | None
-    peak_allocated_bytes: int | None
-    peak_reserved_bytes: int | None
+
+
+@dataclass
+class Throughput:
+    tflops: float | None  # all GPUs together
+    mfu: float | None
+    gpus: int
+    peak: str  # which peak MFU is measured against
+
+
+@dataclass
+class MemoryPeakView:
+    rank: int
+    device: int
+    allocated_bytes: float | None
+    reserved_bytes: float | None
 
 
 @dataclass
@@ -93,7 +110,7 @@ class OpCount:
 @dataclass
 class Rollbacks:
     count: int
-    stale_replies: int
+    stale_replies: int | None  # None: the trace does not record them
 
 
 @dataclass
@@ -103,9 +120,11 @@ class DashboardSummary:
     trace_bytes: int
     perfetto_deep_link: str | None
     run: RunInfo
-    steps: StepStats
+    steps: StepView
     throughput: Throughput
     ranks: list[RankView]
+    gpus: list[GpuView]
+    memory: list[MemoryPeakView]
     top_kernels: list[KernelRow]
     rollbacks: Rollbacks
     unknown_ops: list[OpCount]
@@ -220,3 +239,75 @@ def read_series(db: TraceDB) -> DashboardSeries:
                for name, points in sorted(links.items())],
         rollbacks=[RollbackMark(_ms(ts), name) for ts, name in db.query(_ROLLBACK_SQL).rows],
     )
+
+
+TOP_KERNELS = 15
+
+
+def _opt_ms(ns: float | None) -> float | None:
+    return None if ns is None else _ms(ns)
+
+
+def _run_info(metadata: dict[str, Any], ranks: int) -> RunInfo:
+    def pick(key: str, kind: type | tuple[type, ...]) -> Any:
+        value = metadata.get(key)
+        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+    command = metadata.get("command")
+    simulated = pick("simulated_ns", (int, float))
+    return RunInfo(gpu=pick("gpu", str), cluster=pick("cluster", str), nodes=pick("nodes", int), ranks=ranks,
+                   command=" ".join(map(str, command)) if isinstance(command, list) else pick("command", str),
+                   simulated_ms=_opt_ms(simulated), wall_seconds=pick("wall_seconds", (int, float)),
+                   exit_code=pick("exit_code", int), estimator=pick("estimator", str))
+
+
+def dashboard_summary(s: TraceSummary, metadata: dict[str, Any], rank_labels: dict[int, str], trace: Path) -> DashboardSummary:
+    """The summary in the dashboard's units (ms), field for field: no figure is recomputed."""
+    steps = s.steps
+    stats = steps.stats
+    by_rank = {r.rank: r for r in steps.per_rank}
+    return DashboardSummary(
+        file=trace.name,
+        trace_url="/" + quote(trace.name),
+        trace_bytes=trace.stat().st_size,
+        perfetto_deep_link=None,
+        run=_run_info(metadata, len(s.ranks)),
+        steps=StepView(source=steps.source, detail=steps.detail, count=len(steps.overall_ns),
+                       step_ms=[_ms(d) for d in steps.overall_ns], steady_count=stats.steps if stats else 0,
+                       mean_ms=_opt_ms(stats.mean_ns) if stats else None,
+                       median_ms=_opt_ms(stats.median_ns) if stats else None,
+                       min_ms=_opt_ms(stats.min_ns) if stats else None,
+                       max_ms=_opt_ms(stats.max_ns) if stats else None),
+        throughput=Throughput(tflops=s.overall.tflops if s.overall else None, mfu=s.overall.mfu if s.overall else None,
+                              gpus=s.overall.gpus if s.overall else 0, peak=s.peak),
+        ranks=[RankView(rank=r, label=rank_labels.get(r, f"rank {r}"),
+                        step_ms=[_ms(d) for d in by_rank[r].durations_ns] if r in by_rank else [],
+                        mean_step_ms=_opt_ms(by_rank[r].stats.mean_ns) if r in by_rank and by_rank[r].stats else None)
+               for r in s.ranks],
+        gpus=[GpuView(rank=g.rank, device=g.device, span_ms=_ms(g.span_ns), compute_ms=_ms(g.compute_ns),
+                      comm_ms=_ms(g.comm_ns), exposed_comm_ms=_ms(g.exposed_comm_ns), idle_ms=_ms(g.idle_ns),
+                      overlap_fraction=g.overlap_fraction, tflops=g.tflops, mfu=g.mfu) for g in s.gpus],
+        memory=[MemoryPeakView(m.rank, m.device, m.allocated_bytes, m.reserved_bytes) for m in s.memory],
+        top_kernels=[KernelRow(k.name, k.count, _ms(k.total_ns), k.share) for k in s.top_kernels],
+        rollbacks=Rollbacks(s.rollbacks, s.stale_replies),
+        unknown_ops=[OpCount(name, count) for name, count in s.unknown_ops.items()],
+    )
+
+
+def _rank_labels(db: TraceDB) -> dict[int, str]:
+    labels = {}
+    for (name,) in db.query("SELECT name FROM process WHERE name LIKE 'rank %'").rows:
+        m = _RANK.match(name or "")
+        if m:
+            labels[int(m.group(1))] = name
+    return labels
+
+
+def build_dashboard(trace: Path) -> Dashboard:
+    """Load `trace` once and compute both documents (TraceFileError if it cannot be read)."""
+    from phantora.query import load
+    from phantora.query.summary import summarize
+
+    with load(trace) as db:
+        summary = summarize(db, top=TOP_KERNELS)
+        return Dashboard(trace, dashboard_summary(summary, db.metadata, _rank_labels(db), trace), read_series(db))
