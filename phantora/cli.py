@@ -167,16 +167,14 @@ def view(trace_file: Path, port: int, no_browser: bool) -> None:
         click.echo("phantora view: stopped", err=True)
         sys.exit(0)
     except PortInUse as e:
-        raise click.ClickException(
-            f"port {e.port} on 127.0.0.1 is already in use (another `phantora view`?): stop that program or pick "
-            f"another port with --port N (--port 0 picks a free one). Note: ui.perfetto.dev opens url= links only "
-            f"from 127.0.0.1:{PERFETTO_DEEP_LINK_PORT}; on another port, use the dashboard's \"Open in Perfetto UI\" "
-            "button instead") from None
+        _fail(f"port {e.port} on 127.0.0.1 is already in use (another `phantora view`?): stop that program or pick "
+              f"another port with --port N (--port 0 picks a free one). Note: ui.perfetto.dev opens url= links only "
+              f"from 127.0.0.1:{PERFETTO_DEEP_LINK_PORT}; on another port, use the dashboard's \"Open in Perfetto UI\" "
+              "button instead")
     except PortNotAllowed as e:
-        raise click.ClickException(f"not allowed to listen on port {e.port} (ports below 1024 need root): "
-                                   f"use --port {PERFETTO_DEEP_LINK_PORT}") from None
+        _fail(f"not allowed to listen on port {e.port} (ports below 1024 need root): use --port {PERFETTO_DEEP_LINK_PORT}")
     except (TraceFileError, ViewerAssetsMissing) as e:
-        raise click.ClickException(str(e)) from None
+        _fail(str(e))
 
 
 # --- reading traces: query, summary, diff -------------------------------------------------------

@@ -55,7 +55,7 @@ def test_corrupt_trace_is_a_one_line_error(tmp_path, content):
     bad.write_bytes(content)
     result = CliRunner().invoke(main, ["view", "--no-browser", "--port", "0", str(bad)])
     assert result.exit_code == 1, result.output
-    error = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    error = [line for line in result.output.splitlines() if line.startswith("phantora: ")]
     assert len(error) == 1 and "bad.json" in error[0]
     assert "Traceback" not in result.output
 
