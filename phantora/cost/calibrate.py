@@ -108,14 +108,9 @@ def _launch_floor_signature() -> OpSignature:
 
 
 def device_row(device: str, floor_us: float) -> dict:
-    import torch
+    from phantora.cost.measured import local_device_info
 
-    from phantora.cost.measured import local_device_name
-
-    row = {"op": "device", "name": local_device_name(device), "torch": str(torch.__version__)}
-    if device.startswith("cuda"):
-        props = torch.cuda.get_device_properties(torch.device(device))
-        row.update(sms=props.multi_processor_count, cuda=torch.version.cuda)
+    row = {"op": "device", **local_device_info(device)}
     row.update(
         floor_us=round(floor_us, 3),
         gap_us=0.0,

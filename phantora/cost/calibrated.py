@@ -16,7 +16,8 @@ kernel is a few microseconds at most; a family without such points takes the fil
 and a file without any takes 0. A file whose device row states the gap (gap_us: `phantora
 calibrate` writes 0, its method has none) is taken at its word. Points measured >10%
 slower than a point of the same key that is at least as large in every coordinate are left out
-too: that is a measurement event (clock, contention), not a shape effect.
+too, and so are GEMMs >15% slower than their mirror (M and N swapped): those are measurement
+events (clock, contention), not shape effects.
 
 From points to estimates. For a signature whose key has points, the estimate is
 
@@ -29,9 +30,11 @@ measured shapes, and corrects the model where this GPU deviates from it (throttl
 largest GEMMs, cuBLAS's choices on skinny ones). Why this rather than interpolating the times
 themselves (log time vs log FLOPs between neighbours) or one fitted efficiency per family:
 leave-one-out on the shipped H100 table, all families, |error| median / p90: analytical
-4.3% / 13.3%, one correction per family 2.9% / 11.5%, log-log in FLOPs 3.5% / 12.1%, this
-2.1% / 8.9% (benchmarks/bench_cost.py prints the per-family figures). One octave is the table's
-grid spacing: wider radii let far shapes vote (worse for GEMMs in the same test).
+4.2% / 13.1%, one correction per family 2.8% / 10.9%, log-log in FLOPs 4.9% / 17.0%, this
+2.0% / 7.8% (benchmarks/bench_cost.py prints these and the per-family figures). One octave is
+the table's grid spacing. Wider radii (1.5-3) do as well on held-out table points (7.6-7.9%
+p90) but calibrate shapes far from any measurement: on the GPT examples' GEMMs as
+torch.profiler timed them in training, their p90 error grows from 18% to 24-31%.
 
 Outside that range, for ops no row measures, and for shapes whose key has no points, the
 analytical estimate is returned unchanged with its reason in `estimator`:
@@ -63,6 +66,11 @@ NEIGHBOURS = 8
 # A point measured this much slower than a point of the same key that is at least as large in
 # every coordinate is a measurement event (the H100 table's M=4096 bf16 row reads 1.3-4x slow).
 DOMINATED_SLOWER_BY = 1 / 0.9
+# GEMMs with M and N swapped do the same work; cuBLAS runs such pairs within 12% of each other
+# in the H100 table (median 1.6%) except in its M=4096 bf16 row (up to 4.6x): a point this much
+# slower than its mirror is the measurement event, not the shape.
+MIRROR_SLOWER_BY = 1.15
+_MIRRORS = {"mm": (1, 0, 2)}  # key family -> the coordinate permutation that gives the same work
 # A multi-call row (sdpa forward + backward) whose earlier calls explain all but this fraction
 # of the time cannot time its last call.
 MIN_REMAINDER_FRACTION = 0.2
@@ -163,6 +171,7 @@ class TablePoint:
     label: str  # the calibration row, e.g. "mm 4096x4096x4096 bf16"
     key: Key
     shape: tuple[int, ...]
+    measured_ns: float  # the row's time as measured
     kernel_ns: float  # measured time minus the method's gap (minus earlier calls' time)
     residual: float  # log(kernel_ns / analytical estimate of the same signature)
 
@@ -232,7 +241,7 @@ def method_gaps(measurements: list[Measurement], floor: list[bool],
 
 def _dominated(p: TablePoint, others: list[TablePoint]) -> bool:
     return any(o is not p and o.shape != p.shape and all(a >= b for a, b in zip(o.shape, p.shape))
-               and p.kernel_ns > DOMINATED_SLOWER_BY * o.kernel_ns for o in others)
+               and p.measured_ns > DOMINATED_SLOWER_BY * o.measured_ns for o in others)
 
 
 def build_table(cal: CalibrationFile, analytical: AnalyticalEstimator) -> CalibrationTable:
@@ -260,7 +269,8 @@ def build_table(cal: CalibrationFile, analytical: AnalyticalEstimator) -> Calibr
             multi.append((m, key, shape, kernel_ns))
             continue
         est = _analytical_ns(analytical, m.signatures)
-        candidates.setdefault(key, []).append(TablePoint(m.label, key, shape, kernel_ns, math.log(kernel_ns / est)))
+        candidates.setdefault(key, []).append(
+            TablePoint(m.label, key, shape, m.measured_ns, kernel_ns, math.log(kernel_ns / est)))
     single = _keep_consistent(candidates, excluded)
     # Rows timing several calls (sdpa forward + backward) time their last call: the whole minus
     # what the single-call points predict for the calls before it.
@@ -272,18 +282,31 @@ def build_table(cal: CalibrationFile, analytical: AnalyticalEstimator) -> Calibr
             excluded[m.label] = "the calls before the last one take nearly all of it"
             continue
         est = _analytical_ns(analytical, m.signatures[-1:])
-        derived.setdefault(key, []).append(TablePoint(m.label, key, shape, last_ns, math.log(last_ns / est)))
+        derived.setdefault(key, []).append(
+            TablePoint(m.label, key, shape, m.measured_ns, last_ns, math.log(last_ns / est)))
     points = {**single, **_keep_consistent(derived, excluded)}
     return CalibrationTable(cal.path, cal.device_name, points, gaps, excluded)
 
 
+def _slower_than_mirror(p: TablePoint, others: list[TablePoint]) -> bool:
+    perm = _MIRRORS.get(p.key[0])
+    if perm is None:
+        return False
+    mirror = tuple(p.shape[i] for i in perm)
+    return mirror != p.shape and any(o.shape == mirror and p.measured_ns > MIRROR_SLOWER_BY * o.measured_ns
+                                     for o in others)
+
+
 def _keep_consistent(candidates: dict[Key, list[TablePoint]], excluded: dict[str, str]) -> dict[Key, tuple[TablePoint, ...]]:
+    """Drop measurement events: points slower than a shape that does at least as much work."""
     out = {}
     for key, ps in candidates.items():
         kept = []
         for p in ps:
             if _dominated(p, ps):
                 excluded[p.label] = ">10% slower than a measured shape at least as large in every size"
+            elif _slower_than_mirror(p, ps):
+                excluded[p.label] = ">15% slower than the same GEMM with M and N swapped"
             else:
                 kept.append(p)
         if kept:

@@ -133,6 +133,17 @@ def local_device_name(device: str) -> str:
     return f"cpu ({platform.machine()}, 1 thread)"  # see _CpuClock
 
 
+def local_device_info(device: str) -> dict[str, Any]:
+    """What a calibration table's device row says about the device: name, torch, CUDA, SMs."""
+    import torch
+
+    info: dict[str, Any] = {"name": local_device_name(device), "torch": str(torch.__version__)}
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(torch.device(device))
+        info.update(sms=props.multi_processor_count, cuda=torch.version.cuda)
+    return info
+
+
 # --- the disk cache ----------------------------------------------------------------------------
 
 class KernelTimeCache:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from interpose.shim_build import cache_dir as shim_cache_dir
 from phantora.cli import main
 from phantora.cost import choose_estimator
 from phantora.cost.measurements import mm_signature, read_calibration
@@ -119,6 +120,10 @@ def test_trace_with_a_calibration_file(tmp_path, cpu_table):
 @pytest.mark.slow
 def test_trace_measured_on_the_cpu(tmp_path):
     env = {"PHANTORA_MEASURE_DEVICE": "cpu", "PHANTORA_CACHE_DIR": str(tmp_path / "cache")}
+    shim = shim_cache_dir() / "shim"  # the compiled native shim lives there too: reuse it, do not rebuild
+    if shim.exists():
+        (tmp_path / "cache").mkdir()
+        (tmp_path / "cache" / "shim").symlink_to(shim)
     proc, trace = run_trace(tmp_path, "--kernel-times", "measured", env=env)
     assert kernel_labels(trace, "aten::mm.default") == {"measured"}
     assert trace["metadata"]["kernel_times"]["measured_on"].startswith("cpu")
