@@ -230,7 +230,6 @@ class _ArgBuilder:
         self.torch = torch_mod
         self.device = device
         self.sig = sig
-        self.bytes = 0
         self.generator = torch_mod.Generator(device=device if device.startswith("cuda") else "cpu")
         self.generator.manual_seed(0)
 
@@ -247,7 +246,6 @@ class _ArgBuilder:
             raise Unmeasurable(f"a tensor on {t.device}")
         # the storage the strides address (broadcast dims have stride 0), filled, then viewed
         extent = 0 if 0 in t.shape else 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride))
-        self.bytes += extent * t.itemsize
         base = torch.empty(extent, dtype=dtype, device=device, pin_memory=pinned)
         self._fill(base, bound)
         return base.as_strided(t.shape, t.stride)
@@ -265,7 +263,10 @@ class _ArgBuilder:
             else:
                 base.uniform_(0.0, 1.0, generator=g)
         else:
-            base.random_(0, max(int(bound), 1), generator=g)
+            try:
+                base.random_(0, max(int(bound), 1), generator=g)
+            except RuntimeError:  # a bound past the dtype's range (int8 indices into a large dim)
+                base.zero_()
 
     def value(self, v: Any, type_str: str, position: int, element: int | None = None, name: str = "") -> Any:
         torch = self.torch
@@ -433,26 +434,51 @@ def _time_call(fn: Callable[[], Any], clock: Any, config: TimingConfig) -> float
     return statistics.median(samples)
 
 
-def measure_signature(sig: OpSignature, device: str, config: TimingConfig) -> float:
-    """Time one signature on `device` (ns per call). Raises Unmeasurable with the reason."""
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0].split(". ")[0][:120] if text else type(e).__name__
+
+
+def _failure(e: Exception, what: str) -> Exception:
+    """The exception to raise for a failure of the op: the GPU's own errors end measuring."""
     import torch
 
-    fn = build_call(sig, device, config.max_bytes)
-    try:
-        result = fn()
-    except torch.OutOfMemoryError:
+    if isinstance(e, torch.OutOfMemoryError):
         torch.cuda.empty_cache()
-        raise Unmeasurable("does not fit in the local device's memory") from None
-    except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if "CUDA error" in str(e) or "device-side assert" in str(e):
-            raise LocalDeviceError(first) from None
-        raise Unmeasurable(f"failed to run: {first.split('. ')[0][:120]}") from None
-    got = _tensor_shapes(result, torch)
-    want = [t.shape for t in sig.outputs if t is not None]
-    if got and want and got != want:
-        raise Unmeasurable(f"ran with output shapes {got} instead of the script's {want}")
-    return time_call(fn, device, config)
+        return Unmeasurable("does not fit in the local device's memory")
+    if "CUDA error" in str(e) or "device-side assert" in str(e):
+        return LocalDeviceError(_first_line(e))
+    return Unmeasurable(f"{what}: {_first_line(e)}")
+
+
+def measure_signature(sig: OpSignature, device: str, config: TimingConfig) -> float:
+    """Time one signature on `device` (ns per call). Raises Unmeasurable with the reason, or
+    LocalDeviceError when the GPU itself failed (nothing more can run on it)."""
+    import contextlib
+
+    import torch
+
+    on_gpu = contextlib.nullcontext() if not device.startswith("cuda") else torch.cuda.device(torch.device(device))
+    with on_gpu:
+        try:
+            fn = build_call(sig, device, config.max_bytes)
+        except Unmeasurable:
+            raise
+        except Exception as e:  # noqa: BLE001 - any op or argument torch rejects: not measurable
+            raise _failure(e, "cannot build its inputs") from None
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001
+            raise _failure(e, "failed to run") from None
+        got = _tensor_shapes(result, torch)
+        want = [t.shape for t in sig.outputs if t is not None]
+        if got and want and got != want:
+            raise Unmeasurable(f"ran with output shapes {got} instead of the script's {want}")
+        del result
+        try:
+            return time_call(fn, device, config)
+        except Exception as e:  # noqa: BLE001
+            raise _failure(e, "failed while timed") from None
 
 
 def _with_reason(est: KernelEstimate, reason: str) -> KernelEstimate:
