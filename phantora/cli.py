@@ -155,7 +155,7 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluste
 @main.command()
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True, path_type=Path),
               help="Calibration table to write (.jsonl: one measurement per line, plus a device row).")
-@click.option("--quick", is_flag=True, help="A coarse grid (a few minutes) instead of the full one.")
+@click.option("--quick", is_flag=True, help="A coarse grid (about 100 shapes) instead of the full one (about 1,300).")
 @click.option("--device", default="cuda", show_default=True,
               help="Where to time the kernels: cuda, cuda:N, or cpu (a tiny grid that checks the pipeline; "
                    "the times then describe this CPU, not a GPU).")

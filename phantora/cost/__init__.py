@@ -23,6 +23,8 @@ estimator may be slow-ish (tens of microseconds) but must be deterministic.
 
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
@@ -153,7 +155,9 @@ def choose_estimator(
     probe = cuda_probe or measured_mod.visible_cuda_device
     cuda_name = probe()
     device = measure_device or measured_mod.measure_device_from_env()
-    if kind == "measured" and device is None and cuda_name is None:
+    if device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise KernelTimesError(f"{measured_mod.MEASURE_DEVICE_ENV}={device!r}: use cpu, cuda or cuda:N")
+    if kind == "measured" and cuda_name is None and (device is None or device.startswith("cuda")):
         raise KernelTimesError("--kernel-times measured needs a CUDA GPU visible to phantora's simulator process "
                                "and none is (torch.cuda.is_available() is False); use --kernel-times auto, "
                                "calibrated or analytical")
@@ -161,7 +165,11 @@ def choose_estimator(
     table_words = _table_words(calibrated)
     if kind == "measured" or (kind == "auto" and cuda_name is not None):
         device = device or "cuda"
-        est = measured_mod.MeasuredEstimator(gpu, fallback, device)
+        try:
+            est = measured_mod.MeasuredEstimator(gpu, fallback, device)
+        except ImportError:
+            raise KernelTimesError("--kernel-times measured runs ops with torch in phantora's own Python "
+                                   f"({sys.executable}), which cannot import it; install torch there") from None
         why = "requested" if kind == "measured" else "auto: a CUDA GPU is visible"
         if est.device_name != gpu.device_name:
             notes.append(f"kernel times measured on {est.device_name}, not the simulated {gpu.device_name}: "

@@ -225,6 +225,8 @@ def test_choices_that_cannot_be_made():
         choose_estimator("calibrated", lookup_gpu("a100"), cuda_probe=NO_GPU)
     with pytest.raises(KernelTimesError, match="needs a CUDA GPU"):
         choose_estimator("measured", lookup_gpu("h100"), cuda_probe=NO_GPU)
+    with pytest.raises(KernelTimesError, match="use cpu, cuda or cuda:N"):
+        choose_estimator("measured", lookup_gpu("h100"), measure_device="tpu", cuda_probe=NO_GPU)
     with pytest.raises(KernelTimesError, match="not used by --kernel-times analytical"):
         choose_estimator("analytical", lookup_gpu("h100"), calibration=H100_CALIBRATION, cuda_probe=NO_GPU)
 
