@@ -135,6 +135,7 @@ class EngineSummary:
     rollbacks: int = 0
     stale_replies: int = 0
     largest_stale_error_ns: int = 0
+    kernels_by_estimator: dict[str, int] = field(default_factory=dict)  # args.estimator label -> kernels
 
 
 def _copy_flags(sig: OpSignature) -> tuple[bool, TensorMeta | None, TensorMeta | None]:
@@ -200,6 +201,7 @@ class Engine:
         self._estimates: dict[bytes, KernelEstimate] = {}
         self._flow_ids = 0
         self.unknown_ops: Counter[str] = Counter()
+        self.kernels_by_estimator: Counter[str] = Counter()
         self.warnings: list[str] = []
         self.network = network
         self.gpus_per_node = network.cluster.gpus_per_node if network is not None else 8
@@ -362,6 +364,8 @@ class Engine:
         if host_waits_for_copy(sig, est) or sig.name == "aten::_local_scalar_dense":
             tl.wait_host_until(work.end_ns, self.timing.sync_overhead_ns)
         st.kernels += est.kernels
+        estimator = est.estimator if est.known else f"{est.estimator} (unknown op: generic)"
+        self.kernels_by_estimator[estimator] += est.kernels
         st.gpu_busy_ns += est.duration_ns + slowed
         st.flops += est.flops
         flow = self._next_flow()
@@ -371,7 +375,7 @@ class Engine:
         cat = "kernel" if est.kind not in (COPY_D2H, COPY_H2D) else "gpu_memcpy"
         self.sink.slice(pid, stream.track, est.kernel_name, work.start_ns, work.end_ns - work.start_ns, cat, {
             "op": sig.full_name, "shapes": shapes, "dtypes": dtypes, "flops": est.flops, "bytes": est.bytes,
-            "kernels": est.kernels, "estimator": est.estimator if est.known else f"{est.estimator} (unknown op: generic)",
+            "kernels": est.kernels, "estimator": estimator,
             "device": device, "stream": stream.stream_id, "correlation": flow,
             **({"slowed by concurrent communication ns": slowed} if slowed else {}),
         }, flow_in=flow)
@@ -524,8 +528,13 @@ class Engine:
                 "collective": work, "correlation": launch,
             }, flow_in=launch)
             places.append((st.info.trace_pid, stream.track, ready))
-        for i, dst in enumerate(places[1:]):
-            self.sink.flow(flow * 1000 + i, f"{first.op} #{first.seq}", places[0], dst)
+        src = places[0]
+        for i, (pid, track, ready) in enumerate(places[1:]):
+            # Perfetto meets flow events in time order and drops an arrow whose end it meets before
+            # its start (stat flow_end_without_start): a recv often waits from before its send.
+            # Each member's slice lasts from its ready time to `end`, so a point no earlier than
+            # the source's is still inside it.
+            self.sink.flow(flow * 1000 + i, f"{first.op} #{first.seq}", src, (pid, track, max(ready, src[2])))
 
     def _write_collective_launch(self, st: RankState, call: CollectiveCall, ran: bool = True) -> int | None:
         """The host slice of `call` (ProcessGroupNCCL enqueuing the NCCL kernel), written once the
@@ -636,6 +645,7 @@ class Engine:
             rollbacks=self._rollbacks_written,
             stale_replies=self.stale_replies,
             largest_stale_error_ns=self.largest_stale_error_ns,
+            kernels_by_estimator=dict(self.kernels_by_estimator),
         )
 
     def _write_link_counters(self) -> None:

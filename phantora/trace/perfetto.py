@@ -55,10 +55,15 @@ attached to the begins of the slices they connect, which are still unwritten whe
 reports the flow (it does so right after writing them). The ids go in `flow_ids_old` /
 `terminating_flow_ids_old` (varints): current trace processors read them when the fixed64
 `flow_ids` are absent (TrackEventParser::MaybeParseTrackEventFlows) and older ones read only
-them. TrackEvent flows have no name; the JSON's flow name is kept, for the reader only, as an
-interned event name (iid = flow id) on a second packet sequence that no event refers to, which
-the trace processor ignores. As with the JSON's flows, the trace processor keeps a collective
-arrow only when its source slice starts no later than its destination.
+them. The trace processor meets flow ids in time order and drops an arrow whose terminating id
+it meets before its start, so a collective arrow whose destination slice starts before its
+source's (a receive waiting for its send) carries the id as a plain flow id on both begins: the
+trace processor starts the arrow at the first and continues it to the second (ordering the two
+ends by their slices' start times, as it does for the JSON's "s"/"f" pair). TrackEvent flows
+have no name and bind to slices, not times; each collective arrow's JSON "s"/"f" events (name,
+places, times) are kept, for the reader, as a small JSON record in an interned event name (iid
+= flow id) on a second packet sequence that no event refers to, which the trace processor
+ignores.
 
 Interning. Event names, categories and debug-annotation names are interned per sequence
 (`interned_data` + `sequence_flags`), each stored once; the tables are capped (`_INTERN_LIMIT`),
@@ -101,9 +106,9 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (ChromeEventBundle
 from phantora.trace.chrome import (counter_event, flow_events, instant_event, process_events, slice_event,
                                    thread_events)
 
-# Packet sequences: all events on one; the collective flows' names on another (see above).
+# Packet sequences: all events on one; the collective flows' records on another (see above).
 EVENT_SEQUENCE_ID = 1
-FLOW_NAME_SEQUENCE_ID = 2
+FLOW_RECORD_SEQUENCE_ID = 2
 # Flow-id space of collective participant arrows, apart from the engine's bind ids.
 COLLECTIVE_FLOW_BIT = 1 << 63
 
@@ -421,10 +426,11 @@ class PerfettoProtoSink:
             return
         fid = COLLECTIVE_FLOW_BIT | flow_id
         source.flow_ids.append(fid)
-        target.terminating_flow_ids.append(fid)
-        names = InternedData()
-        names.event_names.add(iid=fid, name=name)
-        self._write(b"", b"", sequence=FLOW_NAME_SEQUENCE_ID, interned=names.SerializeToString())
+        # A destination that starts first would meet a terminating id before the arrow's start.
+        (target.terminating_flow_ids if target.start >= source.start else target.flow_ids).append(fid)
+        record = InternedData()
+        record.event_names.add(iid=fid, name=orjson.dumps({"name": name, "src": src, "dst": dst}).decode())
+        self._write(b"", b"", sequence=FLOW_RECORD_SEQUENCE_ID, interned=record.SerializeToString())
 
     def close(self, metadata: dict[str, Any]) -> None:
         if self.closed:
@@ -710,9 +716,9 @@ def read_pftrace(path: str | Path) -> PftraceEvents:
 
 def load_pftrace(path: str | Path) -> dict[str, Any]:
     """The whole trace in the shape of a loaded Chrome JSON trace:
-    {"traceEvents": [...], "metadata": {...}, "displayTimeUnit": "ns"}."""
+    {"traceEvents": [...], "metadata": {...}}."""
     trace = read_pftrace(path)
-    return {"traceEvents": trace.events, "metadata": trace.metadata, "displayTimeUnit": "ns"}
+    return {"traceEvents": trace.events, "metadata": trace.metadata}
 
 
 def _varint_at(buf: bytes, i: int, path: Path) -> tuple[int, int]:
@@ -769,6 +775,7 @@ class _Decoder:
         self._named: dict[tuple[str, int, int], tuple[str, int]] = {}  # M events written, by (kind, pid, tid)
         self.unmatched_ends = 0
         self.unterminated_slices = 0
+        self.unreadable_flow_records = 0
 
     def _read(self) -> bytes:
         try:
@@ -964,9 +971,6 @@ class _Decoder:
             yield counter_event(current[2], current[3], current[1], values)
 
     def _slice_events(self) -> Iterator[dict[str, Any]]:
-        flow_names = self._sequences[FLOW_NAME_SEQUENCE_ID].names if FLOW_NAME_SEQUENCE_ID in self._sequences else {}
-        sources: dict[int, tuple[int, int, int]] = {}
-        targets: dict[int, tuple[int, int, int]] = {}
         for uuid, records in self._events.items():
             pid, tid = self._owner(uuid)
             records.sort(key=lambda r: (r.ts, r.position))
@@ -977,34 +981,27 @@ class _Decoder:
                     continue
                 if r.kind == _INSTANT:
                     yield instant_event(pid, tid, r.name, r.ts, r.cat, r.args or None)
-                    self._note_flows(r, (pid, tid, r.ts), sources, targets)
                     continue
                 if not stack:
                     self.unmatched_ends += 1
                     continue
                 begin = stack.pop()
                 args = {**begin.args, **r.args}
-                place = (pid, tid, begin.ts)
                 # Flows and args of a slice may be on its begin or on its end.
                 flow_out = next((f for f in begin.flow_ids + r.flow_ids if not f & COLLECTIVE_FLOW_BIT), None)
                 flow_in = next((f for f in begin.terminating_flow_ids + r.terminating_flow_ids
                                 if not f & COLLECTIVE_FLOW_BIT), None)
-                self._note_flows(begin, place, sources, targets)
-                self._note_flows(r, place, sources, targets)
                 yield slice_event(pid, tid, begin.name, begin.ts, r.ts - begin.ts, begin.cat, args or None,
                                   flow_out, flow_in)
             self.unterminated_slices += len(stack)
-        for fid, src in sources.items():
-            dst = targets.get(fid)
-            if dst is not None:
-                yield from flow_events(fid & ~COLLECTIVE_FLOW_BIT, flow_names.get(fid, ""), src, dst)
-
-    @staticmethod
-    def _note_flows(r: _TrackEventRecord, place: tuple[int, int, int], sources: dict[int, tuple[int, int, int]],
-                    targets: dict[int, tuple[int, int, int]]) -> None:
-        for f in r.flow_ids:
-            if f & COLLECTIVE_FLOW_BIT:
-                sources[f] = place
-        for f in r.terminating_flow_ids:
-            if f & COLLECTIVE_FLOW_BIT:
-                targets[f] = place
+        # Collective arrows: their JSON events, as the writer recorded them next to the flow ids
+        # it put on the slices they link.
+        flow_records = self._sequences[FLOW_RECORD_SEQUENCE_ID].names if FLOW_RECORD_SEQUENCE_ID in self._sequences \
+            else {}
+        for fid, text in flow_records.items():
+            try:
+                record = orjson.loads(text)
+                src, dst = tuple(record["src"]), tuple(record["dst"])
+                yield from flow_events(fid & ~COLLECTIVE_FLOW_BIT, str(record["name"]), src, dst)  # type: ignore[arg-type]
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                self.unreadable_flow_records += 1

@@ -100,6 +100,10 @@ def write_sample(sink: TraceSink) -> None:
     sink.slice(1, 11, "ncclDevKernel_AllReduce", 30, 10, "kernel", {"op": "all_reduce", "root": None, "collective": 1})
     sink.slice(2, 11, "ncclDevKernel_AllReduce", 35, 5, "kernel", {"op": "all_reduce", "root": None, "collective": 1})
     sink.flow(3000, "all_reduce #0", (1, 11, 30), (2, 11, 35))
+    # A receive that waited from before its send: the arrow's end is inside it, at the send's start.
+    sink.slice(1, 11, "ncclDevKernel_SendRecv", 60, 10, "kernel", {"op": "send", "collective": 2})
+    sink.slice(2, 11, "ncclDevKernel_SendRecv", 50, 20, "kernel", {"op": "recv", "collective": 2})
+    sink.flow(4000, "send #1", (1, 11, 60), (2, 11, 60))
     sink.process(0, "simulator (rollbacks, corrections)", -1)
     sink.thread(0, 1, "network rollbacks", 0)
     sink.instant(0, 1, "rollback: b", 40, "rollback", {"corrections": [["ar", 30, 41]]})
@@ -146,6 +150,29 @@ def test_begins_and_ends_nest_per_track_in_file_order(tmp_path):
     ]
     rollbacks = slices_in_file_order(pf_path)[(0, 1)]
     assert sorted(rollbacks) == [("rollback: a", 5, 0, 0), ("rollback: b", 40, 0, 0)]
+
+
+def test_the_trace_processor_meets_each_collective_arrow_at_its_start_first(tmp_path):
+    _, pf_path, _ = close_both(tmp_path)
+    pkts = packets(pf_path)
+    tracks = track_names(pkts)
+    ids: dict[int, list[tuple[int, tuple[int, int], str]]] = defaultdict(list)  # flow id -> (ts, track, role)
+    for p in pkts:
+        if p.HasField("track_event"):
+            ev = p.track_event
+            assert ev.type == BEGIN or not (ev.flow_ids_old or ev.terminating_flow_ids_old)
+            for fid in ev.flow_ids_old:
+                ids[fid].append((p.timestamp, tracks[ev.track_uuid], "flow"))
+            for fid in ev.terminating_flow_ids_old:
+                ids[fid].append((p.timestamp, tracks[ev.track_uuid], "terminating"))
+    collective = {fid & ~(1 << 63): sorted(uses) for fid, uses in ids.items() if fid >> 63}
+    assert collective == {
+        # all-reduce: the destination starts after the source; its begin ends the arrow
+        3000: [(30, (1, 11), "flow"), (35, (2, 11), "terminating")],
+        # the receive started first (50): a terminating id there would come before the arrow's
+        # start, so both begins carry a plain flow id (the trace processor steps from 50 to 60)
+        4000: [(50, (2, 11), "flow"), (60, (1, 11), "flow")],
+    }
 
 
 def test_every_packet_carries_a_sequence_id_and_sequences_start_cleared(tmp_path):
