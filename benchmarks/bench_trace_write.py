@@ -51,7 +51,8 @@ def sink_calls(events: list[dict[str, Any]]) -> list[Call]:
             if kind in ("process_name", "thread_name"):
                 names[(kind, ev["pid"], ev["tid"])] = ev["args"]["name"]
             elif kind == "process_sort_index":
-                calls.append(("process", (ev["pid"], names[("process_name", ev["pid"], 0)], ev["args"]["sort_index"]), {}))
+                name = names[("process_name", ev["pid"], 0)]
+                calls.append(("process", (ev["pid"], name, ev["args"]["sort_index"]), {}))
             elif kind == "thread_sort_index":
                 calls.append(("thread", (ev["pid"], ev["tid"], names[("thread_name", ev["pid"], ev["tid"])],
                                          ev["args"]["sort_index"]), {}))

@@ -1001,7 +1001,8 @@ class _Decoder:
         for fid, text in flow_records.items():
             try:
                 record = orjson.loads(text)
-                src, dst = tuple(record["src"]), tuple(record["dst"])
-                yield from flow_events(fid & ~COLLECTIVE_FLOW_BIT, str(record["name"]), src, dst)  # type: ignore[arg-type]
+                src: tuple[int, int, int] = tuple(record["src"])  # type: ignore[assignment]
+                dst: tuple[int, int, int] = tuple(record["dst"])  # type: ignore[assignment]
+                yield from flow_events(fid & ~COLLECTIVE_FLOW_BIT, str(record["name"]), src, dst)
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 self.unreadable_flow_records += 1
