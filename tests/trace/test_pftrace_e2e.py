@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from phantora.hardware import lookup_gpu
+from phantora.query import load
 from phantora.simulator import launch
 from phantora.trace import TeeSink
 from phantora.trace.check import check_chrome_trace, load_chrome_trace
@@ -28,6 +29,17 @@ SCRIPTS = ROOT / "tests" / "e2e" / "scripts"
 TINY_GPT = ["--layers", "2", "--embd", "128", "--heads", "2", "--seq", "128", "--batch", "2", "--steps", "2"]
 TINY_DDP = ["--layers", "1", "--embd", "128", "--heads", "2", "--seq", "128", "--batch", "2", "--steps", "1",
             "--accum", "2", "--bucket-mb", "1"]
+
+
+QUERIES = [
+    "select p.pid, p.name, t.tid, t.name, s.name, count(*), sum(s.dur), max(s.depth) from slice s "
+    "join thread_track tt on s.track_id = tt.id join thread t using (utid) join process p using (upid) "
+    "group by 1, 2, 3, 4, 5 order by 1, 3, 5",
+    "select so.name, si.name, count(*) from flow f join slice so on so.id = f.slice_out "
+    "join slice si on si.id = f.slice_in group by 1, 2 order by 1, 2",
+    "select t.name, count(*), sum(c.value) from counter c join counter_track t on c.track_id = t.id "
+    "group by 1 order by 1",
+]
 
 
 def both_formats(stem: Path) -> tuple[TeeSink, PerfettoProtoSink]:
@@ -67,6 +79,10 @@ def test_ddp_two_ranks_pftrace_holds_what_the_json_holds(tmp_path, monkeypatch):
     assert_same_trace(expected, decoded, sink)
     phases = Counter(e["ph"] for e in decoded["traceEvents"])
     assert phases["s"] == phases["f"] > 0 and phases["X"] > 0 and phases["C"] > 0  # collective flows, slices, memory
+    # `phantora query` answers alike on both files.
+    with load(tmp_path / "run.json", engine="builtin") as js, load(tmp_path / "run.pftrace", engine="builtin") as pf:
+        for sql in QUERIES:
+            assert js.query(sql).rows == pf.query(sql).rows, sql
 
 
 @pytest.mark.slow
