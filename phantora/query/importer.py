@@ -70,9 +70,10 @@ STAT_DESCRIPTIONS = {
     "flow_step_without_start": "flow steps whose id never started",
     "flow_invalid_id": "flow events without a usable id",
     "flow_without_direction": "events with a bind_id but neither flow_in nor flow_out",
+    "json_truncated_file": "the file ends mid-event (its writer was stopped): read up to the last complete event",
 }
 _DATA_LOSS = {"slice_drop_overlapping_complete_event", "misplaced_end_event", "json_tokenizer_failure",
-              "json_parser_failure"}
+              "json_parser_failure", "json_truncated_file"}
 
 
 def stat_severity(name: str) -> str:
