@@ -263,3 +263,20 @@ def test_args_from_sqlites_json_tree_equal_the_python_flattening(tmp_path, monke
     monkeypatch.setattr(sqlite_engine.SqliteTraceDB, "_fill_args_with_json_tree", no_json)
     with load(path, engine="builtin") as db:
         assert rows(db, query) == fast
+
+
+def test_pid_0_is_a_process_apart_from_perfettos_placeholders(tmp_path):
+    events = names(0, "simulator (rollbacks, corrections)", {1: "network rollbacks"}) + [
+        {"ph": "i", "s": "t", "pid": 0, "tid": 1, "name": "rollback: x", "cat": "rollback", "ts": 5},
+        x(7, 3, "op", 0, 1)]
+    with load(write_trace(tmp_path / "t.json", events), engine="builtin") as db:
+        # upid 0 / utid 0 are Perfetto's idle placeholders (the thread in no process)
+        assert rows(db, "select upid, pid, name from process order by upid") == [
+            (0, 0, None), (1, 0, "simulator (rollbacks, corrections)"), (2, 7, None)]
+        assert rows(db, "select tid, upid from thread where utid = 0") == [(0, None)]
+        assert rows(db, "select p.name from slice s join thread_track tt on s.track_id = tt.id "
+                        "join thread using (utid) join process p using (upid) where s.category = 'rollback'") \
+            == [("simulator (rollbacks, corrections)",)]
+        # every process has its main thread (tid = pid), as Perfetto creates it
+        assert rows(db, "select p.pid, t.tid from thread t join process p using (upid) where t.tid = p.pid "
+                        "order by p.pid") == [(0, 0), (7, 7)]
