@@ -8,6 +8,7 @@ PyPI package) on stdin, and read its replies from stdout.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import struct
@@ -63,9 +64,7 @@ def available(ui_dir: Path | None) -> str | None:
         return f"{ui_dir} has no trace_processor.wasm and engine_bundle.js"
     if shutil.which("node") is None:
         return "node is not installed"
-    try:
-        import perfetto.trace_processor.protos  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("perfetto") is None:
         return "the perfetto package (its protos) is not installed"
     return None
 
