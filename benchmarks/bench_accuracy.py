@@ -1,6 +1,6 @@
 """phantora's predictions against the same examples run on a real H100.
 
-    python benchmarks/bench_accuracy.py [--only NAME,...]
+    python benchmarks/bench_accuracy.py [--only NAME,...] [--kernel-times auto|analytical|calibrated|measured]
 
 For each configuration in benchmarks/groundtruth/examples_probe.py, runs the example under
 `phantora trace` (default H100) and compares its printed mean step time (after the first step)
@@ -27,15 +27,17 @@ from examples_probe import CONFIGS  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(CONFIGS))
+    ap.add_argument("--kernel-times", default="auto", help="passed to phantora trace (default auto)")
     args = ap.parse_args()
     truth = json.loads(TRUTH.read_text())
-    print(f"ground truth: {truth['device']}, torch {truth['torch']}")
+    print(f"ground truth: {truth['device']}, torch {truth['torch']}; --kernel-times {args.kernel_times}")
     print(f"{'config':<20} {'real ms':>8} {'sim ms':>8} {'err':>7} {'real GiB':>9} {'sim GiB':>8} {'err':>7}")
     step_errs, mem_errs = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only.split(","):
             real = truth["data"][name]
-            proc = subprocess.run([sys.executable, "-m", "phantora.cli", "trace", "-o", f"{tmp}/{name}.json", "--",
+            proc = subprocess.run([sys.executable, "-m", "phantora.cli", "trace", "--kernel-times", args.kernel_times,
+                                   "-o", f"{tmp}/{name}.json", "--",
                                    sys.executable, *CONFIGS[name]], cwd=ROOT, capture_output=True, text=True, timeout=1200)
             mean = re.search(r"mean step time \(after the first\): ([\d.]+) ms", proc.stdout)
             peak = re.search(r"peak memory allocated: ([\d.]+) GiB", proc.stdout)

@@ -95,10 +95,24 @@ def main() -> None:
 @click.option("--comm-slowdown", type=click.FloatRange(0.0, 10.0), default=0.1, show_default=True,
               help="Fraction by which compute kernels slow down while an NCCL kernel runs on the same GPU "
                    "(NCCL occupies SMs); 0 disables. An assumption, not a measured figure.")
+@click.option("--export-kineto", "kineto_dir", default=None, metavar="DIR",
+              type=click.Path(file_okay=False, path_type=Path),
+              help="Also write one Kineto trace per rank (DIR/rank-<R>.pt.trace.json, the format torch.profiler "
+                   "writes) for Holistic Trace Analysis: TraceAnalysis(trace_dir=DIR). DIR is created; rank files "
+                   "of an earlier export there are replaced.")
+@click.option("--kernel-times", "kernel_times", type=click.Choice(["auto", "analytical", "calibrated", "measured"]),
+              default="auto", show_default=True,
+              help="How kernels are timed: measured (each distinct op run once on this machine's CUDA GPU, "
+                   "cached), calibrated (a measured table for the simulated GPU, interpolated; analytical outside "
+                   "it), analytical (roofline model). auto: measured if a CUDA GPU is visible, else calibrated "
+                   "if a table exists for the simulated GPU (shipped: H100), else analytical.")
+@click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Calibration table (.jsonl, as `phantora calibrate` writes) for the calibrated estimator; "
+                   "auto uses it when its device row names the simulated GPU.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluster_name: str, nnodes: int,  # type: ignore[no-untyped-def]
           nproc_per_node: int | None, collective_timeout: float, call_timeout: float, comm_slowdown: float,
-          command: tuple[str, ...]) -> None:
+          kineto_dir: Path | None, kernel_times: str, calibration: Path | None, command: tuple[str, ...]) -> None:
     """Run COMMAND on simulated GPUs and write a trace.
 
     Put `--` before the command. The exit code is the command's. A short summary (simulated
@@ -110,10 +124,14 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluste
       phantora trace --gpu h200 --vram 100GiB -o run.json -- python train.py
       phantora trace --nnodes 2 --nproc-per-node 8 -o run.json -- python train_ddp.py
       phantora trace -o run.json -- torchrun --nproc-per-node 8 train_ddp.py
+      phantora trace --nproc-per-node 2 -o run.json --export-kineto hta/ -- python train_ddp.py
     """
+    from phantora.cost import KernelTimesError
+    from phantora.cost.measurements import CalibrationFileError
     from phantora.net.cluster import ClusterConfigError, load_cluster
     from phantora.simulator.launch import CommandNotFound, LaunchError, TraceRun, print_summary, run_trace
     from phantora.trace import UnsupportedTraceFormat
+    from phantora.trace.kineto import KinetoExportError
 
     try:
         cluster = load_cluster(cluster_name, nodes=nnodes)
@@ -125,7 +143,8 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluste
     run = TraceRun(command=list(command), output=output, gpu=gpu or cluster.gpu_spec, vram_bytes=vram,
                    gpus_per_node=gpus_per_node or cluster.gpus_per_node, call_timeout_s=call_timeout,
                    cluster=cluster, nproc_per_node=nproc_per_node, collective_timeout_s=collective_timeout,
-                   comm_slowdown=comm_slowdown)
+                   comm_slowdown=comm_slowdown, kineto_dir=kineto_dir, estimator=kernel_times,
+                   calibration=calibration)
     try:
         result = run_trace(run)
     except CommandNotFound as e:
@@ -135,8 +154,52 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluste
         raise click.BadParameter(str(e), param_hint="'--nproc-per-node'") from None
     except UnsupportedTraceFormat as e:
         raise click.BadParameter(str(e), param_hint="'-o' / '--output'") from None
+    except KinetoExportError as e:
+        raise click.BadParameter(str(e), param_hint="'--export-kineto'") from None
+    except CalibrationFileError as e:
+        raise click.BadParameter(str(e), param_hint="'--calibration'") from None
+    except KernelTimesError as e:
+        raise click.BadParameter(str(e), param_hint="'--kernel-times'") from None
     print_summary(run, result)
     sys.exit(result.exit_code)
+
+
+@main.command()
+@click.argument("trace_file", metavar="TRACE", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--port", type=click.IntRange(0, 65535), default=9001, show_default=True,
+              help="Port on 127.0.0.1 to serve from (0: any free port). ui.perfetto.dev opens url= links only "
+                   "from 127.0.0.1:9001; on another port use the dashboard's \"Open in Perfetto UI\" button.")
+@click.option("--no-browser", is_flag=True, help="Only print the URLs; do not open a browser.")
+def view(trace_file: Path, port: int, no_browser: bool) -> None:
+    """Serve TRACE to ui.perfetto.dev and to a local dashboard, until Ctrl-C.
+
+    Listens on 127.0.0.1 only and serves nothing but the trace and the dashboard (step times,
+    compute / communication / idle per GPU, memory, network links, top kernels; the same
+    figures as `phantora summary`). Ctrl-C stops it with exit code 0.
+
+    \b
+    Examples:
+      phantora view run.json
+      phantora view --port 9002 --no-browser run.json.gz
+    """
+    from phantora.query.errors import TraceFileError
+    from phantora.view import PERFETTO_DEEP_LINK_PORT, PortInUse, PortNotAllowed, ViewerAssetsMissing, serve
+
+    try:
+        serve(trace_file, port=port, open_browser=not no_browser, echo=click.echo)
+    except KeyboardInterrupt:
+        # Ctrl-C is how this command is meant to end, so it is a success, not a failure.
+        click.echo("phantora view: stopped", err=True)
+        sys.exit(0)
+    except PortInUse as e:
+        _fail(f"port {e.port} on 127.0.0.1 is already in use (another `phantora view`?): stop that program or pick "
+              f"another port with --port N (--port 0 picks a free one). Note: ui.perfetto.dev opens url= links only "
+              f"from 127.0.0.1:{PERFETTO_DEEP_LINK_PORT}; on another port, use the dashboard's \"Open in Perfetto UI\" "
+              "button instead")
+    except PortNotAllowed as e:
+        _fail(f"not allowed to listen on port {e.port} (ports below 1024 need root): use --port {PERFETTO_DEEP_LINK_PORT}")
+    except (TraceFileError, ViewerAssetsMissing) as e:
+        _fail(str(e))
 
 
 # --- reading traces: query, summary, diff -------------------------------------------------------
@@ -243,6 +306,59 @@ def diff(trace_a: str, trace_b: str, as_json: bool, top: int, engine: str) -> No
                 _fail(f"cannot summarize {path}: {e.message}")
     d = compare(summaries[0], summaries[1], top=top)
     click.echo(render.to_json(d) if as_json else render.trace_diff(d))
+
+
+@main.command()
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True, path_type=Path),
+              help="Calibration table to write (.jsonl: one measurement per line, plus a device row).")
+@click.option("--quick", is_flag=True, help="A coarse grid (about 100 shapes) instead of the full one (about 1,300).")
+@click.option("--device", default="cuda", show_default=True,
+              help="Where to time the kernels: cuda, cuda:N, or cpu (a tiny grid that checks the pipeline; "
+                   "the times then describe this CPU, not a GPU).")
+def calibrate(output: Path, quick: bool, device: str) -> None:
+    """Measure kernel times on this machine's GPU and write a calibration table.
+
+    Times the op families and shapes of phantora's H100 table (GEMMs in bf16 and fp32,
+    elementwise ops, reductions, layer norm, softmax, cuDNN attention, host <-> device copies)
+    on the local GPU, each after warm-up with CUDA events, and writes them in the same format.
+    Simulate that GPU with the table: `phantora trace --calibration FILE ...`.
+
+    \b
+    Examples:
+      phantora calibrate -o a100.jsonl
+      phantora trace --gpu a100 --calibration a100.jsonl -o run.json -- python train.py
+    """
+    from phantora.cost.calibrate import RowResult, write_calibration
+    from phantora.cost.measured import LocalDeviceError, visible_cuda_device
+
+    if device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", device):
+        raise click.BadParameter(f"{device!r}: use cuda, cuda:N or cpu", param_hint="'--device'")
+    if device.startswith("cuda"):
+        name = visible_cuda_device()
+        if name is None:
+            raise click.UsageError("phantora calibrate times kernels on a CUDA GPU and none is visible "
+                                   "(torch.cuda.is_available() is False); run it on the GPU to calibrate, or pass "
+                                   "--device cpu to check the pipeline on this CPU")
+        click.echo(f"calibrating {name} into {output}", err=True)
+    grid = "tiny" if device == "cpu" else "quick" if quick else "full"
+    if device == "cpu":
+        click.echo(f"--device cpu: timing a tiny grid on this CPU into {output} (CPU times, not a GPU's)", err=True)
+
+    def progress(i: int, n: int, r: RowResult) -> None:
+        what = " ".join(f"{k}={v}" for k, v in r.row.items() if k not in ("op", "us"))
+        result = f"{r.row['us']:.1f} us" if r.error is None else f"skipped: {r.error}"
+        click.echo(f"  [{i}/{n}] {r.row['op']} {what}: {result}", err=True)
+
+    try:
+        results = write_calibration(output, grid, device, progress)
+    except OSError as e:
+        raise click.BadParameter(f"cannot write {output}: {e.strerror}", param_hint="'-o' / '--output'") from None
+    except LocalDeviceError as e:
+        click.echo(f"phantora calibrate: the GPU reported an error ({e}); {output} holds the rows timed before it",
+                   err=True)
+        sys.exit(1)
+    timed = sum(1 for r in results if r.error is None)
+    click.echo(f"wrote {timed} measurements ({len(results) - timed} skipped) to {output}", err=True)
 
 
 if __name__ == "__main__":

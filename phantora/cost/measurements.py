@@ -2,8 +2,9 @@
 
 Each row of a calibration file times one PyTorch call on a real GPU; `load_measurements`
 turns it into the aten op signature(s) that call dispatches on CUDA, so an estimator can be
-compared with (or, later, calibrated on) the measurement. Used by tests/cost and
-benchmarks/bench_cost.py.
+compared with, or calibrated on, the measurement. `read_calibration` reads a whole file with
+its device row and checks every line (the calibrated estimator and `phantora trace
+--calibration` use it); `load_measurements` is the lenient reader tests and benchmarks use.
 
 Rows and what they timed (see shared/calibration/README.md):
     mm            a [M, K] @ [K, N] in bf16 or true fp32           -> aten::mm
@@ -17,6 +18,9 @@ Rows and what they timed (see shared/calibration/README.md):
     sdpa_fwd_bwd  the same plus autograd.grad of q, k, v            -> + ..._cudnn_attention_backward
     h2d_pinned / d2h_pinned / d2d   copies of `bytes` bytes         -> aten::copy_
     tiny_launch_host_us             host time per 1-element add_    (host cost, no kernel)
+    device        the GPU (or CPU) the file was measured on: name, torch version, and
+                  optionally floor_us, the measuring method's floor (default 25 us), and
+                  gap_us, the per-launch gap each timing includes (default: estimated)
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 # The H100 measurements shipped with phantora (copied from shared/calibration; README beside it).
 H100_CALIBRATION = Path(__file__).with_name("data") / "h100_sxm_kernels.jsonl"
 
+from phantora.cost import KernelTimesError
 from phantora.ops import OpSignature, TensorMeta
 
 # Timings under this are the floor of the measuring method (one CUDA event pair around one
@@ -39,6 +44,15 @@ MEASUREMENT_FLOOR_US = 25.0
 FLOOR_DOMINATED_FACTOR = 2.0
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# The fields each kind of row needs besides "op" and "us" (a "device" row needs "name").
+ROW_FIELDS: dict[str, tuple[str, ...]] = {
+    "mm": ("M", "N", "K", "dtype"),
+    "add": ("n", "dtype"), "gelu": ("n", "dtype"), "copy": ("n", "dtype"), "sum": ("n", "dtype"),
+    "layer_norm": ("rows", "cols", "dtype"), "softmax": ("rows", "cols", "dtype"),
+    "sdpa_fwd": ("B", "H", "S", "D", "dtype"), "sdpa_fwd_bwd": ("B", "H", "S", "D", "dtype"),
+    "h2d_pinned": ("bytes",), "d2h_pinned": ("bytes",), "d2d": ("bytes",),
+    "tiny_launch_host_us": (),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +194,14 @@ def _row_to_measurement(r: dict) -> Measurement | None:
     return None
 
 
+def row_signatures(row: dict) -> tuple[OpSignature, ...]:
+    """The aten op signatures a calibration row's PyTorch call dispatches (no "us" needed)."""
+    m = _row_to_measurement({**row, "us": 1.0})
+    if m is None:
+        raise ValueError(f"not a calibration row phantora knows: {row}")
+    return m.signatures
+
+
 def load_measurements(path: str | Path) -> list[Measurement]:
     """Every row of a calibration .jsonl file that phantora knows how to express as ops."""
     out = []
@@ -189,3 +211,119 @@ def load_measurements(path: str | Path) -> list[Measurement]:
             if m is not None:
                 out.append(m)
     return out
+
+
+class CalibrationFileError(KernelTimesError):
+    """A calibration file phantora cannot use; the message names the file (and line) and the fix."""
+
+
+@dataclass(frozen=True)
+class CalibrationFile:
+    """One calibration table as read from disk: its device row and its measurements."""
+
+    path: Path
+    device: dict  # the {"op": "device", "name": ...} row
+    measurements: list[Measurement]
+    lines: list[int]  # line number of each measurement, for messages
+    unknown_ops: dict[str, int]  # rows whose op phantora does not use, by op (skipped)
+
+    @property
+    def device_name(self) -> str:
+        return str(self.device["name"])
+
+    @property
+    def floor_us(self) -> float:
+        """The measuring method's floor: timings under it say little about the kernel."""
+        return float(self.device.get("floor_us", MEASUREMENT_FLOOR_US))
+
+    @property
+    def gap_us(self) -> float | None:
+        """The per-launch gap every timing includes, when the file states it (phantora calibrate
+        writes 0: its method has none); None: unknown, to be estimated from the floor."""
+        gap = self.device.get("gap_us")
+        return None if gap is None else float(gap)
+
+
+def _example_row() -> str:
+    return '{"op": "mm", "M": 4096, "N": 4096, "K": 4096, "dtype": "bf16", "us": 207.3}'
+
+
+def _check_row(path: Path, line: int, r: object) -> None:
+    where = f"{path}:{line}"
+    if not isinstance(r, dict):
+        raise CalibrationFileError(f"{where}: expected a JSON object per line, e.g. {_example_row()}")
+    op = r.get("op")
+    if not isinstance(op, str):
+        raise CalibrationFileError(f'{where}: no "op" field; each line is one measurement, e.g. {_example_row()}')
+    if op == "device":
+        if not isinstance(r.get("name"), str) or not r["name"]:
+            raise CalibrationFileError(f'{where}: the device row needs "name" (what torch.cuda.get_device_name() '
+                                       'returns on the measured GPU)')
+        for name in ("floor_us", "gap_us"):
+            value = r.get(name, 0.0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise CalibrationFileError(f'{where}: "{name}" must be a number of microseconds >= 0')
+        return
+    fields = ROW_FIELDS.get(op)
+    if fields is None:
+        return  # an op this version does not use: skipped, counted in unknown_ops
+    missing = [f for f in (*fields, "us") if f not in r]
+    if missing:
+        raise CalibrationFileError(f'{where}: a "{op}" row needs {", ".join((*fields, "us"))}; '
+                                   f'missing {", ".join(missing)}')
+    us = r["us"]
+    if isinstance(us, bool) or not isinstance(us, (int, float)) or not us > 0:
+        raise CalibrationFileError(f'{where}: "us" must be a positive number of microseconds, not {us!r}')
+    for f in fields:
+        v = r[f]
+        if f == "dtype":
+            if v not in _DTYPES:
+                raise CalibrationFileError(f"{where}: dtype {v!r} is not one of {', '.join(_DTYPES)}")
+        elif isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise CalibrationFileError(f'{where}: "{f}" must be a positive integer, not {v!r}')
+
+
+def read_calibration(path: str | Path) -> CalibrationFile:
+    """Read and check a calibration .jsonl file (shared/calibration format plus a device row).
+
+    Raises CalibrationFileError naming the file, the line and what to change.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise CalibrationFileError(f"calibration file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise CalibrationFileError(f"cannot read calibration file {path}: {reason}") from None
+    device: dict | None = None
+    measurements: list[Measurement] = []
+    lines: list[int] = []
+    unknown: dict[str, int] = {}
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CalibrationFileError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno}); "
+                                       f"each line is one measurement, e.g. {_example_row()}") from None
+        _check_row(path, n, r)
+        if r["op"] == "device":
+            device = r
+            continue
+        if r["op"] not in ROW_FIELDS:
+            unknown[r["op"]] = unknown.get(r["op"], 0) + 1
+            continue
+        m = _row_to_measurement(r)
+        if m is not None:
+            measurements.append(m)
+            lines.append(n)
+    if device is None:
+        raise CalibrationFileError(f'{path}: no device row; add one line like {{"op": "device", "name": '
+                                   f'"NVIDIA H100 80GB HBM3"}} naming the GPU it was measured on '
+                                   f"(phantora calibrate writes it)")
+    if not any(m.kind == "kernel" for m in measurements):
+        raise CalibrationFileError(f"{path}: no kernel measurements phantora can use; known ops: "
+                                   f"{', '.join(k for k in ROW_FIELDS if k != 'tiny_launch_host_us')}")
+    return CalibrationFile(path, device, measurements, lines, unknown)

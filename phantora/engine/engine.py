@@ -135,6 +135,7 @@ class EngineSummary:
     rollbacks: int = 0
     stale_replies: int = 0
     largest_stale_error_ns: int = 0
+    kernels_by_estimator: dict[str, int] = field(default_factory=dict)  # args.estimator label -> kernels
 
 
 def _copy_flags(sig: OpSignature) -> tuple[bool, TensorMeta | None, TensorMeta | None]:
@@ -200,6 +201,7 @@ class Engine:
         self._estimates: dict[bytes, KernelEstimate] = {}
         self._flow_ids = 0
         self.unknown_ops: Counter[str] = Counter()
+        self.kernels_by_estimator: Counter[str] = Counter()
         self.warnings: list[str] = []
         self.network = network
         self.gpus_per_node = network.cluster.gpus_per_node if network is not None else 8
@@ -213,6 +215,8 @@ class Engine:
         self.stale_replies = 0
         self.largest_stale_error_ns = 0
         self._rollbacks_written = 0
+        # (collective key, rank) -> host begin and end of that rank's call, until the collective runs
+        self._collective_launches: dict[tuple[Any, int], tuple[int, int, CollectiveCall]] = {}
         self._warn = warn or (lambda msg: print(f"phantora: warning: {msg}", file=sys.stderr, flush=True))
 
     # --- ranks --------------------------------------------------------------------------------
@@ -357,6 +361,8 @@ class Engine:
         if host_waits_for_copy(sig, est) or sig.name == "aten::_local_scalar_dense":
             tl.wait_host_until(work.end_ns, self.timing.sync_overhead_ns)
         st.kernels += est.kernels
+        estimator = est.estimator if est.known else f"{est.estimator} (unknown op: generic)"
+        self.kernels_by_estimator[estimator] += est.kernels
         st.gpu_busy_ns += est.duration_ns + slowed
         st.flops += est.flops
         flow = self._next_flow()
@@ -366,7 +372,7 @@ class Engine:
         cat = "kernel" if est.kind not in (COPY_D2H, COPY_H2D) else "gpu_memcpy"
         self.sink.slice(pid, stream.track, est.kernel_name, work.start_ns, work.end_ns - work.start_ns, cat, {
             "op": sig.full_name, "shapes": shapes, "dtypes": dtypes, "flops": est.flops, "bytes": est.bytes,
-            "kernels": est.kernels, "estimator": est.estimator if est.known else f"{est.estimator} (unknown op: generic)",
+            "kernels": est.kernels, "estimator": estimator,
             "device": device, "stream": stream.stream_id, "correlation": flow,
             **({"slowed by concurrent communication ns": slowed} if slowed else {}),
         }, flow_in=flow)
@@ -438,7 +444,9 @@ class Engine:
         if comm.unresolved:
             return None
         tl = st.timeline
+        launch_begin = tl.host_ns
         tl.advance_host(HOST_COSTS.collective_ns)
+        self._collective_launches[(call.key, rank)] = (launch_begin, tl.host_ns, call)
         current = self._stream(st, call.device, call.stream)
         # ProcessGroupNCCL makes its stream wait for the caller's current stream first.
         ready = max(tl.host_ns + self.timing.launch_latency_ns, current.tail_ns, comm.tail_ns)
@@ -505,16 +513,39 @@ class Engine:
                 st.comm_busy.setdefault(call.device, IntervalTree()).addi(ready, end)
             st.collectives += 1
             self.comm_busy_ns += end - ready
+            launch = self._write_collective_launch(st, call)
             self.sink.slice(st.info.trace_pid, stream.track, name, ready, end - ready, "kernel", {
                 "op": call.op, "bytes": call.nbytes, "dtype": call.dtype, "group ranks": list(call.group),
                 "seq": call.seq, "root": call.root, "algorithm": algorithm, "protocol": protocol,
                 "bus bandwidth GB/s": round(info.busbw, 2) if info else None,
                 "waited for peers ns": start - ready, "network ns": end - start, "call site": call.site,
-                "collective": work,
-            })
+                "collective": work, "correlation": launch,
+            }, flow_in=launch)
             places.append((st.info.trace_pid, stream.track, ready))
-        for i, dst in enumerate(places[1:]):
-            self.sink.flow(flow * 1000 + i, f"{first.op} #{first.seq}", places[0], dst)
+        src = places[0]
+        for i, (pid, track, ready) in enumerate(places[1:]):
+            # Perfetto meets flow events in time order and drops an arrow whose end it meets before
+            # its start (stat flow_end_without_start): a recv often waits from before its send.
+            # Each member's slice lasts from its ready time to `end`, so a point no earlier than
+            # the source's is still inside it.
+            self.sink.flow(flow * 1000 + i, f"{first.op} #{first.seq}", src, (pid, track, max(ready, src[2])))
+
+    def _write_collective_launch(self, st: RankState, call: CollectiveCall, ran: bool = True) -> int | None:
+        """The host slice of `call` (ProcessGroupNCCL enqueuing the NCCL kernel), written once the
+        collective has run so that it links to its kernel like an aten op does; the flow id, or
+        None for a collective that never ran."""
+        span = self._collective_launches.pop((call.key, call.rank), None)
+        if span is None:
+            return None
+        launch = self._next_flow() if ran else None
+        args = {"group ranks": list(call.group), "seq": call.seq, "call site": call.site}
+        if launch is None:
+            args["never ran"] = True
+        else:
+            args["correlation"] = launch
+        self.sink.slice(st.info.trace_pid, HOST_TRACK, f"nccl:{call.op}", span[0], span[1] - span[0], "cpu_op", args,
+                        flow_out=launch)
+        return launch
 
     def _record_corrections(self) -> None:
         """Completion times the network changed after they were used: written to the trace and
@@ -556,6 +587,8 @@ class Engine:
         return failed
 
     def _drop(self, p: PendingCollective) -> None:
+        for call in p.arrivals.values():
+            self._write_collective_launch(self.ranks[call.rank], call, ran=False)
         self.matcher.drop(p.key)
         work = self._key_works.pop(p.key, None)
         self.unresolved_works.discard(work)  # waits on it become no-ops; its members are failing
@@ -606,6 +639,7 @@ class Engine:
             rollbacks=self._rollbacks_written,
             stale_replies=self.stale_replies,
             largest_stale_error_ns=self.largest_stale_error_ns,
+            kernels_by_estimator=dict(self.kernels_by_estimator),
         )
 
     def _write_link_counters(self) -> None:
@@ -628,6 +662,8 @@ class Engine:
                 self.sink.counter(NETWORK_PID, name, seg.end_ns, {"utilization": 0.0, "GB/s": 0.0})
 
     def close(self, metadata: dict[str, Any]) -> None:
+        for (_, rank), (_, _, call) in list(self._collective_launches.items()):  # collectives still waiting
+            self._write_collective_launch(self.ranks[rank], call, ran=False)
         for r in list(self.ranks):
             self.finish_rank(r)
         try:

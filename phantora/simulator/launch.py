@@ -21,14 +21,15 @@ from pathlib import Path
 
 import interpose
 from phantora import __version__
-from phantora.cost import make_estimator
+from phantora.cost import EstimatorChoice, choose_estimator
 from phantora.engine.engine import Engine, EngineSummary
 from phantora.engine.timeline import TimingConfig
 from phantora.hardware import GPUSpec
 from phantora.net.cluster import Cluster
 from phantora.net.network import Network
 from phantora.simulator.server import SimulatorServer
-from phantora.trace import open_sink
+from phantora.trace import TeeSink, TraceSink, open_sink
+from phantora.trace.kineto import KinetoExport, KinetoSink
 
 BOOTSTRAP_DIR = Path(interpose.__file__).resolve().parent / "bootstrap"
 PACKAGE_ROOT = Path(interpose.__file__).resolve().parent.parent
@@ -42,13 +43,15 @@ class TraceRun:
     gpu: GPUSpec
     vram_bytes: int | None = None
     gpus_per_node: int = 8
-    estimator: str = "analytical"
+    estimator: str = "auto"  # --kernel-times: auto, analytical, calibrated, measured
+    calibration: Path | None = None  # --calibration: a measured table (shared/calibration format)
     call_timeout_s: float = 600.0
     extra_env: dict[str, str] = field(default_factory=dict)
     cluster: Cluster | None = None  # the network collectives run on (default: one dgx-h100 node)
     nproc_per_node: int | None = None  # None: run COMMAND once (it may be torchrun itself)
     collective_timeout_s: float = 300.0
     comm_slowdown: float = TimingConfig.comm_slowdown
+    kineto_dir: Path | None = None  # also write one Kineto trace per rank here (for HTA)
 
 
 @dataclass
@@ -59,6 +62,8 @@ class TraceResult:
     internal_errors: list[str]
     rank_errors: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # ranks that exited with an error
+    kineto: KinetoExport | None = None
+    kernel_times: EstimatorChoice | None = None
 
 
 def child_env(run: TraceRun, socket_path: str) -> dict[str, str]:
@@ -120,8 +125,13 @@ def run_trace(run: TraceRun) -> TraceResult:
         raise LaunchError(f"--nproc-per-node {run.nproc_per_node} is more than the {run.cluster.gpus_per_node} GPUs "
                           f"of a {run.cluster.name} node; use at most {run.cluster.gpus_per_node} or more --nnodes")
     started = time.time()
-    sink = open_sink(run.output)
-    engine = Engine(run.gpu, make_estimator(run.estimator, run.gpu), sink, TimingConfig(comm_slowdown=run.comm_slowdown),
+    kernel_times = choose_estimator(run.estimator, run.gpu, calibration=run.calibration)  # KernelTimesError
+    # The export directory first: it only creates the directory, while open_sink opens a file.
+    kineto = KinetoSink(run.kineto_dir, run.gpu, run.vram_bytes) if run.kineto_dir is not None else None
+    sink: TraceSink = open_sink(run.output)
+    if kineto is not None:
+        sink = TeeSink([sink, kineto])
+    engine = Engine(run.gpu, kernel_times.estimator, sink, TimingConfig(comm_slowdown=run.comm_slowdown),
                     network=Network(run.cluster))
     server = SimulatorServer(engine, collective_timeout_s=run.collective_timeout_s)
     exit_code = 1
@@ -202,13 +212,15 @@ def run_trace(run: TraceRun) -> TraceResult:
             "cluster": run.cluster.name,
             "nodes": run.cluster.nodes,
             "nproc_per_node": run.nproc_per_node,
-            "estimator": run.estimator,
+            "estimator": kernel_times.estimator.name,
+            "kernel_times": kernel_times.metadata(),
             "exit_code": exit_code,
             "started_at": _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(),
             "wall_seconds": round(time.time() - started, 3),
             "simulated_ns": summary.simulated_ns,
         })
-    return TraceResult(exit_code, summary, time.time() - started, server.internal_errors, server.rank_errors, failures)
+    return TraceResult(exit_code, summary, time.time() - started, server.internal_errors, server.rank_errors, failures,
+                       kineto.export if kineto else None, kernel_times)
 
 
 def format_bytes(n: float) -> str:
@@ -230,6 +242,7 @@ def format_summary(run: TraceRun, result: TraceResult) -> str:
     for (rank, dev), peak in sorted(s.peak_allocated.items()):
         lines.append(f"  peak memory rank {rank} cuda:{dev}: {format_bytes(peak)} allocated, "
                      f"{format_bytes(s.peak_reserved[(rank, dev)])} reserved (of {format_bytes(total)})")
+    lines.extend(kernel_times_lines(result))
     if s.unknown_ops:
         calls = sum(s.unknown_ops.values())
         top = ", ".join(f"{k} ({v})" for k, v in sorted(s.unknown_ops.items(), key=lambda kv: -kv[1])[:5])
@@ -249,7 +262,32 @@ def format_summary(run: TraceRun, result: TraceResult) -> str:
     if result.internal_errors:
         lines.append(f"  simulator errors: {len(result.internal_errors)} (see messages above)")
     lines.append(f"  trace: {run.output}")
+    if result.kineto is not None:
+        k = result.kineto
+        lines.append(f"  kineto traces (for HTA): {len(k.files)} file(s) in {k.directory}/ "
+                     f"({', '.join(p.name for p in k.files[:4])}{', ...' if len(k.files) > 4 else ''})")
+        if k.removed_stale:
+            lines.append(f"    removed {len(k.removed_stale)} rank file(s) of an earlier run: "
+                         + ", ".join(p.name for p in k.removed_stale[:4]))
+        if k.other_trace_files:
+            lines.append(f"    note: HTA will also load {len(k.other_trace_files)} other .json/.gz file(s) there: "
+                         + ", ".join(p.name for p in k.other_trace_files[:4]))
     return "\n".join(lines)
+
+
+def kernel_times_lines(result: TraceResult) -> list[str]:
+    """Which estimator timed the kernels, how many each label timed, and what the user must know."""
+    choice = result.kernel_times
+    if choice is None:
+        return []
+    lines = [f"  kernel times: {choice.description}"]
+    by = result.summary.kernels_by_estimator
+    if by:
+        lines.append("    kernels timed by: " + ", ".join(f"{n:,} {label}" for label, n in
+                                                         sorted(by.items(), key=lambda kv: -kv[1])))
+    lines.extend(f"    {line}" for line in choice.after_run())
+    lines.extend(f"    note: {note}" for note in choice.notes)
+    return lines
 
 
 def print_summary(run: TraceRun, result: TraceResult) -> None:

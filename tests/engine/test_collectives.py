@@ -181,3 +181,56 @@ def test_compute_overlapping_an_nccl_kernel_is_slowed_by_the_configured_fraction
     e.apply(0, [[P.R_WORK_WAIT, work, 0, 0, 0]])
     kernel(e, 0, 50_000, 1)
     assert e.ranks[0].timeline.streams[(0, 0)].tail_ns == end + 50_000
+
+
+class SliceRecorder(NullSink):
+    def __init__(self) -> None:
+        self.slices: list[dict] = []
+
+    def slice(self, pid, tid, name, ts_ns, dur_ns, cat, args=None, flow_out=None, flow_in=None):  # type: ignore[override]
+        self.slices.append({"pid": pid, "tid": tid, "name": name, "ts": ts_ns, "dur": dur_ns, "cat": cat,
+                            "args": args or {}, "flow_out": flow_out, "flow_in": flow_in})
+
+
+def test_each_members_collective_call_is_a_host_slice_linked_to_its_nccl_kernel():
+    sink = SliceRecorder()
+    e = Engine(lookup_gpu("h100"), FixedEstimator(), sink, TIMING, network=Network(load_cluster("dgx-h100", nodes=1)))
+    for r in (0, 1):
+        e.add_rank(RankInfo(r, 0, r, 100 + r))
+    e.apply(1, [[P.R_SLEEP, 7_000]])  # rank 1 calls later
+    wire = {"op": "all_reduce", "group": [0, 1], "seq": 0, "nbytes": 1 << 20, "dtype": "float32",
+            "reduce_op": "sum", "device": 0, "stream": 0, "site": "train.py:9 in step"}
+    e.join_collective(0, wire)
+    e.join_collective(1, dict(wire, device=1))
+    calls = [s for s in sink.slices if s["name"] == "nccl:all_reduce"]
+    kernels = [s for s in sink.slices if s["name"].startswith("ncclDevKernel")]
+    assert [(c["pid"], c["ts"], c["cat"]) for c in calls] == [(1, 0, "cpu_op"), (2, 7_000, "cpu_op")]
+    for c in calls:
+        (k,) = [k for k in kernels if k["pid"] == c["pid"]]
+        assert c["dur"] > 0 and c["flow_out"] is not None
+        assert k["flow_in"] == c["flow_out"] == c["args"]["correlation"] == k["args"]["correlation"]
+        assert c["args"]["call site"] == "train.py:9 in step"
+
+
+def test_a_collective_that_never_ran_leaves_its_call_without_a_link():
+    sink = SliceRecorder()
+    e = Engine(lookup_gpu("h100"), FixedEstimator(), sink, TIMING, network=Network(load_cluster("dgx-h100", nodes=1)))
+    for r in (0, 1):
+        e.add_rank(RankInfo(r, 0, r, 100 + r))
+    e.join_collective(0, {"op": "broadcast", "group": [0, 1], "seq": 0, "nbytes": 8, "root": 0})
+    e.abandon_collectives(1)
+    (call,) = [s for s in sink.slices if s["name"] == "nccl:broadcast"]
+    assert call["flow_out"] is None and call["args"]["never ran"] and "correlation" not in call["args"]
+    e.close({})
+    assert len([s for s in sink.slices if s["name"].startswith("nccl:")]) == 1  # written once
+
+
+def test_a_collective_still_waiting_at_the_end_keeps_its_call_in_the_trace():
+    sink = SliceRecorder()
+    e = Engine(lookup_gpu("h100"), FixedEstimator(), sink, TIMING, network=Network(load_cluster("dgx-h100", nodes=1)))
+    for r in (0, 1):
+        e.add_rank(RankInfo(r, 0, r, 100 + r))
+    e.join_collective(0, {"op": "all_gather", "group": [0, 1], "seq": 0, "nbytes": 8})
+    e.close({})  # e.g. Ctrl-C while rank 1 had not joined
+    (call,) = [s for s in sink.slices if s["name"] == "nccl:all_gather"]
+    assert call["pid"] == 1 and call["args"]["never ran"] and call["flow_out"] is None
