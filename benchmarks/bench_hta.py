@@ -5,7 +5,7 @@
 Runs `phantora trace --nproc-per-node 2 --export-kineto` on examples/ddp_train.py, loads the
 export with Holistic Trace Analysis (pip install holistictraceanalysis), and prints per rank
 HTA's temporal breakdown and communication/computation overlap next to the same figures computed
-from the main Chrome JSON trace (tests/trace/test_kineto_hta.py: reference_figures), twice: with
+from the main Chrome JSON trace (tests/tracing/test_kineto_hta.py: reference_figures), twice: with
 HTA's default rounding of nanosecond timestamps to whole microseconds, and with
 HTA_DISABLE_NS_ROUNDING=1.
 """

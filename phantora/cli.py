@@ -225,7 +225,7 @@ def _open_trace(path: str, engine: str):  # type: ignore[no-untyped-def]
         _fail(str(e))
 
 
-@main.command()
+@main.command(short_help="Run SQL on a trace (Perfetto's tables).")
 @click.argument("trace_file", metavar="TRACE")
 @click.argument("sql")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
@@ -253,7 +253,7 @@ def query(trace_file: str, sql: str, fmt: str, engine: str) -> None:
         click.echo(query_result(result, fmt))
 
 
-@main.command()
+@main.command(short_help="Step times, GPU time breakdown, MFU, top kernels, peak memory.")
 @click.argument("trace_file", metavar="TRACE")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (the TraceSummary dataclass).")
 @click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Kernels to list.")
@@ -279,7 +279,7 @@ def summary(trace_file: str, as_json: bool, top: int, engine: str) -> None:
     click.echo(render.to_json(s) if as_json else render.summary(s))
 
 
-@main.command()
+@main.command(short_help="Compare two traces side by side.")
 @click.argument("trace_a", metavar="A")
 @click.argument("trace_b", metavar="B")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")

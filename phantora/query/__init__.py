@@ -36,8 +36,11 @@ Where it differs from trace_processor:
 - Trace metadata: Perfetto does not import Chrome JSON's "metadata"; here it is the
   metadata table (integers and booleans in int_value, other values in str_value, lists and
   objects as JSON), plus trace_type and trace_size_bytes. Either engine: TraceDB.metadata.
-- The args table is filled when a statement first reads it (seconds for a million
-  slices); EXTRACT_ARG does not need it.
+- args, flow and counter are filled when a statement first reads them (the args table of
+  a million kernel slices, ~8M rows, takes about half a minute); EXTRACT_ARG does not need
+  the args table.
+- Slices that overlap without nesting are dropped as in Perfetto (which may instead move them
+  to an overflow track); stats counts them, and TraceDB.import_stats lists what was dropped.
 """
 
 from phantora.query.db import ENGINES, QueryResult, TraceDB, load

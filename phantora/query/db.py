@@ -105,8 +105,8 @@ def load(path: str | Path, engine: str = "auto") -> TraceDB:
     trace = source.read_trace(p)
     with source.gc_paused():
         imported = import_events(trace.events)
+        if trace.truncated:
+            imported.stats["json_truncated_file"] = 1
         db = SqliteTraceDB(imported, trace.metadata, "proto" if trace.format == "pftrace" else "json",
                            trace.size_bytes)
-    if trace.truncated:
-        db.import_stats["json_truncated_file"] = 1
     return TraceDB(db, p, dict(trace.metadata))

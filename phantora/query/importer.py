@@ -70,9 +70,10 @@ STAT_DESCRIPTIONS = {
     "flow_step_without_start": "flow steps whose id never started",
     "flow_invalid_id": "flow events without a usable id",
     "flow_without_direction": "events with a bind_id but neither flow_in nor flow_out",
+    "json_truncated_file": "the file ends mid-event (its writer was stopped): read up to the last complete event",
 }
 _DATA_LOSS = {"slice_drop_overlapping_complete_event", "misplaced_end_event", "json_tokenizer_failure",
-              "json_parser_failure"}
+              "json_parser_failure", "json_truncated_file"}
 
 
 def stat_severity(name: str) -> str:
@@ -173,10 +174,12 @@ def _text(value: Any) -> str | None:
 
 class _Importer:
     def __init__(self) -> None:
-        self.processes: list[list[Any]] = [[0, 0, None]]  # upid 0 is pid 0, as in Perfetto
-        self.upid_of: dict[int, int] = {0: 0}
-        self.threads: list[list[Any]] = [[0, 0, None, 0]]  # utid 0 is tid 0 of pid 0
-        self.utid_of: dict[tuple[int, int], int] = {(0, 0): 0}
+        # upid 0 and utid 0 are Perfetto's placeholders (the idle process and thread, pid and tid
+        # 0, the thread in no process); a trace's own pid 0 is a process of its own.
+        self.processes: list[list[Any]] = [[0, 0, None]]
+        self.upid_of: dict[int, int] = {}
+        self.threads: list[list[Any]] = [[0, 0, None, None]]
+        self.utid_of: dict[tuple[int, int], int] = {}
         self.tracks: list[tuple[Any, ...]] = []
         self.track_of: dict[Any, int] = {}  # utid / ("p", pid) / ("c", upid, name) / ("a", ...) / ("g",)
         self.entries: list[tuple[Any, ...]] = []  # (ts, sort key, file index, kind, track, event)
@@ -190,13 +193,17 @@ class _Importer:
         if upid is None:
             upid = self.upid_of[pid] = len(self.processes)
             self.processes.append([upid, pid, None])
+            self.utid(pid, pid)  # a new process gets its main thread, as in Perfetto
         return upid
 
     def utid(self, pid: int, tid: int) -> int:
         utid = self.utid_of.get((pid, tid))
         if utid is None:
-            utid = self.utid_of[(pid, tid)] = len(self.threads)
-            self.threads.append([utid, tid, None, self.upid(pid)])
+            upid = self.upid(pid)  # first: a new process adds its main thread
+            utid = self.utid_of.get((pid, tid))
+            if utid is None:
+                utid = self.utid_of[(pid, tid)] = len(self.threads)
+                self.threads.append([utid, tid, None, upid])
         return utid
 
     def track(self, key: Any, name: str | None, kind: str, upid: int | None = None) -> int:

@@ -31,6 +31,12 @@ def _cell(value: Any) -> str:
 _NUMBER = re.compile(r"^([+-]?[\d.,]+(e[+-]?\d+)?(%|x)?|-|NULL)$")
 
 
+def _blob_hex(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Aligned text columns; columns of numbers right-aligned."""
     cells = [[v if isinstance(v, str) else _cell(v) for v in row] for row in rows]
@@ -49,7 +55,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def query_result(result: QueryResult, fmt: str) -> str:
     if fmt == "json":
-        return orjson.dumps([dict(zip(result.columns, row)) for row in result.rows],
+        return orjson.dumps([dict(zip(result.columns, row)) for row in result.rows], default=_blob_hex,
                             option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode()
     if fmt == "csv":
         buf = io.StringIO()

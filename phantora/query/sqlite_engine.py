@@ -15,6 +15,8 @@ import sqlite3
 import threading
 from typing import Any
 
+import orjson
+
 from phantora.query.importer import (
     PROCESS_COUNTER_TRACK,
     PROCESS_TRACK,
@@ -66,8 +68,6 @@ _MISSING = object()
 def metadata_rows(metadata: dict[str, Any]) -> list[tuple[Any, ...]]:
     """The trace's top-level metadata as rows of Perfetto's metadata table: integers (and
     booleans) in int_value, everything else in str_value (lists and objects as JSON)."""
-    import orjson
-
     rows = []
     for i, (name, value) in enumerate(metadata.items()):
         int_value = str_value = None
@@ -148,6 +148,37 @@ def lookup_arg(values: Any, path: str) -> Any:
         else:
             return _MISSING
     return node
+
+
+def _arg_key_names(prefix: str, path: str) -> tuple[str, str]:
+    """(flat_key, key) of a json_tree fullkey ('$.a."b c"[0]') under `prefix` ("args", or ""
+    for arg sets whose keys are at the top): ("args.a.b c", "args.a.b c[0]")."""
+    flat, key = [prefix], [prefix]
+    i, n = 1, len(path)  # after the "$"
+    while i < n:
+        if path[i] == "[":
+            close = path.index("]", i)
+            key.append(path[i:close + 1])
+            i = close + 1
+            continue
+        i += 1  # the "."
+        if i < n and path[i] == '"':  # a quoted label, with backslash escapes
+            j, label = i + 1, []
+            while path[j] != '"':
+                if path[j] == "\\":
+                    j += 1
+                label.append(path[j])
+                j += 1
+            part, i = "".join(label), j + 1
+        else:
+            j = i
+            while j < n and path[j] not in ".[":
+                j += 1
+            part, i = path[i:j], j
+        flat.append("." + part)
+        key.append("." + part)
+    flat_key, full = "".join(flat), "".join(key)
+    return (flat_key[1:], full[1:]) if not prefix else (flat_key, full)
 
 
 def _flatten(rows: list[tuple[Any, ...]], set_id: int, flat_key: str, key: str, value: Any) -> None:
@@ -262,12 +293,19 @@ class SqliteTraceDB:
         self._conn.execute("CREATE INDEX counter_track_ts ON counter (track_id, ts)")
 
     def _fill_args(self) -> None:
-        """The args table from the arg sets (seconds for millions of slices)."""
-        conn = self._conn
+        """The args table from the arg sets. SQLite's json_tree flattens the raw args JSON in C
+        (~10x faster than flattening in Python and binding each row); arg sets it would number
+        differently (lists holding nulls, which Perfetto skips without using up an index) and
+        SQLite builds without JSON support take the Python path."""
+        try:
+            python_sets = self._fill_args_with_json_tree()
+        except sqlite3.OperationalError:  # no JSON functions in this SQLite
+            python_sets = range(len(self._arg_sets))
         insert = ("INSERT INTO args (arg_set_id, flat_key, key, int_value, string_value, real_value, value_type, "
                   "display_value) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
         rows: list[tuple[Any, ...]] = []
-        for set_id, (prefix, payload) in enumerate(self._arg_sets):
+        for set_id in python_sets:
+            prefix, payload = self._arg_sets[set_id]
             values = arg_values(payload)
             if prefix is None:
                 for k, v in values.items():
@@ -275,11 +313,50 @@ class SqliteTraceDB:
             else:
                 _flatten(rows, set_id, prefix, prefix, values)
             if len(rows) >= _ARGS_BATCH:
-                conn.executemany(insert, rows)
+                self._conn.executemany(insert, rows)
                 rows.clear()
-        conn.executemany(insert, rows)
-        conn.execute("CREATE INDEX args_set ON args (arg_set_id)")
-        conn.execute("CREATE INDEX args_key ON args (key)")
+        self._conn.executemany(insert, rows)
+        self._conn.execute("CREATE INDEX args_set ON args (arg_set_id)")
+
+    def _fill_args_with_json_tree(self) -> list[int]:
+        """Fill args from the arg sets json_tree can flatten; the ids of those it cannot."""
+        conn = self._conn
+        python_sets: list[int] = []
+
+        def json_rows() -> Any:
+            for set_id, (prefix, payload) in enumerate(self._arg_sets):
+                text = bytes(memoryview(payload)).decode() if type(payload) is not dict else orjson.dumps(payload).decode()
+                if "null" in text:
+                    python_sets.append(set_id)
+                else:
+                    yield set_id, prefix or "", text
+
+        conn.execute("CREATE TEMP TABLE __arg_json (arg_set_id INTEGER PRIMARY KEY, prefix TEXT, json TEXT)")
+        try:
+            conn.executemany("INSERT INTO __arg_json VALUES (?, ?, ?)", json_rows())
+            conn.execute("CREATE TEMP TABLE __arg_leaf AS SELECT a.arg_set_id, a.prefix, t.fullkey, t.type, t.atom "
+                         "FROM __arg_json a, json_tree(a.json) t WHERE t.type NOT IN ('object', 'array', 'null')")
+            conn.execute("CREATE TEMP TABLE __arg_key (prefix TEXT, fullkey TEXT, flat_key TEXT, key TEXT, "
+                         "PRIMARY KEY (prefix, fullkey))")
+            conn.executemany("INSERT INTO __arg_key VALUES (?, ?, ?, ?)",
+                             [(prefix, path, *_arg_key_names(prefix, path)) for prefix, path in
+                              conn.execute("SELECT DISTINCT prefix, fullkey FROM __arg_leaf").fetchall()])
+            # CROSS JOIN keeps the leaves (in arg set and document order) as the outer loop.
+            conn.execute("""
+                INSERT INTO args (arg_set_id, flat_key, key, int_value, string_value, real_value, value_type,
+                                  display_value)
+                SELECT l.arg_set_id, k.flat_key, k.key,
+                       CASE l.type WHEN 'integer' THEN l.atom WHEN 'true' THEN 1 WHEN 'false' THEN 0 END,
+                       CASE l.type WHEN 'text' THEN l.atom END,
+                       CASE l.type WHEN 'real' THEN l.atom END,
+                       CASE l.type WHEN 'integer' THEN 'int' WHEN 'real' THEN 'real' WHEN 'text' THEN 'string'
+                                   ELSE 'bool' END,
+                       CASE l.type WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE CAST(l.atom AS TEXT) END
+                FROM __arg_leaf l CROSS JOIN __arg_key k ON k.prefix = l.prefix AND k.fullkey = l.fullkey""")
+        finally:
+            for table in ("__arg_json", "__arg_leaf", "__arg_key"):
+                conn.execute(f"DROP TABLE IF EXISTS temp.{table}")
+        return python_sets
 
     def fill_all(self) -> None:
         """Fill every lazily filled table now (args, flow, counter)."""

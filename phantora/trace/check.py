@@ -6,7 +6,7 @@ a partner (notes/perfetto.md), so a trace we write must have, per (pid, tid), sl
 every flow id bound exactly once on each side, and each flow event inside a slice of its
 thread. Perfetto also reads flow events in time order (a v1 flow that ends before it starts is
 dropped) and numbers v1 flows (s/f) 0, 1, 2, ... in the id space of v2 bind_ids (a bind_id
-below the number of v1 flows binds to the wrong slice). tests/trace checks these claims
+below the number of v1 flows binds to the wrong slice). tests/tracing checks these claims
 against a real trace processor.
 """
 

@@ -234,3 +234,49 @@ def test_a_list_of_events_is_a_trace_too(tmp_path):
     with load(path, engine="builtin") as db:
         assert rows(db, "select name, ts, dur from slice") == [("k", 1000, 2000)]
         assert db.metadata == {}
+
+
+NO_NULL_ARGS = [
+    {"a": 1, "b": {"c": "x", "d": [1, 2.5]}, "e": True, "f": False, "l": [[1, 2], [3]], "Input Dims": [[4, 8]],
+     "b.c": {'x"y': "quoted"}, "big": 2**63 - 1, "neg": -2.5e-300, "s": "a \\ b \u00e9"},
+    {"op": "aten::mm.default", "shapes": [[1024, 768], [768, 3072]], "flops": 4831838208.0},
+]
+
+
+def test_args_from_sqlites_json_tree_equal_the_python_flattening(tmp_path, monkeypatch):
+    events = [x(1, 1, f"k{i}", i, 1, args=a) for i, a in enumerate(NO_NULL_ARGS)]
+    events += [{"ph": "s", "id": 1, "pid": 1, "tid": 1, "ts": 0, "name": "n", "cat": "c"},
+               {"ph": "f", "id": 1, "pid": 1, "tid": 1, "ts": 1, "name": "n", "cat": "c", "bp": "e"}]
+    path = write_trace(tmp_path / "t.json", events)
+    query = ("select arg_set_id, flat_key, key, int_value, string_value, real_value, value_type, display_value "
+             "from args order by arg_set_id, id")
+    with load(path, engine="builtin") as db:
+        fast = rows(db, query)
+        assert ("args.b.c.x\"y", "args.b.c.x\"y", None, "quoted") in [r[1:5] for r in fast]
+        assert ("args.Input Dims", "args.Input Dims[0][1]", 8) in [r[1:4] for r in fast]
+        assert ("args.f", "args.f", 0, None, None, "bool", "false") in [r[1:] for r in fast]
+    from phantora.query import sqlite_engine
+
+    def no_json(self):
+        raise sqlite_engine.sqlite3.OperationalError("no such table: json_tree")
+
+    monkeypatch.setattr(sqlite_engine.SqliteTraceDB, "_fill_args_with_json_tree", no_json)
+    with load(path, engine="builtin") as db:
+        assert rows(db, query) == fast
+
+
+def test_pid_0_is_a_process_apart_from_perfettos_placeholders(tmp_path):
+    events = names(0, "simulator (rollbacks, corrections)", {1: "network rollbacks"}) + [
+        {"ph": "i", "s": "t", "pid": 0, "tid": 1, "name": "rollback: x", "cat": "rollback", "ts": 5},
+        x(7, 3, "op", 0, 1)]
+    with load(write_trace(tmp_path / "t.json", events), engine="builtin") as db:
+        # upid 0 / utid 0 are Perfetto's idle placeholders (the thread in no process)
+        assert rows(db, "select upid, pid, name from process order by upid") == [
+            (0, 0, None), (1, 0, "simulator (rollbacks, corrections)"), (2, 7, None)]
+        assert rows(db, "select tid, upid from thread where utid = 0") == [(0, None)]
+        assert rows(db, "select p.name from slice s join thread_track tt on s.track_id = tt.id "
+                        "join thread using (utid) join process p using (upid) where s.category = 'rollback'") \
+            == [("simulator (rollbacks, corrections)",)]
+        # every process has its main thread (tid = pid), as Perfetto creates it
+        assert rows(db, "select p.pid, t.tid from thread t join process p using (upid) where t.tid = p.pid "
+                        "order by p.pid") == [(0, 0), (7, 7)]
