@@ -254,7 +254,7 @@ class PerfettoProtoSink:
         if head is None:  # the first packet of a sequence starts its incremental (interning) state
             self._sequence_heads[sequence] = _SEQUENCE_KEY + _varint(sequence) + _FLAGS_NEXT
             head = _SEQUENCE_KEY + _varint(sequence) + _FLAGS_FIRST + _FIRST_ON_SEQUENCE
-        if self._interned_new:
+        if self._interned_new and sequence == EVENT_SEQUENCE_ID:  # (the intern tables are that sequence's)
             interned = self._interned.SerializeToString()
             self._interned.Clear()
             self._interned_new = False
