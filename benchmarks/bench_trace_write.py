@@ -29,7 +29,7 @@ from typing import Any
 
 from phantora.trace import NullSink, TraceSink
 from phantora.trace.check import load_chrome_trace
-from phantora.trace.chrome import ChromeJsonSink
+from phantora.trace.chrome import BIND_ID_BASE, ChromeJsonSink
 from phantora.trace.perfetto import PerfettoProtoSink, load_pftrace, read_pftrace
 
 Call = tuple[str, tuple[Any, ...], dict[str, Any]]
@@ -58,8 +58,8 @@ def sink_calls(events: list[dict[str, Any]]) -> list[Call]:
                                          ev["args"]["sort_index"]), {}))
         elif ph == "X":
             flows = {}
-            if "bind_id" in ev:
-                flows["flow_out" if ev.get("flow_out") else "flow_in"] = ev["bind_id"]
+            if "bind_id" in ev:  # the JSON's bind_ids are the engine's flow ids + BIND_ID_BASE
+                flows["flow_out" if ev.get("flow_out") else "flow_in"] = ev["bind_id"] - BIND_ID_BASE
             calls.append(("slice", (ev["pid"], ev["tid"], ev["name"], _ns(ev["ts"]), _ns(ev["dur"]), ev["cat"],
                                     ev.get("args")), flows))
         elif ph == "i":
