@@ -218,6 +218,9 @@ def run_trace(run: TraceRun) -> TraceResult:
             "started_at": _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(),
             "wall_seconds": round(time.time() - started, 3),
             "simulated_ns": summary.simulated_ns,
+            "network_rollbacks": summary.rollbacks,
+            "stale_replies": summary.stale_replies,
+            "largest_stale_error_ns": summary.largest_stale_error_ns,
         })
     return TraceResult(exit_code, summary, time.time() - started, server.internal_errors, server.rank_errors, failures,
                        kineto.export if kineto else None, kernel_times)

@@ -12,7 +12,7 @@ import pytest
 from phantora.net.cluster import load_cluster
 from phantora.net.network import Network
 from phantora.net.records import CollectiveSpec
-from phantora.trace.check import check_chrome_trace
+from phantora.trace.check import check_chrome_trace, load_chrome_trace
 
 from test_trace_cli import SCRIPTS, events, phantora, trace_script
 
@@ -56,6 +56,10 @@ def test_every_collective_kind_is_matched_and_timed_by_the_network_model(tmp_pat
     first = nccl_kernels(out, 1)[0]["args"]
     shown = float(re.search(r"rank 0: all_reduce ([\d.]+) us", proc.stdout).group(1))
     assert first["network ns"] / 1e3 < shown < first["network ns"] / 1e3 + 100
+    # the trace records the rollback figures the summary line prints (for `phantora summary`)
+    meta = load_chrome_trace(out)["metadata"]
+    shown = re.search(r"network rollbacks (\d+)\s+stale replies (\d+)", proc.stderr)
+    assert (meta["network_rollbacks"], meta["stale_replies"]) == (int(shown.group(1)), int(shown.group(2)))
     # participants are linked by flow arrows
     assert sum(1 for e in events(out) if e.get("ph") == "s" and e.get("cat") == "collective") == 10
 
