@@ -38,11 +38,6 @@ def before_torch_import() -> None:
     gpu = lookup_gpu(os.environ.get("PHANTORA_GPU", DEFAULT_GPU))
     os.environ.setdefault("PHANTORA_SDPA_PRIORITY", sdpa_priority(gpu.capability[0]))
     ti = find_torch()
-    if ti.cuda is not None:
-        raise InterpositionError(
-            f"phantora: this environment has a CUDA build of torch ({ti.version}); virtual GPUs "
-            "currently need the CPU build: pip install torch==2.13.0 (CPU) in this environment"
-        )
     ctypes.CDLL(str(shim_path(ti)), mode=ctypes.RTLD_GLOBAL)
 
 

@@ -109,6 +109,16 @@ def shim_path(torch_install: TorchInstall | None = None) -> Path:
     return target
 
 
+def link_libraries(ti: TorchInstall) -> list[str]:
+    """torch libraries the shim depends on. On a CUDA build it also depends on torch's CUDA
+    libraries, so that loading the shim loads them first: their static registrations (the real
+    CUDA guard, hooks and SDPA chooser) then run before the shim's, which replace them."""
+    libs = ["c10", "torch_cpu"]
+    if ti.cuda is not None:
+        libs += ["c10_cuda", "torch_cuda"]
+    return libs
+
+
 def _compile(cxx: str, ti: TorchInstall, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
@@ -116,7 +126,7 @@ def _compile(cxx: str, ti: TorchInstall, target: Path) -> None:
         cxx, "-O2", "-shared", "-fPIC", "-std=c++20", "-w",
         *(f"-I{d}" for d in ti.include_dirs),
         str(SHIM_SOURCE), "-o", tmp,
-        f"-L{ti.lib_dir}", "-Wl,--no-as-needed", "-lc10", "-ltorch_cpu",
+        f"-L{ti.lib_dir}", "-Wl,--no-as-needed", *(f"-l{lib}" for lib in link_libraries(ti)),
         f"-Wl,-rpath,{ti.lib_dir}",
     ]
     try:

@@ -1,7 +1,7 @@
-// phantora's virtual CUDA shim for CPU builds of PyTorch.
+// phantora's virtual CUDA shim for CPU and CUDA builds of PyTorch.
 //
 // Loaded with RTLD_GLOBAL before `import torch` (torch._C caches getCUDAHooks() at init), it
-// makes stock PyTorch believe CUDA devices exist, without any CUDA library:
+// makes stock PyTorch believe CUDA devices exist, without any CUDA library or GPU driver:
 //  * a DeviceGuardImplInterface for DeviceType::CUDA: thread-local current device and current
 //    stream per device (c10's FakeGuardImpl caps at 8 devices; we need more), stream ids from a
 //    counter, event handles that are plain integers. No work ever runs: tensors are FakeTensors
@@ -10,6 +10,12 @@
 //    and torch.accelerator then pick CUDA) and pinned memory comes from the CPU allocator.
 //  * the CUDA entry of _fused_sdp_choice_stub, so F.scaled_dot_product_attention takes the
 //    fused backend a real GPU would take instead of the math path (see choose_sdp_backend).
+//
+// On a CUDA build of torch the real CUDA guard, hooks and SDPA chooser exist too; they need a
+// driver and a GPU. The shim is then linked against libc10_cuda and libtorch_cuda (see
+// shim_build.py), so the dynamic loader runs their static registrations before ours: the guard
+// and the dispatch stub are plain slots (the last registration wins) and the hooks are
+// registered with a higher priority than torch's own (an equal one would abort the process).
 //
 // Configuration comes from the environment, read once:
 //   PHANTORA_DEVICE_COUNT      number of visible virtual GPUs (default 8)
@@ -223,7 +229,7 @@ namespace c10::impl {
 C10_REGISTER_GUARD_IMPL(CUDA, VirtualCudaGuard);
 }
 namespace at {
-C10_REGISTER_TYPED_CLASS(CUDAHooksRegistry, "CUDAHooks", VirtualCudaHooks);
+C10_REGISTER_TYPED_CLASS_WITH_PRIORITY(CUDAHooksRegistry, "CUDAHooks", c10::REGISTRY_PREFERRED, VirtualCudaHooks);
 namespace native {
 REGISTER_CUDA_DISPATCH(_fused_sdp_choice_stub, &choose_sdp_backend);
 }
