@@ -126,6 +126,7 @@ def _compile(cxx: str, ti: TorchInstall, target: Path) -> None:
         cxx, "-O2", "-shared", "-fPIC", "-std=c++20", "-w",
         *(f"-I{d}" for d in ti.include_dirs),
         str(SHIM_SOURCE), "-o", tmp,
+        *(["-DPHANTORA_TORCH_CUDA_BUILD"] if ti.cuda is not None else []),
         f"-L{ti.lib_dir}", "-Wl,--no-as-needed", *(f"-l{lib}" for lib in link_libraries(ti)),
         f"-Wl,-rpath,{ti.lib_dir}",
     ]

@@ -17,6 +17,10 @@
 // and the dispatch stub are plain slots (the last registration wins) and the hooks are
 // registered with a higher priority than torch's own (an equal one would abort the process).
 //
+// DDP's reducer also times each iteration with a per-device-type timer; the CUDA build's
+// records real CUDA events (cudaErrorInsufficientDriver without a GPU), so on CUDA builds the
+// shim registers a host-clock timer for CUDA, as CPU builds of torch use for CPU tensors.
+//
 // Configuration comes from the environment, read once:
 //   PHANTORA_DEVICE_COUNT      number of visible virtual GPUs (default 8)
 //   PHANTORA_SDPA_PRIORITY     comma list of backends in priority order, e.g. "cudnn,flash,efficient"
@@ -29,6 +33,9 @@
 #include <ATen/native/transformers/attention.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#ifdef PHANTORA_TORCH_CUDA_BUILD
+#include <torch/csrc/distributed/c10d/reducer_timer.hpp>
+#endif
 
 #include <array>
 #include <atomic>
@@ -223,6 +230,18 @@ int64_t choose_sdp_backend(const at::Tensor& q, const at::Tensor& k, const at::T
   return kMath;
 }
 
+#ifdef PHANTORA_TORCH_CUDA_BUILD
+// Like c10d's CpuTimer: host timestamps (DDP uses them only for its runtime-stats logging).
+struct HostClockTimer final : public c10d::Timer {
+  explicit HostClockTimer(c10::Device) {}
+  std::optional<int64_t> measureDifference(Event start, Event end) override {
+    const int64_t t0 = getTimeRef(start), t1 = getTimeRef(end);
+    if (t0 == c10d::kUnsetTime || t1 < t0) return std::nullopt;
+    return t1 - t0;
+  }
+};
+#endif
+
 }  // namespace
 
 namespace c10::impl {
@@ -234,5 +253,10 @@ namespace native {
 REGISTER_CUDA_DISPATCH(_fused_sdp_choice_stub, &choose_sdp_backend);
 }
 }  // namespace at
+#ifdef PHANTORA_TORCH_CUDA_BUILD
+namespace c10d {
+C10_REGISTER_TYPED_CLASS_WITH_PRIORITY(TimerRegistry, c10::kCUDA, c10::REGISTRY_PREFERRED, HostClockTimer);
+}
+#endif
 
 extern "C" int phantora_shim_device_count() { return device_count(); }
