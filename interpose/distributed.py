@@ -200,6 +200,13 @@ class SimProcessGroup(dist.ProcessGroup):
     def eager_connect_single_device(self, device: Any) -> None:
         pass
 
+    def _get_backend(self, device: Any) -> "SimProcessGroup":
+        # c10d returns a ProcessGroup subclass as the group itself, without registering it as a
+        # backend of any device; torch >= 2.14 asks every group for its backend (e.g.
+        # batch_isend_irecv checks supports_coalescing), which would raise "No backend type
+        # associated with device type cuda". Like ProcessGroupNCCL, this group is its own backend.
+        return self
+
     # --- reporting ----------------------------------------------------------------------------
     def _collective(self, op: str, tensors: list[torch.Tensor], nbytes: int, *, reduce_op: Any = None,
                     root: int | None = None, host_blocks: bool = False) -> SimWork:
