@@ -310,3 +310,21 @@ def test_a_correction_to_an_end_already_used_is_counted_and_shown_on_the_simulat
     assert corr["args"]["old end ns"] == a_alone and corr["args"]["new end ns"] == a_exact
     assert corr["args"]["collective"] == a
     assert [i["cat"] for i in sink.instants].count("rollback") >= 1
+
+
+def test_a_compute_kernel_reads_the_end_of_a_collective_it_may_overlap_to_be_slowed():
+    def tail_after_kernel(slowdown: float, read_first: bool) -> int:
+        e = two_rank_engine(dataclasses.replace(TIMING, comm_slowdown=slowdown))
+        wire = {"op": "all_reduce", "group": [0, 1], "seq": 0, "nbytes": 256 << 20, "dtype": "bfloat16",
+                "reduce_op": "sum", "device": 0, "stream": 0}
+        work = e.join_collective(0, wire)
+        e.join_collective(1, dict(wire, device=1))
+        if read_first:
+            e.collective_end_ns(work)
+        kernel(e, 0, 100_000, 0)  # fully inside the 256 MiB all-reduce
+        return e.ranks[0].timeline.streams[(0, 0)].tail_ns
+
+    # nothing read the all-reduce's end before the kernel: the kernel reads it, and is slowed
+    # exactly as when the end was read first
+    assert tail_after_kernel(0.25, read_first=False) == tail_after_kernel(0.25, read_first=True)
+    assert tail_after_kernel(0.25, read_first=False) == tail_after_kernel(0.0, read_first=False) + 25_000
