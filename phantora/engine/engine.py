@@ -9,6 +9,13 @@ work id at once, and runs ahead. Its communication stream's tail is unknown unti
 has joined; a record that needs it (waiting on the work, synchronising the device, the next
 collective on that stream) cannot be applied yet. `apply` then stops and says how far it got;
 the caller keeps the rest and retries when `take_unblocked` names the rank.
+
+Once every member has joined, the collective goes to the network, but its end is read only
+when something needs it (a record above, a compute kernel that the NCCL kernel may slow, a
+stream query, the end of the run): submissions that arrive in between with an earlier start
+(from ranks behind in simulated time) still move it, and what depends on it is placed at the
+corrected end. A correction to an end already read is a stale reply: counted, and shown on the
+simulator track, while what was placed from it stays.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ STEP_TRACK = 2  # "ProfilerStep#N" slices, one per optimizer step (the name Kine
 _MAY_WAIT_ON_COLLECTIVES = frozenset((P.R_WORK_WAIT, P.R_SYNC_DEVICE, P.R_SYNC_STREAM, P.R_EVENT_RECORD))
 _MAX_ARG_SHAPES = 16
 SIMULATOR_PID = 0  # trace process for rollback corrections and stale replies
+ROLLBACK_TRACK, CORRECTION_TRACK = 1, 2  # its threads
+_SIMULATOR_TRACKS = {ROLLBACK_TRACK: "network rollbacks", CORRECTION_TRACK: "corrections to ends already used"}
 NETWORK_PID = 1_000_000  # trace process for the network's link counters
 _NCCL_OPS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
              "broadcast": "Broadcast", "reduce": "Reduce", "all_to_all": "SendRecv", "send_recv": "SendRecv",
@@ -138,6 +147,15 @@ class EngineSummary:
     kernels_by_estimator: dict[str, int] = field(default_factory=dict)  # args.estimator label -> kernels
 
 
+@dataclass
+class _SubmittedCollective:
+    """A collective every member joined, whose end has not been read yet."""
+
+    pending: PendingCollective
+    start_ns: int  # when its last member's communication stream reaches it
+    handle: int | None  # in the network; None: a single GPU (or no network), it ends at its start
+
+
 def _copy_flags(sig: OpSignature) -> tuple[bool, TensorMeta | None, TensorMeta | None]:
     """(non_blocking, source, destination) of a copy op, from the schema's argument order."""
     name = sig.name
@@ -208,6 +226,8 @@ class Engine:
         self.matcher = CollectiveMatcher()
         self.work_end_ns: dict[int, int] = {}  # collective work id -> completion time
         self.unresolved_works: set[int] = set()  # joined by some members, not all
+        self._unread: dict[int, _SubmittedCollective] = {}  # work id -> all joined, end not read yet
+        self._handle_works: dict[int, int] = {}  # network handle -> work id (names corrections)
         self._key_works: dict[Any, int] = {}  # collective key -> its work id, until it runs
         self._unblocked: set[int] = set()
         self._work_ids = 0
@@ -215,6 +235,7 @@ class Engine:
         self.stale_replies = 0
         self.largest_stale_error_ns = 0
         self._rollbacks_written = 0
+        self._simulator_tracks: set[int] = set()
         # (collective key, rank) -> host begin and end of that rank's call, until the collective runs
         self._collective_launches: dict[tuple[Any, int], tuple[int, int, CollectiveCall]] = {}
         self._warn = warn or (lambda msg: print(f"phantora: warning: {msg}", file=sys.stderr, flush=True))
@@ -240,8 +261,10 @@ class Engine:
         st = self.ranks[rank]
         for i, rec in enumerate(records):
             kind = rec[0]
-            if kind in _MAY_WAIT_ON_COLLECTIVES and self._needs_unresolved(st, rec):
-                return i
+            if kind in _MAY_WAIT_ON_COLLECTIVES:
+                if self._needs_unresolved(st, rec):
+                    return i
+                self._read_needed(st, rec)
             if kind == P.R_OP:
                 self._op(st, rec[1], rec[2], rec[3])
             elif kind == P.R_SIG:
@@ -300,6 +323,38 @@ class Engine:
         stream = st.timeline.streams.get((rec[1], rec[2]) if kind == P.R_SYNC_STREAM else (rec[2], rec[3]))
         return stream is not None and stream.unresolved > 0
 
+    def _read_needed(self, st: RankState, rec: list[Any]) -> None:
+        """Read the ends of the joined collectives this record waits on."""
+        kind = rec[0]
+        if kind == P.R_WORK_WAIT:
+            self._read_collective(int(rec[1]))
+        elif kind == P.R_SYNC_DEVICE:
+            self._read_device(st, rec[1])
+        else:
+            stream = st.timeline.streams.get((rec[1], rec[2]) if kind == P.R_SYNC_STREAM else (rec[2], rec[3]))
+            if stream is not None:
+                self._read_stream(stream)
+
+    def _read_stream(self, stream: Stream) -> None:
+        for work in sorted(stream.unread):
+            self._read_collective(work)
+
+    def _read_device(self, st: RankState, device: int) -> None:
+        for stream in list(st.timeline.streams.values()):
+            if stream.device == device and stream.unread:
+                self._read_stream(stream)
+
+    def read_all_collectives(self) -> None:
+        """Read every joined collective's end (the run is over: nothing can arrive before them)."""
+        for work in sorted(self._unread):
+            self._read_collective(work)
+
+    def collective_end_ns(self, work: int) -> int | None:
+        """When collective `work` completes (reading it from the network if not read yet); None
+        while some member has not joined it, or for one that never ran."""
+        self._read_collective(work)
+        return self.work_end_ns.get(work)
+
     def take_unblocked(self) -> set[int]:
         """Ranks whose collectives completed since the last call (their held records may go on)."""
         ranks, self._unblocked = self._unblocked, set()
@@ -355,9 +410,12 @@ class Engine:
                             {"python_overhead_ns": overhead} if overhead else None)
             return
         stream = self._stream(st, device, stream_id)
+        slows = self.timing.comm_slowdown and est.kind not in (COPY_D2H, COPY_H2D)
+        if slows and self._unread:  # the NCCL kernels this one may overlap must have their ends
+            self._read_device(st, device)
         work = tl.enqueue(stream, launch, est.duration_ns)
         slowed = 0
-        if self.timing.comm_slowdown and est.kind not in (COPY_D2H, COPY_H2D) and st.comm_busy.get(device):
+        if slows and st.comm_busy.get(device):
             slowed = int(self.timing.comm_slowdown * _overlap_ns(st.comm_busy[device], work.start_ns, work.end_ns))
             work.end_ns += slowed
             stream.tail_ns = work.end_ns
@@ -431,7 +489,9 @@ class Engine:
         st = self.ranks[rank]
         tl = st.timeline
         tl.advance_host(self.timing.event_query_host_ns)
-        return self._stream(st, device, stream_id).tail_ns <= tl.host_ns
+        stream = self._stream(st, device, stream_id)
+        self._read_stream(stream)
+        return stream.tail_ns <= tl.host_ns
 
     # --- collectives ---------------------------------------------------------------------------
     def join_collective(self, rank: int, wire: dict[str, Any]) -> int | None:
@@ -446,6 +506,7 @@ class Engine:
         comm = self._comm_stream(st, call)
         if comm.unresolved:
             return None
+        self._read_stream(comm)  # NCCL runs a communicator's kernels in order: this one starts after
         tl = st.timeline
         launch_begin = tl.host_ns
         tl.advance_host(HOST_COSTS.collective_ns)
@@ -464,7 +525,7 @@ class Engine:
         comm.unresolved += 1
         done = self.matcher.arrive(call, ready)
         if done is not None:
-            self._run_collective(done, self._key_works.pop(done.key))
+            self._submit_collective(done, self._key_works.pop(done.key))
         return work
 
     def _comm_stream(self, st: RankState, call: CollectiveCall) -> Stream:
@@ -484,25 +545,46 @@ class Engine:
         info = self.ranks[rank].info
         return info.node * self.gpus_per_node + info.local_rank
 
-    def _run_collective(self, p: PendingCollective, work: int) -> None:
-        calls = [p.arrivals[r] for r in p.members]
-        first = calls[0]
+    def _submit_collective(self, p: PendingCollective, work: int) -> None:
+        """Every member has joined: hand the collective to the network; its end is read later
+        (`_read_collective`), when something needs it."""
+        first = p.arrivals[p.members[0]]
         start = max(p.ready_ns.values())
         gpus = tuple(self.global_gpu(r) for r in p.members)
-        info = None
+        handle = None
         if self.network is not None and len(set(gpus)) > 1:
             spec = CollectiveSpec(first.net_op, max(first.nbytes, 1), gpus,
                                   root=self.global_gpu(first.root) if first.root is not None else None,
                                   label=f"{first.op} group {list(first.group)} #{first.seq}")
             handle = self.network.submit(spec, start)
-            end = self.network.finish_time(handle)
-            info = self.network.collective_info(handle)
+            self._handle_works[handle] = work
+            self._record_corrections()  # a rollback can change ends already read
+        self._unread[work] = _SubmittedCollective(p, start, handle)
+        self.unresolved_works.discard(work)
+        self._unblocked.update(p.members)  # their held records can go on: the end can be read
+        for r in p.members:
+            stream = self._comm_stream(self.ranks[r], p.arrivals[r])
+            stream.unresolved -= 1
+            stream.unread.add(work)
+
+    def _read_collective(self, work: int) -> None:
+        """Read a submitted collective's end from the network and place it: the NCCL kernel on
+        each member's communication stream, the stream tails, the trace. No-op if already read."""
+        sub = self._unread.pop(work, None)
+        if sub is None:
+            return
+        p, start = sub.pending, sub.start_ns
+        calls = [p.arrivals[r] for r in p.members]
+        first = calls[0]
+        info = None
+        if sub.handle is not None:
+            assert self.network is not None
+            end = self.network.finish_time(sub.handle)
+            info = self.network.collective_info(sub.handle)
             self._record_corrections()
         else:
             end = start  # one member (or no network): nothing moves
         self.work_end_ns[work] = end
-        self.unresolved_works.discard(work)
-        self._unblocked.update(p.members)
         algorithm = info.algorithm if info else "ring"
         protocol = info.protocol if info else "simple"
         name = nccl_kernel_name(first.net_op if first.op != "barrier" else "barrier", first.dtype, first.reduce_op,
@@ -514,7 +596,7 @@ class Engine:
             stream = self._comm_stream(st, call)
             ready = p.ready_ns[call.rank]
             stream.tail_ns = max(stream.tail_ns, end)
-            stream.unresolved -= 1
+            stream.unread.discard(work)
             if end > ready:
                 st.comm_busy.setdefault(call.device, IntervalTree()).addi(ready, end)
             st.collectives += 1
@@ -553,24 +635,38 @@ class Engine:
                         flow_out=launch)
         return launch
 
+    def _simulator_track(self, tid: int) -> int:
+        if not self._simulator_tracks:
+            self.sink.process(SIMULATOR_PID, "simulator (rollbacks, corrections)", -1)
+        if tid not in self._simulator_tracks:
+            self._simulator_tracks.add(tid)
+            self.sink.thread(SIMULATOR_PID, tid, _SIMULATOR_TRACKS[tid], tid)
+        return tid
+
     def _record_corrections(self) -> None:
-        """Completion times the network changed after they were used: written to the trace and
-        counted as stale replies (dependents already placed are not moved yet)."""
+        """Rollbacks, and completion times the network changed after the engine read them:
+        written to the trace; the latter counted as stale replies (what was placed from the old
+        end stays: the engine reads an end only when something needs it)."""
         net = self.network
         assert net is not None
         for rb in net.take_rollbacks():
-            if self._rollbacks_written == 0:
-                self.sink.process(SIMULATOR_PID, "simulator (rollbacks, corrections)", -1)
-                self.sink.thread(SIMULATOR_PID, 1, "network rollbacks", 0)
+            tid = self._simulator_track(ROLLBACK_TRACK)
             self._rollbacks_written += 1
-            self.sink.instant(SIMULATOR_PID, 1, f"rollback: {rb.label}", rb.to_ns, "rollback", {
+            self.sink.instant(SIMULATOR_PID, tid, f"rollback: {rb.label}", rb.to_ns, "rollback", {
                 "network time ns": rb.network_time_ns, "rolled back from ns": rb.from_ns, "to ns": rb.to_ns,
                 "flows rolled back": rb.flows_rolled_back,
                 "corrections": [[c.label, c.old_end_ns, c.new_end_ns] for c in rb.corrections],
             })
         for c in net.take_corrections():
             self.stale_replies += 1
-            self.largest_stale_error_ns = max(self.largest_stale_error_ns, abs(c.new_end_ns - c.old_end_ns))
+            error = c.new_end_ns - c.old_end_ns
+            self.largest_stale_error_ns = max(self.largest_stale_error_ns, abs(error))
+            self.sink.instant(SIMULATOR_PID, self._simulator_track(CORRECTION_TRACK), f"correction: {c.label}",
+                              c.new_end_ns, "correction", {
+                                  "collective": self._handle_works.get(c.handle), "old end ns": c.old_end_ns,
+                                  "new end ns": c.new_end_ns, "error ns": error,
+                                  "stale": "dependents were placed at the old end",
+                              })
 
     def _work_wait(self, st: RankState, work: int, device: int, stream_id: int, host_blocks: bool) -> None:
         end = self.work_end_ns.get(work)
@@ -623,6 +719,7 @@ class Engine:
             self.sink.slice(st.info.trace_pid, HOST_TRACK, name, start, end - start, "nvtx", {"unclosed": True})
 
     def summary(self) -> EngineSummary:
+        self.read_all_collectives()
         peak_alloc, peak_res = {}, {}
         for r, st in self.ranks.items():
             for d, m in st.memory.items():
@@ -668,6 +765,10 @@ class Engine:
                 self.sink.counter(NETWORK_PID, name, seg.end_ns, {"utilization": 0.0, "GB/s": 0.0})
 
     def close(self, metadata: dict[str, Any]) -> None:
+        try:
+            self.read_all_collectives()
+        except Exception as e:  # the trace must still close on every path
+            self._warn(f"collectives not read from the network: {type(e).__name__}: {e}")
         for (_, rank), (_, _, call) in list(self._collective_launches.items()):  # collectives still waiting
             self._write_collective_launch(self.ranks[rank], call, ran=False)
         for r in list(self.ranks):

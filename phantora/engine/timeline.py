@@ -31,6 +31,9 @@ class Stream:
     track: int  # trace thread id of this stream's track
     tail_ns: int = 0  # when the last work enqueued on this stream finishes
     unresolved: int = 0  # collectives on it whose members have not all arrived: tail unknown
+    # Collectives on it that every member joined and the network has, whose end the engine has
+    # not read yet: the tail is final only once they are read (Engine reads on demand).
+    unread: set[int] = field(default_factory=set)
 
 
 @dataclass

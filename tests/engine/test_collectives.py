@@ -9,7 +9,8 @@ import pytest
 from phantora import protocol as P
 from phantora.cost import COMPUTE, KernelEstimate
 from phantora.engine.collectives import CollectiveCall, CollectiveMatcher, CollectiveMismatch
-from phantora.engine.engine import Engine, RankInfo, nccl_kernel_name
+from phantora.cost.host import HOST_COSTS
+from phantora.engine.engine import SIMULATOR_PID, Engine, RankInfo, nccl_kernel_name
 from phantora.engine.timeline import TimingConfig
 from phantora.hardware import lookup_gpu
 from phantora.net.cluster import load_cluster
@@ -116,7 +117,7 @@ def test_collective_starts_when_the_slowest_members_stream_reaches_it():
     net = Network(load_cluster("dgx-h100", nodes=1))
     duration = net.finish_time(net.submit(CollectiveSpec("all_reduce", 64 << 20, (0, 1)), 0))
     rank1_ready = LAT + 500_000  # its stream tail
-    end = e.work_end_ns[work]
+    end = e.collective_end_ns(work)
     assert end == rank1_ready + duration
     # Work.wait(): rank 0's compute stream now waits for the collective; its host does not
     assert e.apply(0, [[P.R_WORK_WAIT, work, 0, 0, 0]]) == 1
@@ -169,7 +170,7 @@ def test_compute_overlapping_an_nccl_kernel_is_slowed_by_the_configured_fraction
             "reduce_op": "sum", "device": 0, "stream": 0}
     work = e.join_collective(0, wire)
     e.join_collective(1, dict(wire, device=1))
-    end = e.work_end_ns[work]
+    end = e.collective_end_ns(work)
     nccl_start = LAT  # both ranks were idle: ready at host time + launch latency
     assert end - nccl_start > 500_000  # 256 MiB takes far longer than the kernel below
     kernel(e, 0, 100_000, 0)  # fully inside the all-reduce
@@ -202,6 +203,7 @@ def test_each_members_collective_call_is_a_host_slice_linked_to_its_nccl_kernel(
             "reduce_op": "sum", "device": 0, "stream": 0, "site": "train.py:9 in step"}
     e.join_collective(0, wire)
     e.join_collective(1, dict(wire, device=1))
+    e.close({})  # written once the end is read, at the latest when the run ends
     calls = [s for s in sink.slices if s["name"] == "nccl:all_reduce"]
     kernels = [s for s in sink.slices if s["name"].startswith("ncclDevKernel")]
     assert [(c["pid"], c["ts"], c["cat"]) for c in calls] == [(1, 0, "cpu_op"), (2, 7_000, "cpu_op")]
@@ -234,3 +236,95 @@ def test_a_collective_still_waiting_at_the_end_keeps_its_call_in_the_trace():
     e.close({})  # e.g. Ctrl-C while rank 1 had not joined
     (call,) = [s for s in sink.slices if s["name"] == "nccl:all_gather"]
     assert call["pid"] == 1 and call["args"]["never ran"] and call["flow_out"] is None
+
+
+class EventRecorder(SliceRecorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.instants: list[dict] = []
+
+    def instant(self, pid, tid, name, ts_ns, cat, args=None):  # type: ignore[override]
+        self.instants.append({"pid": pid, "tid": tid, "name": name, "ts": ts_ns, "cat": cat, "args": args or {}})
+
+
+MIB64 = 64 << 20
+
+
+def late_overlap_engine(sink) -> tuple[Engine, int, int, int]:
+    """Ranks 0-2 on one node; all-reduces A over (0, 1) and B over (0, 2) share GPU 0's NVLink.
+    A has all members first but starts later (rank 1 slept); B's last member joins after A
+    was submitted, with an earlier start, so the network rolls A back. Returns the engine,
+    A's work id, and A's and B's starts (from the time model: a rank's collective call costs
+    HOST_COSTS.collective_ns on the host, its kernel is ready a launch latency later)."""
+    e = Engine(lookup_gpu("h100"), FixedEstimator(), sink, TIMING, network=Network(load_cluster("dgx-h100", nodes=1)))
+    for r in (0, 1, 2):
+        e.add_rank(RankInfo(r, 0, r, 100 + r))
+    e.apply(1, [[P.R_SLEEP, 50_000]])
+    wire = {"op": "all_reduce", "seq": 0, "nbytes": MIB64, "dtype": "bfloat16", "reduce_op": "sum", "stream": 0}
+    a = e.join_collective(0, dict(wire, group=[0, 1], device=0))
+    e.join_collective(0, dict(wire, group=[0, 2], device=0))
+    assert e.join_collective(1, dict(wire, group=[0, 1], device=1)) == a  # A has all its members
+    cn = HOST_COSTS.collective_ns
+    return e, a, 50_000 + cn + LAT, 2 * cn + LAT
+
+
+def network_answers(a_start: int, b_start: int) -> tuple[int, int]:
+    """A's end on a network that saw only A, and on a fresh one that knew A and B from the start."""
+    alone = Network(load_cluster("dgx-h100", nodes=1))
+    a_alone = alone.finish_time(alone.submit(CollectiveSpec("all_reduce", MIB64, (0, 1)), a_start))
+    both = Network(load_cluster("dgx-h100", nodes=1))
+    hb = both.submit(CollectiveSpec("all_reduce", MIB64, (0, 2)), b_start)
+    ha = both.submit(CollectiveSpec("all_reduce", MIB64, (0, 1)), a_start)
+    both.finish_time(hb)
+    return a_alone, both.finish_time(ha)
+
+
+def test_work_that_waits_on_a_collective_moved_by_a_late_overlapping_one_starts_at_its_exact_end():
+    e, a, a_start, b_start = late_overlap_engine(NullSink())
+    a_alone, a_exact = network_answers(a_start, b_start)
+    assert b_start < a_start and a_exact > a_alone  # B slows A down: the scenario is meaningful
+    e.join_collective(2, {"op": "all_reduce", "group": [0, 2], "seq": 0, "nbytes": MIB64, "dtype": "bfloat16",
+                          "reduce_op": "sum", "device": 2, "stream": 0})  # B arrives late, starting earlier
+    # rank 1 waits on A only now: its end is read after B is known
+    assert e.apply(1, [[P.R_WORK_WAIT, a, 1, 0, 0]]) == 1
+    kernel(e, 1, 10_000, 0)
+    assert e.ranks[1].timeline.streams[(1, 0)].tail_ns == a_exact + 10_000
+    assert e.collective_end_ns(a) == a_exact
+    assert e.stale_replies == 0 and e.largest_stale_error_ns == 0
+
+
+def test_a_correction_to_an_end_already_used_is_counted_and_shown_on_the_simulator_track():
+    sink = EventRecorder()
+    e, a, a_start, b_start = late_overlap_engine(sink)
+    a_alone, a_exact = network_answers(a_start, b_start)
+    # rank 1 waits on A before B arrives: A's end is read while the network knows only A
+    assert e.apply(1, [[P.R_WORK_WAIT, a, 1, 0, 0]]) == 1
+    kernel(e, 1, 10_000, 0)
+    e.join_collective(2, {"op": "all_reduce", "group": [0, 2], "seq": 0, "nbytes": MIB64, "dtype": "bfloat16",
+                          "reduce_op": "sum", "device": 2, "stream": 0})
+    # what was placed from the old end stays (a stale reply); the correction shows the exact end
+    assert e.ranks[1].timeline.streams[(1, 0)].tail_ns == a_alone + 10_000
+    assert e.stale_replies == 1 and e.largest_stale_error_ns == a_exact - a_alone
+    (corr,) = [i for i in sink.instants if i["cat"] == "correction"]
+    assert corr["pid"] == SIMULATOR_PID and "all_reduce group [0, 1] #0" in corr["name"]
+    assert corr["args"]["old end ns"] == a_alone and corr["args"]["new end ns"] == a_exact
+    assert corr["args"]["collective"] == a
+    assert [i["cat"] for i in sink.instants].count("rollback") >= 1
+
+
+def test_a_compute_kernel_reads_the_end_of_a_collective_it_may_overlap_to_be_slowed():
+    def tail_after_kernel(slowdown: float, read_first: bool) -> int:
+        e = two_rank_engine(dataclasses.replace(TIMING, comm_slowdown=slowdown))
+        wire = {"op": "all_reduce", "group": [0, 1], "seq": 0, "nbytes": 256 << 20, "dtype": "bfloat16",
+                "reduce_op": "sum", "device": 0, "stream": 0}
+        work = e.join_collective(0, wire)
+        e.join_collective(1, dict(wire, device=1))
+        if read_first:
+            e.collective_end_ns(work)
+        kernel(e, 0, 100_000, 0)  # fully inside the 256 MiB all-reduce
+        return e.ranks[0].timeline.streams[(0, 0)].tail_ns
+
+    # nothing read the all-reduce's end before the kernel: the kernel reads it, and is slowed
+    # exactly as when the end was read first
+    assert tail_after_kernel(0.25, read_first=False) == tail_after_kernel(0.25, read_first=True)
+    assert tail_after_kernel(0.25, read_first=False) == tail_after_kernel(0.0, read_first=False) + 25_000
