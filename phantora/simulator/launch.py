@@ -33,6 +33,7 @@ from phantora.trace.kineto import KinetoExport, KinetoSink
 
 BOOTSTRAP_DIR = Path(interpose.__file__).resolve().parent / "bootstrap"
 PACKAGE_ROOT = Path(interpose.__file__).resolve().parent.parent
+FAILURE_SETTLE_S = 1.0  # from a rank's failure to ending the others (torchrun-like)
 GRACE_S = 10.0
 
 
@@ -164,6 +165,7 @@ def run_trace(run: TraceRun) -> TraceResult:
                 stop_all(signal.SIGTERM)
                 raise CommandNotFound(f"cannot run {run.command[0]!r}: {e.strerror}") from e
         deadline: list[float] = []
+        first_failure: list[float] = []
 
         def keep_going() -> bool:
             alive = [p for p in procs if p.poll() is None]
@@ -171,7 +173,11 @@ def run_trace(run: TraceRun) -> TraceResult:
                 return False
             if len(procs) > 1 and not deadline:
                 failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
-                if failed:
+                if failed and not first_failure:
+                    first_failure.append(time.monotonic())
+                # A rank that crashes fails its peers' pending collectives; give the crashing
+                # rank a moment to finish exiting so the report names it, not only its victims.
+                if failed and time.monotonic() - first_failure[0] >= FAILURE_SETTLE_S:
                     # torchrun: one failed worker ends the others
                     failures.extend(f"rank {i} exited with code {rc}" if rc > 0 else
                                     f"rank {i} was killed by signal {-rc}" for i, rc in failed)
