@@ -143,7 +143,7 @@ def _first_cuda_device(out: Any) -> int | None:
 
 def _pinned_checker(rt: rt_mod.Runtime) -> Any:
     def is_pinned(t: torch.Tensor) -> bool:
-        return t.untyped_storage()._cdata in rt.pinned
+        return rt.storage_is_pinned(t.untyped_storage())
 
     return is_pinned
 
@@ -198,7 +198,7 @@ def _make_small_cpu_factory_real(func: Any, args: tuple, kwargs: dict, out: Any)
 
 def _tensor_key(t: torch.Tensor, rt: rt_mod.Runtime) -> tuple:
     dev = t.device
-    pinned = dev.type == "cpu" and t.untyped_storage()._cdata in rt.pinned
+    pinned = dev.type == "cpu" and rt.storage_is_pinned(t.untyped_storage())
     return (tuple(t.shape), t.dtype, t.stride(), dev, pinned)
 
 
@@ -288,14 +288,14 @@ def _pin_memory(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:
     else:
         with unset_fake_temporarily():
             out = func(*args, **kwargs)
-    obs.rt.pinned.add(out.untyped_storage()._cdata)
+    obs.rt.mark_pinned(out.untyped_storage())
     obs._report(func, args, kwargs, out)
     return out
 
 
 def _is_pinned(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:
     t = args[0]
-    return t.device.type == "cpu" and t.untyped_storage()._cdata in obs.rt.pinned
+    return t.device.type == "cpu" and obs.rt.storage_is_pinned(t.untyped_storage())
 
 
 def _record_stream(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:

@@ -82,7 +82,10 @@ class Runtime:
         )
         self.devices: dict[int, DeviceMemory] = {}
         self.sig_ids: dict[Any, int] = {}
-        self.pinned: set[int] = set()  # storage keys of page-locked host tensors
+        # Page-locked host storages, by StorageImpl address. Weak: an address is reused once its
+        # storage is freed, and a stale entry would make a fresh pageable tensor look pinned
+        # (torch preserves a storage's Python object, so the weakref dies with the storage).
+        self._pinned: dict[int, weakref.ref] = {}
         self.lock = threading.RLock()
         self.dispatch_lock = threading.RLock()  # serialises ops through FakeTensorMode (observer.py)
         self._storage_refs: dict[int, weakref.ref] = {}
@@ -149,8 +152,18 @@ class Runtime:
         a = dm.allocator
         self.client.record([P.R_MEM, device, a.memory_allocated(), a.memory_reserved()])
 
+    def mark_pinned(self, storage: Any) -> None:
+        key = storage._cdata
+
+        def forget(ref: weakref.ref, key: int = key) -> None:
+            if self._pinned.get(key) is ref:
+                del self._pinned[key]
+
+        self._pinned[key] = weakref.ref(storage, forget)
+
     def storage_is_pinned(self, storage: Any) -> bool:
-        return storage._cdata in self.pinned
+        ref = self._pinned.get(storage._cdata)
+        return ref is not None and ref() is storage
 
     def new_event_id(self) -> int:
         with self.lock:

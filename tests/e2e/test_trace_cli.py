@@ -283,3 +283,12 @@ def test_ctrl_c_ends_children_and_writes_a_valid_trace(tmp_path):
     check = check_chrome_trace(out)
     assert check.ok and check.slices > 0
     assert json.loads(json.dumps(load_chrome_trace(out)["metadata"]))["exit_code"] == 130
+
+
+def test_a_freed_pinned_buffers_address_does_not_make_a_new_tensor_pinned(tmp_path):
+    # Before the fix, every one of the 300 fresh pageable tensors reused a freed pinned
+    # buffer's address and reported is_pinned(), so the GPT example's pin_memory() was skipped
+    # in some runs and two runs of it gave different traces.
+    proc, _ = trace_script(tmp_path, str(SCRIPTS / "pinned_reuse.py"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "PINNED_REUSE wrongly pinned 0" in proc.stdout
