@@ -97,6 +97,11 @@ def main() -> None:
 @click.option("--comm-slowdown", type=click.FloatRange(0.0, 10.0), default=0.1, show_default=True,
               help="Fraction by which compute kernels slow down while an NCCL kernel runs on the same GPU "
                    "(NCCL occupies SMs); 0 disables. An assumption, not a measured figure.")
+@click.option("--sync", type=click.Choice(["optimistic", "conservative"]), default="optimistic", show_default=True,
+              help="When a rank's host waits for a collective (a synchronize, .item(), a blocking Work.wait) "
+                   "before other ranks, behind in simulated time, could still slow it: optimistic answers with the "
+                   "end as it stands (a later correction is a counted stale reply); conservative holds the rank "
+                   "until the end is final (exact; slower in wall time). GPU-side waits are exact in both.")
 @click.option("--export-kineto", "kineto_dir", default=None, metavar="DIR",
               type=click.Path(file_okay=False, path_type=Path),
               help="Also write one Kineto trace per rank (DIR/rank-<R>.pt.trace.json, the format torch.profiler "
@@ -114,7 +119,7 @@ def main() -> None:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluster_name: str, nnodes: int,  # type: ignore[no-untyped-def]
           nproc_per_node: int | None, collective_timeout: float, call_timeout: float, comm_slowdown: float,
-          kineto_dir: Path | None, kernel_times: str, calibration: Path | None, command: tuple[str, ...]) -> None:
+          sync: str, kineto_dir: Path | None, kernel_times: str, calibration: Path | None, command: tuple[str, ...]) -> None:
     """Run COMMAND on simulated GPUs and write a trace.
 
     Put `--` before the command. The exit code is the command's. A short summary (simulated
@@ -125,6 +130,7 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluste
       phantora trace -o run.json -- python examples/gpt_train.py
       phantora trace --gpu h200 --vram 100GiB -o run.json -- python train.py
       phantora trace --nnodes 2 --nproc-per-node 8 -o run.json -- python train_ddp.py
+      phantora trace --nproc-per-node 4 --sync conservative -o exact.json -- python train_fsdp.py
       phantora trace -o run.json -- torchrun --nproc-per-node 8 train_ddp.py
       phantora trace --nproc-per-node 2 -o run.json --export-kineto hta/ -- python train_ddp.py
     """
@@ -145,7 +151,7 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluste
     run = TraceRun(command=list(command), output=output, gpu=gpu or cluster.gpu_spec, vram_bytes=vram,
                    gpus_per_node=gpus_per_node or cluster.gpus_per_node, call_timeout_s=call_timeout,
                    cluster=cluster, nproc_per_node=nproc_per_node, collective_timeout_s=collective_timeout,
-                   comm_slowdown=comm_slowdown, kineto_dir=kineto_dir, estimator=kernel_times,
+                   comm_slowdown=comm_slowdown, sync=sync, kineto_dir=kineto_dir, estimator=kernel_times,
                    calibration=calibration)
     try:
         result = run_trace(run)

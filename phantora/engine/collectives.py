@@ -88,7 +88,7 @@ class PendingCollective:
     key: CollectiveKey
     members: tuple[int, ...]
     arrivals: dict[int, CollectiveCall] = field(default_factory=dict)
-    ready_ns: dict[int, int] = field(default_factory=dict)
+    ready_ns: dict[int, int] = field(default_factory=dict)  # member -> when its stream reaches the collective
     first_wall_s: float = field(default_factory=time.monotonic)
 
     def missing(self) -> list[int]:
@@ -99,8 +99,10 @@ class CollectiveMatcher:
     def __init__(self) -> None:
         self.pending: dict[CollectiveKey, PendingCollective] = {}
 
-    def arrive(self, call: CollectiveCall, ready_ns: int) -> PendingCollective | None:
-        """Register one member's arrival; the complete collective once every member is in."""
+    def join(self, call: CollectiveCall) -> PendingCollective:
+        """Register one member's call (on the host: its stream may reach the collective later).
+        The collective, complete once every member has joined; members that disagree raise
+        CollectiveMismatch when the last one joins."""
         if call.rank not in call.group:
             raise CollectiveMismatch(
                 f"rank {call.rank} called {call.describe()} on a group it is not in ({list(call.group)})", (call.rank,))
@@ -110,12 +112,16 @@ class CollectiveMatcher:
         if call.rank in p.arrivals:
             raise CollectiveMismatch(f"rank {call.rank} joined collective {call.key} twice", (call.rank,))
         p.arrivals[call.rank] = call
-        p.ready_ns[call.rank] = ready_ns
-        if p.missing():
-            return None
-        del self.pending[call.key]
-        _check_agreement(p)
+        if not p.missing():
+            del self.pending[call.key]
+            _check_agreement(p)
         return p
+
+    def arrive(self, call: CollectiveCall, ready_ns: int) -> PendingCollective | None:
+        """join() with the member's stream ready at ready_ns; the collective once every member is in."""
+        p = self.join(call)
+        p.ready_ns[call.rank] = ready_ns
+        return None if p.missing() else p
 
     def waiting_for(self, rank: int) -> list[PendingCollective]:
         """Collectives some members joined that `rank` has not (e.g. because it exited)."""

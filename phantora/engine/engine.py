@@ -5,33 +5,34 @@ Records arrive per rank in program order (phantora/protocol.py). A rank's record
 that rank's timeline, so ranks can be fed in any interleaving.
 
 Collectives do not block the rank that issues them, as NCCL's do not: a rank joins, gets its
-work id at once, and runs ahead. Its communication stream's tail is unknown until every member
-has joined; a record that needs it (waiting on the work, synchronising the device, the next
-collective on that stream) cannot be applied yet. `apply` then stops and says how far it got;
-the caller keeps the rest and retries when `take_unblocked` names the rank.
+work id at once, and runs ahead. GPU work is placed lazily (phantora/engine/deferred.py): work
+that depends on a collective's end (a stream that waits on it, the next collective on its
+communication stream, a kernel the NCCL kernel may slow) waits on its stream until the end is
+read. An end is read when it is final: no collective submitted later can start before it,
+because every rank's clock is past it or provably waits for something later
+(`_advance_final`). Ranks behind in simulated time therefore still move it, and what depends on
+it is placed at the corrected end.
 
-Once every member has joined, the collective goes to the network, but its end is read only
-when something needs it (a record above, a compute kernel that the NCCL kernel may slow, a
-stream query, the end of the run): submissions that arrive in between with an earlier start
-(from ranks behind in simulated time) still move it, and what depends on it is placed at the
-corrected end. A correction to an end already read is a stale reply: counted, and shown on the
-simulator track, while what was placed from it stays.
+Only a host that must wait (a synchronize, a blocking copy, .item(), an event query) needs an end
+before it is final. `sync="optimistic"` reads it then; a later correction to it is a stale
+reply: counted, and shown on the simulator track. `sync="conservative"` holds the rank until the
+end is final instead, so no reply is ever stale; a rank held for longer than `stall_s` of
+wall time without progress is answered optimistically, with a warning, rather than hang.
 """
 
 from __future__ import annotations
 
 import sys
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import orjson
-from intervaltree import IntervalTree
-
 from phantora import protocol as P
 from phantora.cost import COPY_D2H, COPY_H2D, NO_GPU_WORK, Estimator, KernelEstimate
 from phantora.cost.host import HOST_COSTS, host_event_ns, python_overhead_ns
 from phantora.engine.collectives import CollectiveCall, CollectiveMatcher, CollectiveMismatch, PendingCollective
+from phantora.engine.deferred import Action, Arrive, EventRecord, EventWait, LowerBounds, OpWork, WorkWait, replay_lower_bounds
 from phantora.engine.timeline import RankTimeline, Stream, TimingConfig
 from phantora.hardware import GPUSpec
 from phantora.net.network import Network
@@ -41,8 +42,8 @@ from phantora.trace import TraceSink
 
 HOST_TRACK = 1
 STEP_TRACK = 2  # "ProfilerStep#N" slices, one per optimizer step (the name Kineto and HTA use)
-# Records that may need a collective's completion time (Engine._needs_unresolved).
-_MAY_WAIT_ON_COLLECTIVES = frozenset((P.R_WORK_WAIT, P.R_SYNC_DEVICE, P.R_SYNC_STREAM, P.R_EVENT_RECORD))
+SYNC_MODES = ("optimistic", "conservative")
+_NEVER = 1 << 62  # a time no rank reaches (bound of a finished rank)
 _MAX_ARG_SHAPES = 16
 SIMULATOR_PID = 0  # trace process for rollback corrections and stale replies
 ROLLBACK_TRACK, CORRECTION_TRACK = 1, 2  # its threads
@@ -71,13 +72,15 @@ def nccl_kernel_name(op: str, dtype: str, reduce_op: str, algorithm: str, protoc
     return "_".join(parts)
 
 
-def _overlap_ns(busy: IntervalTree, start: int, end: int) -> int:
-    """How much of [start, end) some interval in `busy` covers."""
-    covered = sorted((max(start, iv.begin), min(end, iv.end)) for iv in busy.overlap(start, end))
-    total, reach = 0, start
-    for b, e in covered:
-        if e > reach:
-            total += e - max(b, reach)
+def _union_ns(spans: list[tuple[int, int]]) -> int:
+    """Total length of the union of [begin, end) spans."""
+    total, reach = 0, None
+    for b, e in sorted(spans):
+        if reach is None or b > reach:
+            total += e - b
+            reach = e
+        elif e > reach:
+            total += e - reach
             reach = e
     return total
 
@@ -120,10 +123,42 @@ class RankState:
     ooms: list[str] = field(default_factory=list)
     finished: bool = False
     comm_streams: dict[tuple[int, tuple[int, ...], bool], int] = field(default_factory=dict)  # -> stream id
-    comm_busy: dict[int, IntervalTree] = field(default_factory=dict)  # device -> NCCL kernels' [start, end)
     collectives: int = 0
     steps: int = 0
     step_end_ns: int = 0
+    actions: deque[Action] = field(default_factory=deque)  # GPU work in program order, until placed
+    event_src: dict[int, EventRecord] = field(default_factory=dict)  # event id -> its latest record
+    comm_log: dict[int, list[Arrive]] = field(default_factory=dict)  # device -> its collectives, program order
+    blocked: "_HostWait | None" = None  # the host waits for a time not known yet
+    blocked_call: "_Target | None" = None  # a call waits for a time not known yet
+
+
+@dataclass
+class _Target:
+    """What a host wait or a call waits for: a stream's or a device's tail, an event, an op's
+    end, or a collective's end."""
+
+    kind: str  # "stream" | "device" | "event" | "op" | "work"
+    stream: Stream | None = None
+    device: int = 0
+    action: Action | None = None
+    work: int = 0
+
+
+@dataclass
+class _HostWait:
+    name: str  # of the cuda_runtime slice it writes ("" for a blocking copy: the op's slice covers it)
+    target: _Target
+    start_ns: int
+    op_slice: tuple[str, int, dict[str, Any], int] | None = None  # (name, begin, args, flow) of a blocking op
+
+
+class _NotYet:
+    """A call's answer depends on a time not known yet: the caller holds the call and retries
+    when take_unblocked names the rank."""
+
+
+NOT_YET = _NotYet()
 
 
 @dataclass
@@ -144,6 +179,7 @@ class EngineSummary:
     rollbacks: int = 0
     stale_replies: int = 0
     largest_stale_error_ns: int = 0
+    early_reads: int = 0  # collective ends a host waited for before they were final
     kernels_by_estimator: dict[str, int] = field(default_factory=dict)  # args.estimator label -> kernels
 
 
@@ -210,7 +246,10 @@ class Engine:
         timing: TimingConfig | None = None,
         warn: Callable[[str], None] | None = None,
         network: Network | None = None,
+        sync: str = "optimistic",
     ) -> None:
+        if sync not in SYNC_MODES:
+            raise ValueError(f"sync: {sync!r} is not one of {', '.join(SYNC_MODES)}")
         self.gpu = gpu
         self.estimator = estimator
         self.sink = sink
@@ -238,6 +277,16 @@ class Engine:
         self._simulator_tracks: set[int] = set()
         # (collective key, rank) -> host begin and end of that rank's call, until the collective runs
         self._collective_launches: dict[tuple[Any, int], tuple[int, int, CollectiveCall]] = {}
+        self.sync = sync
+        self.expected_ranks = 0  # WORLD_SIZE the ranks announced: nothing is final before all joined
+        self.final_ns = 0  # proven: no collective submitted from now on starts before this
+        self._collectives: dict[int, PendingCollective] = {}  # work -> joined, not submitted yet
+        self._arrivals: dict[tuple[int, int], Arrive] = {}  # (work, rank) -> that member's call, until placed
+        self._dropped: set[int] = set()  # collectives that never ran (a member never joined)
+        self._placing: set[int] = set()  # id() of the streams being placed
+        self._wanted: set[int] = set()  # times up to which a kernel needs the network to be final
+        self._seq = 0  # program order of GPU work, over all ranks
+        self.early_reads = 0  # ends read before they were final (a host had to wait for them)
         self._warn = warn or (lambda msg: print(f"phantora: warning: {msg}", file=sys.stderr, flush=True))
 
     # --- ranks --------------------------------------------------------------------------------
@@ -256,15 +305,14 @@ class Engine:
 
     # --- records ------------------------------------------------------------------------------
     def apply(self, rank: int, records: list[list[Any]]) -> int:
-        """Apply records in order; the number applied. Fewer than all: the next one needs a
-        collective some member has not joined yet (retry after take_unblocked names the rank)."""
+        """Apply records in order; the number applied. Fewer than all: the rank's host waits for
+        a time not known yet (retry the rest after take_unblocked names the rank)."""
         st = self.ranks[rank]
+        if st.blocked is not None and not self._resume(st):
+            return 0
+        tl = st.timeline
         for i, rec in enumerate(records):
             kind = rec[0]
-            if kind in _MAY_WAIT_ON_COLLECTIVES:
-                if self._needs_unresolved(st, rec):
-                    return i
-                self._read_needed(st, rec)
             if kind == P.R_OP:
                 self._op(st, rec[1], rec[2], rec[3])
             elif kind == P.R_SIG:
@@ -272,30 +320,33 @@ class Engine:
             elif kind == P.R_MEM:
                 self._memory(st, rec[1], rec[2], rec[3])
             elif kind == P.R_EVENT_RECORD:
-                tl = st.timeline
                 stream = self._stream(st, rec[2], rec[3])
                 tl.advance_host(self.timing.event_record_host_ns)
-                tl.record_event(rec[1], stream)
+                record = EventRecord(self._next_seq(), stream, rec[1], tl.host_ns)
+                st.event_src[rec[1]] = record
+                self._enqueue(st, record)
             elif kind == P.R_EVENT_WAIT:
-                st.timeline.advance_host(self.timing.event_record_host_ns)
-                st.timeline.wait_event(rec[1], self._stream(st, rec[2], rec[3]))
+                stream = self._stream(st, rec[2], rec[3])
+                tl.advance_host(self.timing.event_record_host_ns)
+                # waiting on an event that was never recorded is a no-op, as in CUDA
+                self._enqueue(st, EventWait(self._next_seq(), stream, st.event_src.get(rec[1])))
             elif kind == P.R_SYNC_DEVICE:
-                self._host_sync(st, "cudaDeviceSynchronize", st.timeline.device_idle_ns(rec[1]))
+                self._host_wait(st, "cudaDeviceSynchronize", _Target("device", device=rec[1]))
             elif kind == P.R_SYNC_STREAM:
-                self._host_sync(st, "cudaStreamSynchronize", self._stream(st, rec[1], rec[2]).tail_ns)
+                self._host_wait(st, "cudaStreamSynchronize", _Target("stream", stream=self._stream(st, rec[1], rec[2])))
             elif kind == P.R_SYNC_EVENT:
-                self._host_sync(st, "cudaEventSynchronize", st.timeline.events.get(rec[1], 0))
+                self._host_wait(st, "cudaEventSynchronize", _Target("event", action=st.event_src.get(rec[1])))
             elif kind == P.R_NVTX_PUSH:
-                st.nvtx.append((str(rec[1]), st.timeline.host_ns))
+                st.nvtx.append((str(rec[1]), tl.host_ns))
                 # The range is written when it closes (R_NVTX_POP, finish_rank); announced now so
                 # sinks that write begin events in time order can start it here.
-                self.sink.open_slice(st.info.trace_pid, HOST_TRACK, str(rec[1]), st.timeline.host_ns, "nvtx")
+                self.sink.open_slice(st.info.trace_pid, HOST_TRACK, str(rec[1]), tl.host_ns, "nvtx")
             elif kind == P.R_NVTX_POP:
                 if st.nvtx:
                     name, start = st.nvtx.pop()
-                    self.sink.slice(st.info.trace_pid, HOST_TRACK, name, start, st.timeline.host_ns - start, "nvtx")
+                    self.sink.slice(st.info.trace_pid, HOST_TRACK, name, start, tl.host_ns - start, "nvtx")
             elif kind == P.R_SLEEP:
-                st.timeline.advance_host(int(rec[1]))
+                tl.advance_host(int(rec[1]))
             elif kind == P.R_STEP:
                 self._step_marker(st)
             elif kind == P.R_HOST:
@@ -308,55 +359,469 @@ class Engine:
                 self._warn_once(str(rec[1]))
             elif kind == P.R_OOM:
                 st.ooms.append(str(rec[3]))
-                self.sink.instant(st.info.trace_pid, HOST_TRACK, "CUDA out of memory", st.timeline.host_ns, "memory",
+                self.sink.instant(st.info.trace_pid, HOST_TRACK, "CUDA out of memory", tl.host_ns, "memory",
                                   {"device": rec[1], "requested_bytes": rec[2], "message": rec[3]})
             else:
                 raise CallError(f"unknown record kind {kind!r} from rank {rank}")
+            if st.blocked is not None:
+                return i + 1
         return len(records)
 
-    def _needs_unresolved(self, st: RankState, rec: list[Any]) -> bool:
-        kind = rec[0]
-        if kind == P.R_WORK_WAIT:
-            return int(rec[1]) in self.unresolved_works
-        if kind == P.R_SYNC_DEVICE:
-            return any(s.unresolved for s in st.timeline.streams.values() if s.device == rec[1])
-        stream = st.timeline.streams.get((rec[1], rec[2]) if kind == P.R_SYNC_STREAM else (rec[2], rec[3]))
-        return stream is not None and stream.unresolved > 0
+    # --- lazy placement (phantora/engine/deferred.py) -----------------------------------------
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
 
-    def _read_needed(self, st: RankState, rec: list[Any]) -> None:
-        """Read the ends of the joined collectives this record waits on."""
-        kind = rec[0]
-        if kind == P.R_WORK_WAIT:
-            self._read_collective(int(rec[1]))
-        elif kind == P.R_SYNC_DEVICE:
-            self._read_device(st, rec[1])
+    def _enqueue(self, st: RankState, action: Action) -> None:
+        st.actions.append(action)
+        action.stream.queue.append(action)
+        if len(action.stream.queue) == 1:
+            self._place_stream(st, action.stream, None, force=False)
+
+    def _place_stream(self, st: RankState, stream: Stream, upto: Action | None, force: bool) -> bool:
+        """Place `stream`'s waiting work in order, through `upto` (all of it, and the end of the
+        collective in flight on it, if None). False when it needs an end that cannot be read yet
+        (force: read ends that are not final yet; False only for collectives some member has
+        not joined)."""
+        if upto is not None and upto.placed:
+            return True
+        if id(stream) in self._placing:  # the program waits on itself: a real GPU hangs too
+            return False
+        self._placing.add(id(stream))
+        try:
+            while True:
+                if stream.inflight is not None and (stream.queue or upto is None):
+                    if self._collective_end(stream.inflight, force) is None:
+                        return False
+                    stream.inflight = None
+                if not stream.queue:
+                    return True
+                action = stream.queue[0]
+                if not self._place_action(st, action, force):
+                    return False
+                stream.queue.popleft()
+                action.placed = True
+                if action is upto:
+                    return True
+        finally:
+            self._placing.discard(id(stream))
+
+    def _place_action(self, st: RankState, a: Action, force: bool) -> bool:
+        s = a.stream
+        if isinstance(a, OpWork):
+            return self._place_op(st, a, force)
+        if isinstance(a, EventRecord):
+            a.time_ns = max(a.host_ns + self.timing.launch_latency_ns, s.tail_ns)
+            st.timeline.events[a.event_id] = a.time_ns
+            return True
+        if isinstance(a, EventWait):
+            src = a.source
+            if src is not None:
+                if not src.placed and not self._place_stream(st, src.stream, src, force):
+                    return False
+                s.tail_ns = max(s.tail_ns, src.time_ns or 0)
+            return True
+        if isinstance(a, WorkWait):
+            end = self._collective_end(a.work, force)
+            if end is None:
+                return False
+            s.tail_ns = max(s.tail_ns, end)
+            return True
+        assert isinstance(a, Arrive)
+        current = s.tail_ns if a.current is s else self._tail_before(st, a.current, a.seq, force)
+        if current is None:
+            return False
+        a.ready_ns = max(a.host_ns + self.timing.launch_latency_ns, current, s.tail_ns)
+        self._arrivals.pop((a.work, st.info.rank), None)
+        p = self._collectives.get(a.work)
+        if p is not None:  # not dropped
+            s.inflight = a.work
+            p.ready_ns[st.info.rank] = a.ready_ns
+            self._maybe_submit(a.work)
+        return True
+
+    def _tail_before(self, st: RankState, stream: Stream, seq: int, force: bool) -> int | None:
+        """The tail of `stream` as of program position `seq`."""
+        q = stream.queue
+        if q and q[0].seq < seq:
+            last = None
+            for a in q:
+                if a.seq >= seq:
+                    break
+                last = a
+            if not self._place_stream(st, stream, last, force):
+                return None
+        if stream.inflight is not None:
+            if self._collective_end(stream.inflight, force) is None:
+                return None
+            stream.inflight = None
+        return stream.tail_ns
+
+    def _place_op(self, st: RankState, a: OpWork, force: bool) -> bool:
+        s, est, sig = a.stream, a.est, a.sig
+        start = max(a.launch_ns + self.timing.launch_latency_ns, s.tail_ns)
+        raw_end = start + est.duration_ns
+        slowed = 0
+        if a.slows:
+            overlap = self._comm_overlap(st, a.device, a.seq, start, raw_end, force)
+            if overlap is None:
+                return False
+            slowed = int(self.timing.comm_slowdown * overlap)
+        a.end_ns = s.tail_ns = raw_end + slowed
+        st.gpu_busy_ns += est.duration_ns + slowed
+        shapes, dtypes = _shape_args(sig)
+        estimator = est.estimator if est.known else f"{est.estimator} (unknown op: generic)"
+        cat = "kernel" if est.kind not in (COPY_D2H, COPY_H2D) else "gpu_memcpy"
+        self.sink.slice(st.info.trace_pid, s.track, est.kernel_name, start, a.end_ns - start, cat, {
+            "op": sig.full_name, "shapes": shapes, "dtypes": dtypes, "flops": est.flops, "bytes": est.bytes,
+            "kernels": est.kernels, "estimator": estimator,
+            "device": a.device, "stream": s.stream_id, "correlation": a.flow,
+            **({"slowed by concurrent communication ns": slowed} if slowed else {}),
+        }, flow_in=a.flow)
+        return True
+
+    def _comm_overlap(self, st: RankState, device: int, seq: int, start: int, end: int, force: bool) -> int | None:
+        """How much of [start, end) the NCCL kernels of collectives this rank called on `device`
+        before program position `seq` cover; None if an end it needs cannot be read yet."""
+        log = st.comm_log.get(device)
+        if not log:
+            return 0
+        spans = []
+        for a in log:
+            if a.seq > seq:
+                break
+            if not a.placed and not self._place_stream(st, a.stream, a, force):
+                return None
+            ready = a.ready_ns
+            assert ready is not None
+            if ready >= end:
+                continue
+            done = self._clipped_end(a.work, end, force)
+            if done is None:
+                self._wanted.add(end)
+                return None
+            if done > max(ready, start):
+                spans.append((max(ready, start), done))
+        if len(log) > 64:  # forget collectives that ended before anything still to be placed can start
+            floor = min([st.timeline.host_ns] + [x.tail_ns for x in st.timeline.streams.values() if x.device == device])
+            log[:] = [a for a in log if not (a.placed and self.work_end_ns.get(a.work, floor) < floor)]
+        return _union_ns(spans)
+
+    # --- collective ends ----------------------------------------------------------------------
+    def _collective_end(self, work: int, force: bool) -> int | None:
+        """The end of collective `work`, read from the network if it is final (or `force`);
+        None if it cannot be read yet. 0 for a collective that never ran."""
+        end = self.work_end_ns.get(work)
+        if end is not None:
+            return end
+        if work in self._dropped:
+            return 0
+        if work not in self._unread and not (force and self._force_arrivals(work)):
+            return None
+        sub = self._unread.get(work)
+        if sub is None:
+            return self.work_end_ns.get(work)
+        if sub.handle is not None and not self._is_final(sub):
+            if not force:
+                return None
+            self.early_reads += 1
+        self._read_collective(work)
+        return self.work_end_ns[work]
+
+    def _clipped_end(self, work: int, t: int, force: bool) -> int | None:
+        """min(end of `work`, t): known once the end is, or once nothing can start before t."""
+        end = self.work_end_ns.get(work)
+        if end is not None:
+            return min(end, t)
+        if work in self._dropped:
+            return 0
+        if t <= self.final_ns and not force:
+            sub = self._unread.get(work)
+            if sub is None or sub.handle is None:  # submitted later, so it starts (and ends) after t
+                return t if sub is None else min(sub.start_ns, t)
+            if self.network.provisional_end(sub.handle) > t:  # type: ignore[union-attr]
+                return t  # the network up to t is final: it still runs at t
+        end = self._collective_end(work, force)
+        return None if end is None else min(end, t)
+
+    def _is_final(self, sub: _SubmittedCollective) -> bool:
+        assert self.network is not None and sub.handle is not None
+        end = self.network.provisional_end(sub.handle)
+        return end is not None and end <= self.final_ns
+
+    def _force_arrivals(self, work: int) -> bool:
+        """Place every member's arrival at `work` (reading ends early); False if some member
+        has not joined it."""
+        p = self._collectives.get(work)
+        if p is None or p.missing():
+            return False
+        for r in p.members:
+            a = self._arrivals.get((work, r))
+            if a is not None and not self._place_stream(self.ranks[r], a.stream, a, True):
+                return False
+        return work in self._unread or work in self.work_end_ns
+
+    def _maybe_submit(self, work: int) -> None:
+        p = self._collectives.get(work)
+        if p is None or p.missing() or len(p.ready_ns) < len(p.members):
+            return
+        del self._collectives[work]
+        self._submit_collective(p, work)
+
+    # --- host waits ---------------------------------------------------------------------------
+    def _host_wait(self, st: RankState, name: str, target: _Target,
+                   op_slice: tuple[str, int, dict[str, Any], int] | None = None) -> None:
+        st.blocked = _HostWait(name, target, st.timeline.host_ns, op_slice)
+        self._resume(st)
+
+    def _resume(self, st: RankState, force: bool | None = None) -> bool:
+        """Finish the host wait `st` is blocked in if its time is known; False if not yet."""
+        w = st.blocked
+        assert w is not None
+        t = self._target_ns(st, w.target, self.sync == "optimistic" if force is None else force)
+        if t is None:
+            return False
+        st.blocked = None
+        tl = st.timeline
+        tl.wait_host_until(t, self.timing.sync_overhead_ns)
+        pid = st.info.trace_pid
+        if w.op_slice is not None:
+            name, begin, args, flow = w.op_slice
+            self.sink.slice(pid, HOST_TRACK, name, begin, tl.host_ns - begin, "cpu_op", args, flow_out=flow)
         else:
-            stream = st.timeline.streams.get((rec[1], rec[2]) if kind == P.R_SYNC_STREAM else (rec[2], rec[3]))
-            if stream is not None:
-                self._read_stream(stream)
+            self.sink.slice(pid, HOST_TRACK, w.name, w.start_ns, tl.host_ns - w.start_ns, "cuda_runtime")
+        return True
 
-    def _read_stream(self, stream: Stream) -> None:
-        for work in sorted(stream.unread):
-            self._read_collective(work)
+    def _target_ns(self, st: RankState, target: _Target, force: bool) -> int | None:
+        kind = target.kind
+        if kind == "stream":
+            assert target.stream is not None
+            return target.stream.tail_ns if self._place_stream(st, target.stream, None, force) else None
+        if kind == "device":
+            for s in list(st.timeline.streams.values()):
+                if s.device == target.device and not self._place_stream(st, s, None, force):
+                    return None
+            return st.timeline.device_idle_ns(target.device)
+        if kind in ("event", "op"):
+            a = target.action
+            if a is None:  # an event never recorded: done at once, as in CUDA
+                return 0
+            if not self._place_stream(st, a.stream, a, force):
+                return None
+            t = a.time_ns if isinstance(a, EventRecord) else a.end_ns  # type: ignore[attr-defined]
+            return t or 0
+        return self._collective_end(target.work, force)
 
-    def _read_device(self, st: RankState, device: int) -> None:
-        for stream in list(st.timeline.streams.values()):
-            if stream.device == device and stream.unread:
-                self._read_stream(stream)
+    def _work_wait(self, st: RankState, work: int, device: int, stream_id: int, host_blocks: bool) -> None:
+        if not 0 < work <= self._work_ids:  # a work this engine never handed out: nothing to wait for
+            return
+        stream = self._stream(st, device, stream_id)
+        self._enqueue(st, WorkWait(self._next_seq(), stream, work))
+        if host_blocks:
+            self._host_wait(st, "ProcessGroupNCCL barrier", _Target("work", work=work))
+
+    # --- finality -----------------------------------------------------------------------------
+    def progress(self) -> None:
+        """Prove more ends final, read them, place the work that waited for them, and finish the
+        host waits and calls that can finish now (take_unblocked names their ranks)."""
+        while True:  # ends while the horizon moves (it only moves forward)
+            before = self.final_ns
+            self._advance_final(self._cheap_bound())
+            self._place_waiting()
+            if self.sync == "conservative" and self._blocked_ranks() and not self._resume_blocked():
+                self._advance_final(self._proven_horizon())
+                self._place_waiting()
+            self._resume_blocked()
+            if self.final_ns == before:
+                break
+
+    def _advance_final(self, t: int) -> None:
+        if t > self.final_ns:
+            self.final_ns = t
+
+    def _place_waiting(self) -> None:
+        for st in self.ranks.values():
+            for s in list(st.timeline.streams.values()):
+                if s.queue or s.inflight is not None:
+                    self._place_stream(st, s, None, force=False)
+            while st.actions and st.actions[0].placed:
+                st.actions.popleft()
+
+    def _blocked_ranks(self) -> list[RankState]:
+        return [st for st in self.ranks.values() if not st.finished and (st.blocked or st.blocked_call)]
+
+    def _resume_blocked(self, force: bool | None = None) -> bool:
+        """Finish what blocked ranks wait for, where possible; True if any could go on."""
+        resumed = False
+        for st in self._blocked_ranks():
+            if st.blocked is not None and self._resume(st, force):
+                self._unblocked.add(st.info.rank)
+                resumed = True
+            elif st.blocked_call is not None and st.blocked is None:
+                f = self.sync == "optimistic" if force is None else force
+                if self._target_ns(st, st.blocked_call, f) is not None:
+                    self._unblocked.add(st.info.rank)
+                    resumed = True
+        return resumed
+
+    def host_blocked(self, rank: int) -> bool:
+        """Is `rank`'s host waiting for a time not known yet (its later records and calls wait)?"""
+        st = self.ranks.get(rank)
+        return st is not None and st.blocked is not None
+
+    def blocked(self) -> bool:
+        """Is some rank's host or call waiting for an end not known yet?"""
+        return bool(self._blocked_ranks())
+
+    def force_blocked(self, waited_s: float) -> None:
+        """No progress for `waited_s` of wall time while ranks wait (conservative sync can stall
+        when ranks also synchronise outside the simulator, e.g. through the c10d store): answer
+        them with the ends as they stand, as the optimistic mode does."""
+        ranks = sorted(st.info.rank for st in self._blocked_ranks())
+        self._warn_once(f"--sync conservative: rank(s) {ranks} waited {waited_s:.0f} s of wall time for collective "
+                        "ends that could not be proven final (ranks may also be waiting on each other outside "
+                        "the simulator); they were answered with the ends as they stand, which may be stale")
+        self._resume_blocked(force=True)
+
+    def _cheap_bound(self) -> int:
+        """No collective can start before this: each rank's next one is ready a launch latency
+        after its host clock at the earliest, and each waiting arrival after the host time it
+        was called at."""
+        if not self.ranks or len(self.ranks) < self.expected_ranks:
+            return self.final_ns
+        lat = self.timing.launch_latency_ns
+        bound = min((st.timeline.host_ns + lat for st in self.ranks.values() if not st.finished), default=_NEVER)
+        return min([bound] + [a.host_ns + lat for a in self._arrivals.values()])
+
+    def _proven_horizon(self) -> int:
+        """The latest time T proven to be before every future collective start, using lower
+        bounds of what blocked ranks wait for (`_min_bound`). Tries the provisional ends of
+        unread collectives as T, so a rank that waits directly for one does not hold it back."""
+        t = self.final_ns
+        candidates = sorted({e for sub in self._unread.values() if sub.handle is not None
+                             for e in [self.network.provisional_end(sub.handle)] if e is not None and e > t}  # type: ignore[union-attr]
+                            | {x for x in self._wanted if x > t})
+        self._wanted.clear()
+        changed = True
+        while changed:
+            changed = False
+            bound = self._min_bound(t)
+            if bound > t:
+                t, changed = bound, True
+            for c in candidates:
+                if c <= t:
+                    continue
+                if self._min_bound(c) < c:
+                    break
+                t, changed = c, True
+        return t
+
+    def _min_bound(self, t: int) -> int:
+        """A lower bound of every future collective start, valid if no collective that is not
+        final ends before t (its end is then bounded by min(provisional end, t)). If it is at
+        least t, no collective starts before t (each step from an end to a start takes time)."""
+        if not self.ranks or len(self.ranks) < self.expected_ranks:
+            return self.final_ns
+        lat = self.timing.launch_latency_ns
+        # valid to start from: a rank's next collective is ready a launch latency after its host
+        # clock, and each of its waiting arrivals a launch latency after it was called
+        bounds = {r: (_NEVER if st.finished else st.timeline.host_ns + lat) for r, st in self.ranks.items()}
+        for (_, r), a in self._arrivals.items():
+            bounds[r] = min(bounds[r], a.host_ns + lat)
+        arrivals: dict[tuple[int, int], int] = {}
+        for _ in range(4):
+            new_arrivals: dict[tuple[int, int], int] = {}
+            new_bounds = {}
+            for r, st in self.ranks.items():
+                def end_lb(work: int, ready: int, r: int = r) -> int:
+                    return self._end_lower_bound(work, ready, t, r, bounds, arrivals)
+                lb = replay_lower_bounds(list(st.actions), lat, end_lb)
+                for w, ready in lb.arrivals.items():
+                    new_arrivals[(w, r)] = ready
+                future = _NEVER if st.finished else st.timeline.host_ns + lat  # collectives it has not called yet
+                waits = st.blocked.target if st.blocked is not None else st.blocked_call
+                if waits is not None and not st.finished:
+                    future = max(future, self._target_lower_bound(st, waits, lb, end_lb)
+                                 + self.timing.sync_overhead_ns + lat)
+                new_bounds[r] = max(bounds[r], min([future, *lb.arrivals.values()]))
+            arrivals = new_arrivals
+            if new_bounds == bounds:
+                break
+            bounds = new_bounds
+        return min(bounds.values())
+
+    def _end_lower_bound(self, work: int, ready: int, t: int, me: int, bounds: dict[int, int],
+                         arrivals: dict[tuple[int, int], int]) -> int:
+        end = self.work_end_ns.get(work)
+        if end is not None:
+            return end
+        if work in self._dropped:
+            return 0
+        sub = self._unread.get(work)
+        if sub is not None:
+            if sub.handle is None:
+                return sub.start_ns
+            prov = self.network.provisional_end(sub.handle)  # type: ignore[union-attr]
+            return max(sub.start_ns, min(prov if prov is not None else t, t))
+        p = self._collectives.get(work)
+        if p is None:
+            return ready
+        lb = ready
+        for m in p.members:
+            if m in p.ready_ns:
+                lb = max(lb, p.ready_ns[m])
+            elif m != me:
+                lb = max(lb, arrivals.get((work, m), bounds.get(m, 0)))
+        return lb
+
+    def _target_lower_bound(self, st: RankState, target: _Target, lb: LowerBounds,
+                            end_lb: Callable[[int, int], int]) -> int:
+        def tail(s: Stream) -> int:
+            t = lb.tails.get(id(s))
+            if t is not None:
+                return t
+            return s.tail_ns if s.inflight is None else max(s.tail_ns, end_lb(s.inflight, s.tail_ns))
+
+        kind = target.kind
+        if kind == "stream":
+            assert target.stream is not None
+            return tail(target.stream)
+        if kind == "device":
+            return max((tail(s) for s in st.timeline.streams.values() if s.device == target.device), default=0)
+        if kind in ("event", "op"):
+            a = target.action
+            if a is None:
+                return 0
+            if a.placed:
+                return (a.time_ns if isinstance(a, EventRecord) else a.end_ns) or 0  # type: ignore[attr-defined]
+            return lb.times.get(id(a), 0)
+        return end_lb(target.work, 0)
+
+    def place_all(self) -> None:
+        """Place all waiting work that can be, reading the ends it needs, final or not."""
+        for st in self.ranks.values():
+            for s in list(st.timeline.streams.values()):
+                self._place_stream(st, s, None, force=True)
+            while st.actions and st.actions[0].placed:
+                st.actions.popleft()
 
     def read_all_collectives(self) -> None:
-        """Read every joined collective's end (the run is over: nothing can arrive before them)."""
+        """Place all waiting work, reading every end (the run is over: nothing can arrive
+        before them). Collectives some member never joined never run."""
+        for p in list(self.matcher.pending.values()):
+            self._drop(p)
+        self.place_all()
         for work in sorted(self._unread):
             self._read_collective(work)
 
     def collective_end_ns(self, work: int) -> int | None:
-        """When collective `work` completes (reading it from the network if not read yet); None
+        """When collective `work` completes (reading it from the network, final or not); None
         while some member has not joined it, or for one that never ran."""
-        self._read_collective(work)
-        return self.work_end_ns.get(work)
+        end = self._collective_end(work, force=True)
+        return None if work in self._dropped else end
 
     def take_unblocked(self) -> set[int]:
-        """Ranks whose collectives completed since the last call (their held records may go on)."""
+        """Ranks whose host wait finished, or whose held call can now be answered."""
         ranks, self._unblocked = self._unblocked, set()
         return ranks
 
@@ -410,33 +875,21 @@ class Engine:
                             {"python_overhead_ns": overhead} if overhead else None)
             return
         stream = self._stream(st, device, stream_id)
-        slows = self.timing.comm_slowdown and est.kind not in (COPY_D2H, COPY_H2D)
-        if slows and self._unread:  # the NCCL kernels this one may overlap must have their ends
-            self._read_device(st, device)
-        work = tl.enqueue(stream, launch, est.duration_ns)
-        slowed = 0
-        if slows and st.comm_busy.get(device):
-            slowed = int(self.timing.comm_slowdown * _overlap_ns(st.comm_busy[device], work.start_ns, work.end_ns))
-            work.end_ns += slowed
-            stream.tail_ns = work.end_ns
-        if host_waits_for_copy(sig, est) or sig.name == "aten::_local_scalar_dense":
-            tl.wait_host_until(work.end_ns, self.timing.sync_overhead_ns)
+        slows = bool(self.timing.comm_slowdown) and est.kind not in (COPY_D2H, COPY_H2D)
         st.kernels += est.kernels
         estimator = est.estimator if est.known else f"{est.estimator} (unknown op: generic)"
         self.kernels_by_estimator[estimator] += est.kernels
-        st.gpu_busy_ns += est.duration_ns + slowed
         st.flops += est.flops
         flow = self._next_flow()
-        shapes, dtypes = _shape_args(sig)
-        self.sink.slice(pid, HOST_TRACK, sig.name, begin, tl.host_ns - begin, "cpu_op",
-                        {"Input Dims": shapes, "correlation": flow, "python_overhead_ns": overhead}, flow_out=flow)
-        cat = "kernel" if est.kind not in (COPY_D2H, COPY_H2D) else "gpu_memcpy"
-        self.sink.slice(pid, stream.track, est.kernel_name, work.start_ns, work.end_ns - work.start_ns, cat, {
-            "op": sig.full_name, "shapes": shapes, "dtypes": dtypes, "flops": est.flops, "bytes": est.bytes,
-            "kernels": est.kernels, "estimator": estimator,
-            "device": device, "stream": stream.stream_id, "correlation": flow,
-            **({"slowed by concurrent communication ns": slowed} if slowed else {}),
-        }, flow_in=flow)
+        work = OpWork(self._next_seq(), stream, sig, est, launch, flow, device, slows)
+        shapes, _ = _shape_args(sig)
+        args = {"Input Dims": shapes, "correlation": flow, "python_overhead_ns": overhead}
+        self._enqueue(st, work)
+        if host_waits_for_copy(sig, est) or sig.name == "aten::_local_scalar_dense":
+            # the op's host slice lasts until the copy is done, so it is written then
+            self._host_wait(st, "", _Target("op", action=work), (sig.name, begin, args, flow))
+            return
+        self.sink.slice(pid, HOST_TRACK, sig.name, begin, tl.host_ns - begin, "cpu_op", args, flow_out=flow)
 
     def _host_event(self, st: RankState, kind: str, count: int) -> None:
         tl = st.timeline
@@ -456,12 +909,6 @@ class Engine:
         st.steps += 1
         st.step_end_ns = now
 
-    def _host_sync(self, st: RankState, name: str, until_ns: int) -> None:
-        tl = st.timeline
-        start = tl.host_ns
-        tl.wait_host_until(until_ns, self.timing.sync_overhead_ns)
-        self.sink.slice(st.info.trace_pid, HOST_TRACK, name, start, tl.host_ns - start, "cuda_runtime")
-
     def _memory(self, st: RankState, device: int, allocated: int, reserved: int) -> None:
         mem = st.memory.setdefault(device, DeviceMemory())
         mem.allocated, mem.reserved = allocated, reserved
@@ -474,39 +921,60 @@ class Engine:
     def now(self, rank: int) -> int:
         return self.ranks[rank].timeline.host_ns
 
-    def elapsed_ms(self, rank: int, start_event: int, end_event: int) -> float:
-        events = self.ranks[rank].timeline.events
-        if start_event not in events or end_event not in events:
-            raise CallError("elapsed_time: both events must have been recorded before computing the elapsed time")
-        return (events[end_event] - events[start_event]) / 1e6
+    def _call_wait(self, st: RankState, target: _Target) -> int | None:
+        """The time a call needs; None (and the rank's call is held) if not known yet."""
+        t = self._target_ns(st, target, self.sync == "optimistic")
+        st.blocked_call = target if t is None else None
+        return t
 
-    def query_event(self, rank: int, event_id: int) -> bool:
-        tl = self.ranks[rank].timeline
-        tl.advance_host(self.timing.event_query_host_ns)
-        return tl.events.get(event_id, 0) <= tl.host_ns
-
-    def query_stream(self, rank: int, device: int, stream_id: int) -> bool:
+    def elapsed_ms(self, rank: int, start_event: int, end_event: int) -> float | _NotYet:
         st = self.ranks[rank]
+        a, b = st.event_src.get(start_event), st.event_src.get(end_event)
+        if a is None or b is None:
+            raise CallError("elapsed_time: both events must have been recorded before computing the elapsed time")
+        ta = self._call_wait(st, _Target("event", action=a))
+        tb = None if ta is None else self._call_wait(st, _Target("event", action=b))
+        if ta is None or tb is None:
+            return NOT_YET
+        return (tb - ta) / 1e6
+
+    def query_event(self, rank: int, event_id: int) -> bool | _NotYet:
+        st = self.ranks[rank]
+        t = self._call_wait(st, _Target("event", action=st.event_src.get(event_id)))
+        if t is None:
+            return NOT_YET
         tl = st.timeline
         tl.advance_host(self.timing.event_query_host_ns)
-        stream = self._stream(st, device, stream_id)
-        self._read_stream(stream)
-        return stream.tail_ns <= tl.host_ns
+        return t <= tl.host_ns
+
+    def query_stream(self, rank: int, device: int, stream_id: int) -> bool | _NotYet:
+        st = self.ranks[rank]
+        t = self._call_wait(st, _Target("stream", stream=self._stream(st, device, stream_id)))
+        if t is None:
+            return NOT_YET
+        tl = st.timeline
+        tl.advance_host(self.timing.event_query_host_ns)
+        return t <= tl.host_ns
 
     # --- collectives ---------------------------------------------------------------------------
-    def join_collective(self, rank: int, wire: dict[str, Any]) -> int | None:
-        """One rank calls a collective: its work id, or None when the rank's communication
-        stream still waits for an earlier collective (retry after take_unblocked names it).
-        Runs the collective when this is the last member; CollectiveMismatch if they disagree."""
+    def join_collective(self, rank: int, wire: dict[str, Any]) -> int:
+        """One rank calls a collective: its work id, at once (the rank's communication stream
+        reaches it later, see Arrive). CollectiveMismatch once the members disagree."""
         st = self.ranks[rank]
         try:
             call = CollectiveCall.from_wire(rank, wire)
         except (KeyError, ValueError, TypeError) as e:
             raise CallError(f"malformed collective call from rank {rank}: {e}") from None
+        try:
+            p = self.matcher.join(call)
+        except CollectiveMismatch:
+            work = self._key_works.pop(call.key, None)
+            if work is not None:  # the members that joined never get to run it
+                self._dropped.add(work)
+                self._collectives.pop(work, None)
+                self.unresolved_works.discard(work)
+            raise
         comm = self._comm_stream(st, call)
-        if comm.unresolved:
-            return None
-        self._read_stream(comm)  # NCCL runs a communicator's kernels in order: this one starts after
         tl = st.timeline
         launch_begin = tl.host_ns
         tl.advance_host(HOST_COSTS.collective_ns)
@@ -515,17 +983,19 @@ class Engine:
         # rank's host track reaches it.
         self.sink.open_slice(st.info.trace_pid, HOST_TRACK, f"nccl:{call.op}", launch_begin, "cpu_op", end_ns=tl.host_ns)
         current = self._stream(st, call.device, call.stream)
-        # ProcessGroupNCCL makes its stream wait for the caller's current stream first.
-        ready = max(tl.host_ns + self.timing.launch_latency_ns, current.tail_ns, comm.tail_ns)
         work = self._key_works.get(call.key)
         if work is None:
             self._work_ids += 1
             work = self._key_works[call.key] = self._work_ids
             self.unresolved_works.add(work)
-        comm.unresolved += 1
-        done = self.matcher.arrive(call, ready)
-        if done is not None:
-            self._submit_collective(done, self._key_works.pop(done.key))
+            self._collectives[work] = p
+        if not p.missing():  # every member has joined
+            self._key_works.pop(call.key, None)
+            self.unresolved_works.discard(work)
+        arrive = Arrive(self._next_seq(), comm, call, work, current, tl.host_ns)
+        self._arrivals[(work, rank)] = arrive
+        st.comm_log.setdefault(call.device, []).append(arrive)
+        self._enqueue(st, arrive)
         return work
 
     def _comm_stream(self, st: RankState, call: CollectiveCall) -> Stream:
@@ -546,8 +1016,8 @@ class Engine:
         return info.node * self.gpus_per_node + info.local_rank
 
     def _submit_collective(self, p: PendingCollective, work: int) -> None:
-        """Every member has joined: hand the collective to the network; its end is read later
-        (`_read_collective`), when something needs it."""
+        """Every member's stream has reached it: hand the collective to the network; its end is
+        read later (`_read_collective`), when it is final or a host must wait for it."""
         first = p.arrivals[p.members[0]]
         start = max(p.ready_ns.values())
         gpus = tuple(self.global_gpu(r) for r in p.members)
@@ -560,12 +1030,6 @@ class Engine:
             self._handle_works[handle] = work
             self._record_corrections()  # a rollback can change ends already read
         self._unread[work] = _SubmittedCollective(p, start, handle)
-        self.unresolved_works.discard(work)
-        self._unblocked.update(p.members)  # their held records can go on: the end can be read
-        for r in p.members:
-            stream = self._comm_stream(self.ranks[r], p.arrivals[r])
-            stream.unresolved -= 1
-            stream.unread.add(work)
 
     def _read_collective(self, work: int) -> None:
         """Read a submitted collective's end from the network and place it: the NCCL kernel on
@@ -596,9 +1060,8 @@ class Engine:
             stream = self._comm_stream(st, call)
             ready = p.ready_ns[call.rank]
             stream.tail_ns = max(stream.tail_ns, end)
-            stream.unread.discard(work)
-            if end > ready:
-                st.comm_busy.setdefault(call.device, IntervalTree()).addi(ready, end)
+            if stream.inflight == work:
+                stream.inflight = None
             st.collectives += 1
             self.comm_busy_ns += end - ready
             launch = self._write_collective_launch(st, call)
@@ -668,15 +1131,6 @@ class Engine:
                                   "stale": "dependents were placed at the old end",
                               })
 
-    def _work_wait(self, st: RankState, work: int, device: int, stream_id: int, host_blocks: bool) -> None:
-        end = self.work_end_ns.get(work)
-        if end is None:
-            return
-        stream = self._stream(st, device, stream_id)
-        stream.tail_ns = max(stream.tail_ns, end)
-        if host_blocks:
-            self._host_sync(st, "ProcessGroupNCCL barrier", end)
-
     def abandon_collectives(self, rank: int) -> list[tuple[list[int], str]]:
         """`rank` ended: every collective it never joined fails for the members waiting in it."""
         failed = []
@@ -693,7 +1147,10 @@ class Engine:
             self._write_collective_launch(self.ranks[call.rank], call, ran=False)
         self.matcher.drop(p.key)
         work = self._key_works.pop(p.key, None)
-        self.unresolved_works.discard(work)  # waits on it become no-ops; its members are failing
+        if work is not None:
+            self.unresolved_works.discard(work)  # waits on it become no-ops; its members are failing
+            self._dropped.add(work)
+            self._collectives.pop(work, None)
 
     def overdue_collectives(self, timeout_s: float) -> list[tuple[list[int], str]]:
         failed = []
@@ -742,6 +1199,7 @@ class Engine:
             rollbacks=self._rollbacks_written,
             stale_replies=self.stale_replies,
             largest_stale_error_ns=self.largest_stale_error_ns,
+            early_reads=self.early_reads,
             kernels_by_estimator=dict(self.kernels_by_estimator),
         )
 

@@ -9,7 +9,9 @@ start. Nothing here knows about torch, sockets or file formats.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -29,11 +31,11 @@ class Stream:
     device: int
     stream_id: int
     track: int  # trace thread id of this stream's track
-    tail_ns: int = 0  # when the last work enqueued on this stream finishes
-    unresolved: int = 0  # collectives on it whose members have not all arrived: tail unknown
-    # Collectives on it that every member joined and the network has, whose end the engine has
-    # not read yet: the tail is final only once they are read (Engine reads on demand).
-    unread: set[int] = field(default_factory=set)
+    tail_ns: int = 0  # when the last work placed on this stream finishes
+    # GPU work launched on this stream but not placed yet: it waits (in stream order) for a
+    # collective end the engine cannot read yet (Engine._place_stream).
+    queue: deque[Any] = field(default_factory=deque)
+    inflight: int | None = None  # collective work placed on it whose end is not read yet
 
 
 @dataclass

@@ -188,6 +188,11 @@ class Network:
             c.reported = end
         return end
 
+    def provisional_end(self, handle: int) -> int | None:
+        """finish_time without reporting it: a later correction to this value is not a
+        correction to an answer the caller used (take_corrections leaves it out)."""
+        return self._end(self._get(handle))
+
     def advance_horizon(self, t_ns: int) -> None:
         """Promise: no future submit() starts before t_ns."""
         self._horizon = max(self._horizon, int(t_ns))

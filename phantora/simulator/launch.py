@@ -52,6 +52,7 @@ class TraceRun:
     nproc_per_node: int | None = None  # None: run COMMAND once (it may be torchrun itself)
     collective_timeout_s: float = 300.0
     comm_slowdown: float = TimingConfig.comm_slowdown
+    sync: str = "optimistic"  # --sync: optimistic or conservative (Engine)
     kineto_dir: Path | None = None  # also write one Kineto trace per rank here (for HTA)
 
 
@@ -133,7 +134,7 @@ def run_trace(run: TraceRun) -> TraceResult:
     if kineto is not None:
         sink = TeeSink([sink, kineto])
     engine = Engine(run.gpu, kernel_times.estimator, sink, TimingConfig(comm_slowdown=run.comm_slowdown),
-                    network=Network(run.cluster))
+                    network=Network(run.cluster), sync=run.sync)
     server = SimulatorServer(engine, collective_timeout_s=run.collective_timeout_s)
     exit_code = 1
     procs: list[subprocess.Popen] = []
@@ -227,6 +228,8 @@ def run_trace(run: TraceRun) -> TraceResult:
             "network_rollbacks": summary.rollbacks,
             "stale_replies": summary.stale_replies,
             "largest_stale_error_ns": summary.largest_stale_error_ns,
+            "sync": run.sync,
+            "early_reads": summary.early_reads,
         })
     return TraceResult(exit_code, summary, time.time() - started, server.internal_errors, server.rank_errors, failures,
                        kineto.export if kineto else None, kernel_times)
@@ -261,7 +264,8 @@ def format_summary(run: TraceRun, result: TraceResult) -> str:
     if s.collectives:
         lines.append(f"  collectives {s.collectives:,} (per rank, summed)   communication busy {s.comm_busy_ns / 1e9:.6f} s"
                      f"   network rollbacks {s.rollbacks}   stale replies {s.stale_replies}"
-                     + (f" (largest error {s.largest_stale_error_ns / 1e3:.1f} us)" if s.stale_replies else ""))
+                     + (f" (largest error {s.largest_stale_error_ns / 1e3:.1f} us)" if s.stale_replies else "")
+                     + f"   --sync {run.sync}: {s.early_reads} end(s) read before final")
     if s.ooms:
         lines.append(f"  out-of-memory errors raised in the script: {s.ooms}")
     for msg in result.failures:

@@ -5,9 +5,11 @@ nothing listens on the network. Each message carries a batch of records and at m
 (phantora/protocol.py). Everything runs on the thread that calls `serve`, so the engine needs
 no locks.
 
-A rank whose next record needs a collective other members have not joined yet (Engine.apply)
-is held: its later messages queue in `held` and its calls wait for their replies, until the
-collective completes. The rank's process itself only stops at its next call.
+A rank whose host waits for a time the engine cannot know yet (Engine.apply: a collective some
+member has not joined; with --sync conservative, an end not proven final) is held: its later
+messages queue in `held` and its calls wait for their replies, until the engine can go on. The
+rank's process itself only stops at its next call. Held ranks that see no progress for
+`stall_s` of wall time are answered with the ends as they stand (Engine.force_blocked).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any, Callable
 
 from phantora import protocol as P
 from phantora.engine.collectives import CollectiveMismatch
-from phantora.engine.engine import CallError, Engine, RankInfo
+from phantora.engine.engine import NOT_YET, CallError, Engine, RankInfo
 
 _HELD = object()  # a call that cannot be answered until a collective completes
 
@@ -42,9 +44,11 @@ class Connection:
 
 class SimulatorServer:
     def __init__(self, engine: Engine, hello_reply: dict[str, Any] | None = None,
-                 collective_timeout_s: float = 300.0) -> None:
+                 collective_timeout_s: float = 300.0, stall_s: float = 10.0) -> None:
         self.engine = engine
         self.collective_timeout_s = collective_timeout_s
+        self.stall_s = stall_s
+        self._last_message = time.monotonic()
         self.held: dict[int, deque[tuple[Connection, list[Any], Any]]] = {}  # rank -> (conn, records, call) held
         self.failed: dict[int, str] = {}  # rank -> collective failure, the answer to its next call
         self.rank_errors: list[str] = []  # collective failures (mismatch, missing rank), shown in the summary
@@ -83,9 +87,16 @@ class SimulatorServer:
                 self._accept()
             else:
                 self._read(key.data)
-        if self.engine.matcher.pending and time.monotonic() > self._next_overdue_check:
-            self._next_overdue_check = time.monotonic() + 1.0
+        now = time.monotonic()
+        if events:
+            self._last_message = now
+        if self.engine.matcher.pending and now > self._next_overdue_check:
+            self._next_overdue_check = now + 1.0
             self._fail_collectives(self.engine.overdue_collectives(self.collective_timeout_s))
+        if self.held and now - self._last_message > self.stall_s and self.engine.blocked():
+            self.engine.force_blocked(now - self._last_message)
+            self._last_message = now
+            self._resume_unblocked()
         return bool(events)
 
     def _fail_collectives(self, failures: list[tuple[list[int], str]]) -> None:
@@ -166,11 +177,11 @@ class SimulatorServer:
     def _process(self, conn: Connection, records: list[Any], call: Any) -> bool:
         """Apply one message; False if the rank is now held (the rest is queued in held)."""
         try:
-            if records:
+            if records or (conn.rank is not None and self.engine.host_blocked(conn.rank)):
                 if conn.rank is None:
                     raise CallError("a rank process sent records before saying hello")
                 done = self.engine.apply(conn.rank, records)
-                if done < len(records):
+                if done < len(records) or self.engine.host_blocked(conn.rank):
                     self.held.setdefault(conn.rank, deque()).appendleft((conn, records[done:], call))
                     return False
             if call is not None:
@@ -202,7 +213,8 @@ class SimulatorServer:
         return True
 
     def _resume_unblocked(self) -> None:
-        """Go on with held ranks whose collectives completed; that can complete more."""
+        """Go on with held ranks the engine can answer now; that can unblock more."""
+        self.engine.progress()
         todo = self.engine.take_unblocked()
         while todo:
             rank = todo.pop()
@@ -214,6 +226,8 @@ class SimulatorServer:
                 if not self._process(conn, records, call):
                     self.held[rank].extend(queue)  # _process put the unapplied part in front
                     break
+            if not todo:
+                self.engine.progress()
             todo |= self.engine.take_unblocked()
 
     def _call(self, conn: Connection, call: list[Any]) -> Any:
@@ -223,6 +237,7 @@ class SimulatorServer:
             rank = int(info["rank"])
             self.engine.add_rank(RankInfo(rank, int(info.get("node", 0)), int(info.get("local_rank", 0)), int(info.get("pid", 0))))
             conn.rank, conn.pid = rank, info.get("pid")
+            self.engine.expected_ranks = max(self.engine.expected_ranks, int(info.get("world_size", 1)))
             self.ranks_seen.add(rank)
             return self.hello_reply
         if conn.rank is None:
@@ -230,14 +245,17 @@ class SimulatorServer:
         if kind == P.C_NOW:
             return self.engine.now(conn.rank)
         if kind == P.C_ELAPSED:
-            return self.engine.elapsed_ms(conn.rank, call[2], call[3])
-        if kind == P.C_QUERY_EVENT:
-            return self.engine.query_event(conn.rank, call[2])
-        if kind == P.C_QUERY_STREAM:
-            return self.engine.query_stream(conn.rank, call[2], call[3])
-        if kind == P.C_COLLECTIVE:
-            work = self.engine.join_collective(conn.rank, call[2])
-            return _HELD if work is None else work
+            value = self.engine.elapsed_ms(conn.rank, call[2], call[3])
+        elif kind == P.C_QUERY_EVENT:
+            value = self.engine.query_event(conn.rank, call[2])
+        elif kind == P.C_QUERY_STREAM:
+            value = self.engine.query_stream(conn.rank, call[2], call[3])
+        elif kind == P.C_COLLECTIVE:
+            return self.engine.join_collective(conn.rank, call[2])
+        else:
+            value = None
+        if kind in (P.C_ELAPSED, P.C_QUERY_EVENT, P.C_QUERY_STREAM):
+            return _HELD if value is NOT_YET else value
         if kind == P.C_BYE:
             conn.said_bye = True
             self.engine.finish_rank(conn.rank)

@@ -109,22 +109,26 @@ def test_collective_starts_when_the_slowest_members_stream_reaches_it():
             "reduce_op": "sum", "device": 0, "stream": 0}
     work = e.join_collective(0, wire)  # a work id at once: the issuing rank does not block
     assert work is not None and work in e.unresolved_works
-    # rank 0 waiting on it cannot be applied yet: apply stops before that record
-    assert e.apply(0, [[P.R_WORK_WAIT, work, 0, 0, 0]]) == 0
+    # rank 0's host waits for it (a barrier): the record is taken, the host holds, later records wait
+    assert e.apply(0, [[P.R_WORK_WAIT, work, 0, 0, 1]]) == 1 and e.host_blocked(0)
+    assert e.apply(0, [[P.R_SLEEP, 5]]) == 0
+    e.progress()
     assert e.take_unblocked() == set()
     assert e.join_collective(1, dict(wire, device=1)) == work
-    assert e.take_unblocked() == {0, 1}
+    e.progress()
+    assert e.take_unblocked() == {0} and not e.host_blocked(0)
     net = Network(load_cluster("dgx-h100", nodes=1))
     duration = net.finish_time(net.submit(CollectiveSpec("all_reduce", 64 << 20, (0, 1)), 0))
     rank1_ready = LAT + 500_000  # its stream tail
     end = e.collective_end_ns(work)
     assert end == rank1_ready + duration
-    # Work.wait(): rank 0's compute stream now waits for the collective; its host does not
-    assert e.apply(0, [[P.R_WORK_WAIT, work, 0, 0, 0]]) == 1
-    assert e.ranks[0].timeline.streams[(0, 0)].tail_ns == end
-    assert e.ranks[0].timeline.host_ns < end
-    e.apply(1, [[P.R_WORK_WAIT, work, 1, 0, 1]])  # barrier: the host blocks too
-    assert e.ranks[1].timeline.host_ns >= end
+    assert e.ranks[0].timeline.host_ns == end + TIMING.sync_overhead_ns
+    # Work.wait() without blocking: rank 1's compute stream waits for the collective; its host does not
+    assert e.apply(1, [[P.R_WORK_WAIT, work, 1, 0, 0]]) == 1 and not e.host_blocked(1)
+    kernel(e, 1, 1_000, 1)
+    e.place_all()
+    assert e.ranks[1].timeline.streams[(1, 0)].tail_ns == end + 1_000
+    assert e.ranks[1].timeline.host_ns < end
 
 
 def test_records_that_do_not_need_a_pending_collective_go_on():
@@ -134,14 +138,20 @@ def test_records_that_do_not_need_a_pending_collective_go_on():
     work = e.join_collective(0, wire)
     kernel(e, 0, 30_000, 0)  # compute after an un-waited collective is placed at once
     assert e.ranks[0].timeline.streams[(0, 0)].tail_ns > 30_000
-    # the next collective on the same communicator waits for the first (NCCL stream order)
-    assert e.join_collective(0, dict(wire, seq=1)) is None
+    # the next collective on the same communicator queues behind the first (NCCL stream order);
+    # the rank's host does not wait for either
+    second = e.join_collective(0, dict(wire, seq=1))
+    assert second not in (None, work) and not e.host_blocked(0)
     # synchronising the device needs the communication stream's tail
-    assert e.apply(0, [[P.R_SYNC_DEVICE, 0]]) == 0
+    assert e.apply(0, [[P.R_SYNC_DEVICE, 0]]) == 1 and e.host_blocked(0)
     e.join_collective(1, dict(wire, device=1))
-    assert 0 in e.take_unblocked()
-    assert e.join_collective(0, dict(wire, seq=1)) not in (None, work)
-    assert e.apply(0, [[P.R_SYNC_DEVICE, 0]]) == 0  # now the second one is pending
+    e.progress()
+    assert e.take_unblocked() == set() and e.host_blocked(0)  # the second one still misses rank 1
+    assert e.collective_end_ns(work) is not None
+    e.join_collective(1, dict(wire, seq=1, device=1))
+    e.progress()
+    assert e.take_unblocked() == {0}
+    assert e.ranks[0].timeline.host_ns == e.collective_end_ns(second) + TIMING.sync_overhead_ns
 
 
 def test_send_and_receive_between_a_pair_do_not_wait_for_each_other():
@@ -250,13 +260,14 @@ class EventRecorder(SliceRecorder):
 MIB64 = 64 << 20
 
 
-def late_overlap_engine(sink) -> tuple[Engine, int, int, int]:
+def late_overlap_engine(sink, sync: str = "optimistic") -> tuple[Engine, int, int, int]:
     """Ranks 0-2 on one node; all-reduces A over (0, 1) and B over (0, 2) share GPU 0's NVLink.
     A has all members first but starts later (rank 1 slept); B's last member joins after A
     was submitted, with an earlier start, so the network rolls A back. Returns the engine,
     A's work id, and A's and B's starts (from the time model: a rank's collective call costs
     HOST_COSTS.collective_ns on the host, its kernel is ready a launch latency later)."""
-    e = Engine(lookup_gpu("h100"), FixedEstimator(), sink, TIMING, network=Network(load_cluster("dgx-h100", nodes=1)))
+    e = Engine(lookup_gpu("h100"), FixedEstimator(), sink, TIMING, network=Network(load_cluster("dgx-h100", nodes=1)),
+               sync=sync)
     for r in (0, 1, 2):
         e.add_rank(RankInfo(r, 0, r, 100 + r))
     e.apply(1, [[P.R_SLEEP, 50_000]])
@@ -279,37 +290,97 @@ def network_answers(a_start: int, b_start: int) -> tuple[int, int]:
     return a_alone, both.finish_time(ha)
 
 
-def test_work_that_waits_on_a_collective_moved_by_a_late_overlapping_one_starts_at_its_exact_end():
+B_WIRE = {"op": "all_reduce", "group": [0, 2], "seq": 0, "nbytes": MIB64, "dtype": "bfloat16",
+          "reduce_op": "sum", "device": 2, "stream": 0}
+
+
+@pytest.mark.parametrize("wait_before_b", [False, True])
+def test_gpu_work_that_waits_on_a_collective_moved_by_a_late_overlapping_one_starts_at_its_exact_end(wait_before_b):
     e, a, a_start, b_start = late_overlap_engine(NullSink())
     a_alone, a_exact = network_answers(a_start, b_start)
     assert b_start < a_start and a_exact > a_alone  # B slows A down: the scenario is meaningful
-    e.join_collective(2, {"op": "all_reduce", "group": [0, 2], "seq": 0, "nbytes": MIB64, "dtype": "bfloat16",
-                          "reduce_op": "sum", "device": 2, "stream": 0})  # B arrives late, starting earlier
-    # rank 1 waits on A only now: its end is read after B is known
+    if not wait_before_b:
+        e.join_collective(2, B_WIRE)  # B arrives late, starting earlier
+    # rank 1's stream waits on A (its host does not): the kernel after it is not placed until
+    # A's end is final, so a B that arrives later still moves it
     assert e.apply(1, [[P.R_WORK_WAIT, a, 1, 0, 0]]) == 1
     kernel(e, 1, 10_000, 0)
+    e.progress()
+    assert e.ranks[1].timeline.streams[(1, 0)].queue  # not placed: rank 2 may still start a collective
+    if wait_before_b:
+        e.join_collective(2, B_WIRE)
+    e.place_all()
     assert e.ranks[1].timeline.streams[(1, 0)].tail_ns == a_exact + 10_000
     assert e.collective_end_ns(a) == a_exact
     assert e.stale_replies == 0 and e.largest_stale_error_ns == 0
 
 
-def test_a_correction_to_an_end_already_used_is_counted_and_shown_on_the_simulator_track():
+def test_an_end_is_read_once_every_rank_is_past_it():
+    e, a, a_start, b_start = late_overlap_engine(NullSink())
+    e.join_collective(2, B_WIRE)
+    e.apply(1, [[P.R_WORK_WAIT, a, 1, 0, 0]])
+    kernel(e, 1, 10_000, 0)
+    _, a_exact = network_answers(a_start, b_start)
+    for r in (0, 1, 2):  # every host moves past A's end: no collective can start before it
+        e.apply(r, [[P.R_SLEEP, a_exact]])
+    e.progress()
+    assert e.final_ns >= a_exact
+    stream = e.ranks[1].timeline.streams[(1, 0)]
+    assert not stream.queue and stream.tail_ns == a_exact + 10_000 and e.early_reads == 0
+
+
+def test_a_host_that_waits_before_the_late_collective_gets_a_stale_reply_counted_on_the_simulator_track():
     sink = EventRecorder()
     e, a, a_start, b_start = late_overlap_engine(sink)
     a_alone, a_exact = network_answers(a_start, b_start)
-    # rank 1 waits on A before B arrives: A's end is read while the network knows only A
-    assert e.apply(1, [[P.R_WORK_WAIT, a, 1, 0, 0]]) == 1
-    kernel(e, 1, 10_000, 0)
-    e.join_collective(2, {"op": "all_reduce", "group": [0, 2], "seq": 0, "nbytes": MIB64, "dtype": "bfloat16",
-                          "reduce_op": "sum", "device": 2, "stream": 0})
-    # what was placed from the old end stays (a stale reply); the correction shows the exact end
-    assert e.ranks[1].timeline.streams[(1, 0)].tail_ns == a_alone + 10_000
-    assert e.stale_replies == 1 and e.largest_stale_error_ns == a_exact - a_alone
+    # rank 1's host waits on A before B arrives: optimistic sync answers with A's end as it stands
+    assert e.apply(1, [[P.R_WORK_WAIT, a, 1, 0, 1]]) == 1 and not e.host_blocked(1)
+    assert e.ranks[1].timeline.host_ns == a_alone + TIMING.sync_overhead_ns
+    e.join_collective(2, B_WIRE)
+    assert e.stale_replies == 1 and e.largest_stale_error_ns == a_exact - a_alone and e.early_reads == 1
     (corr,) = [i for i in sink.instants if i["cat"] == "correction"]
     assert corr["pid"] == SIMULATOR_PID and "all_reduce group [0, 1] #0" in corr["name"]
     assert corr["args"]["old end ns"] == a_alone and corr["args"]["new end ns"] == a_exact
     assert corr["args"]["collective"] == a
     assert [i["cat"] for i in sink.instants].count("rollback") >= 1
+
+
+def test_conservative_sync_holds_the_host_until_the_end_is_final_and_gets_it_exact():
+    e, a, a_start, b_start = late_overlap_engine(EventRecorder(), sync="conservative")
+    a_alone, a_exact = network_answers(a_start, b_start)
+    assert e.apply(1, [[P.R_WORK_WAIT, a, 1, 0, 1]]) == 1 and e.host_blocked(1)
+    e.progress()
+    assert e.take_unblocked() == set()  # ranks 0 and 2 could still start a collective before A ends
+    e.join_collective(2, B_WIRE)
+    e.progress()
+    assert e.take_unblocked() == set()
+    for r in (0, 2):  # rank 0 and 2 move on (or end): only rank 1, waiting for A, is left
+        e.apply(r, [[P.R_SLEEP, 10 * a_exact]])
+    e.progress()
+    assert e.take_unblocked() == {1}
+    assert e.ranks[1].timeline.host_ns == a_exact + TIMING.sync_overhead_ns
+    assert e.stale_replies == 0 and e.early_reads == 0
+
+
+def test_conservative_sync_does_not_deadlock_when_every_rank_waits_for_a_collective():
+    e, a, a_start, b_start = late_overlap_engine(NullSink(), sync="conservative")
+    b = e.join_collective(2, B_WIRE)
+    _, a_exact = network_answers(a_start, b_start)
+    # every host waits: 0 and 1 for A, 2 for B. Each rank's next collective starts after what it
+    # waits for, so the earliest provisional end (B's) is final
+    assert e.apply(0, [[P.R_WORK_WAIT, a, 0, 0, 1]]) == 1
+    assert e.apply(1, [[P.R_WORK_WAIT, a, 1, 0, 1]]) == 1
+    assert e.apply(2, [[P.R_WORK_WAIT, b, 2, 0, 1]]) == 1
+    e.progress()
+    assert e.take_unblocked() == {2}
+    assert e.ranks[2].timeline.host_ns < a_exact  # rank 2 could still start one before A ends
+    e.progress()
+    assert e.take_unblocked() == set()
+    e.apply(2, [[P.R_WORK_WAIT, a, 2, 0, 1]])  # rank 2 now waits for A too (as a non-member could)
+    e.progress()
+    assert e.take_unblocked() == {0, 1, 2}
+    assert e.ranks[1].timeline.host_ns == a_exact + TIMING.sync_overhead_ns
+    assert e.stale_replies == 0 and e.early_reads == 0
 
 
 def test_a_compute_kernel_reads_the_end_of_a_collective_it_may_overlap_to_be_slowed():
@@ -322,9 +393,29 @@ def test_a_compute_kernel_reads_the_end_of_a_collective_it_may_overlap_to_be_slo
         if read_first:
             e.collective_end_ns(work)
         kernel(e, 0, 100_000, 0)  # fully inside the 256 MiB all-reduce
+        e.place_all()
         return e.ranks[0].timeline.streams[(0, 0)].tail_ns
 
-    # nothing read the all-reduce's end before the kernel: the kernel reads it, and is slowed
+    # nothing read the all-reduce's end before the kernel: the kernel waits for it, and is slowed
     # exactly as when the end was read first
     assert tail_after_kernel(0.25, read_first=False) == tail_after_kernel(0.25, read_first=True)
     assert tail_after_kernel(0.25, read_first=False) == tail_after_kernel(0.0, read_first=False) + 25_000
+
+
+def test_a_kernel_inside_a_collective_is_placed_once_the_network_is_final_up_to_its_end():
+    e = two_rank_engine(dataclasses.replace(TIMING, comm_slowdown=0.25))
+    wire = {"op": "all_reduce", "group": [0, 1], "seq": 0, "nbytes": 256 << 20, "dtype": "bfloat16",
+            "reduce_op": "sum", "device": 0, "stream": 0}
+    work = e.join_collective(0, wire)
+    e.join_collective(1, dict(wire, device=1))
+    kernel(e, 0, 100_000, 0)
+    stream = e.ranks[0].timeline.streams[(0, 0)]
+    assert stream.queue  # it may overlap the all-reduce, whose end is not final
+    for r in (0, 1):  # both hosts pass the kernel's end, not the all-reduce's
+        e.apply(r, [[P.R_SLEEP, 200_000]])
+    e.progress()
+    assert not stream.queue and work not in e.work_end_ns  # placed without the end: it runs past the kernel
+    start = stream.tail_ns - 125_000
+    assert start >= LAT and e.early_reads == 0
+    e.place_all()
+    assert stream.tail_ns == start + 125_000
