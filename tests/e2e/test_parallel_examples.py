@@ -8,7 +8,10 @@ from collections import Counter
 
 import pytest
 
-from phantora.trace.check import check_chrome_trace
+from phantora.net.cluster import load_cluster
+from phantora.net.network import Network
+from phantora.net.records import CollectiveSpec
+from phantora.trace.check import check_chrome_trace, load_chrome_trace
 
 from test_distributed import fresh_network_ns, nccl_kernels
 from test_trace_cli import SCRIPTS, events, trace_script
@@ -136,3 +139,38 @@ def test_small_integer_tensors_and_objects_carry_real_values_between_ranks(tmp_p
     assert "rank 0: gathered ['hello from 0', 'hello from 1']" in lines
     assert "rank 0: scattered ['a']" in lines and "rank 1: scattered ['b', 'c']" in lines
     assert check_chrome_trace(out).ok
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sync", ["optimistic", "conservative"])
+def test_conservative_sync_gives_the_ends_of_a_network_that_knew_every_collective_in_advance(tmp_path, sync):
+    """With --sync conservative no end is read before it is final: every NCCL kernel in the trace
+    ends where a fresh network, given all the run's collectives at their start times, ends it.
+    The optimistic run of the same job shows why it matters: a host waits on an end that a rank
+    behind in simulated time later moves (a stale reply), and the trace keeps the old end."""
+    proc, out = trace_script(tmp_path, "examples/tp_fsdp_train.py", "--tp", "2", "--layers", "2", "--embd", "512",
+                             "--heads", "8", "--seq", "512", "--batch", "4", "--steps", "2",
+                             options=("--nproc-per-node", "4", "--sync", sync))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = load_chrome_trace(out)["metadata"]
+    assert meta["sync"] == sync
+    collectives = {}
+    for k in nccl_kernels(out):
+        a = k["args"]
+        start = round(k["ts"] * 1000) + a["waited for peers ns"]
+        op = "send_recv" if a["op"] in ("send", "recv") else a["op"]
+        spec = CollectiveSpec(op, max(a["bytes"], 1), tuple(a["group ranks"]), root=a["root"])
+        collectives.setdefault(a["collective"], (start, spec, start + a["network ns"]))
+        assert collectives[a["collective"]][0] == start  # every member sees the same start
+    multi = {w: c for w, c in collectives.items() if len(set(c[1].ranks)) > 1}
+    assert len(multi) > 50  # tp all-gathers and reduce-scatters, fsdp gathers, overlapping
+    net = Network(load_cluster("dgx-h100", nodes=1))
+    handles = {w: net.submit(spec, start) for w, (start, spec, _) in sorted(multi.items(), key=lambda kv: kv[1][0])}
+    wrong = {w: (net.finish_time(h), multi[w][2]) for w, h in handles.items() if net.finish_time(h) != multi[w][2]}
+    if sync == "conservative":
+        assert meta["stale_replies"] == 0 and meta["early_reads"] == 0
+        assert "--sync conservative: 0 end(s) read before final" in proc.stderr
+        assert not wrong
+    else:
+        assert meta["stale_replies"] > 0 and meta["early_reads"] > 0
+        assert wrong and all(abs(got - kept) <= meta["largest_stale_error_ns"] for got, kept in wrong.values())

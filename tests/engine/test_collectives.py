@@ -419,3 +419,22 @@ def test_a_kernel_inside_a_collective_is_placed_once_the_network_is_final_up_to_
     assert start >= LAT and e.early_reads == 0
     e.place_all()
     assert stream.tail_ns == start + 125_000
+
+
+def test_a_conservative_wait_that_cannot_be_proven_is_answered_with_a_warning_when_forced():
+    warnings = []
+    e, a, a_start, b_start = late_overlap_engine(NullSink(), sync="conservative")
+    e._warn = warnings.append
+    a_alone, _ = network_answers(a_start, b_start)
+    assert e.apply(1, [[P.R_WORK_WAIT, a, 1, 0, 1]]) == 1
+    e.progress()
+    assert e.blocked() and e.take_unblocked() == set()  # rank 2, behind, could still slow A
+    e.force_blocked(10.0)  # what the server does after 10 s of wall time without progress
+    assert e.take_unblocked() == {1} and not e.blocked()
+    assert e.ranks[1].timeline.host_ns == a_alone + TIMING.sync_overhead_ns and e.early_reads == 1
+    assert len(warnings) == 1 and "rank(s) [1] waited 10 s" in warnings[0]
+
+
+def test_sync_mode_is_checked():
+    with pytest.raises(ValueError, match="sync"):
+        Engine(lookup_gpu("h100"), FixedEstimator(), NullSink(), TIMING, sync="pessimistic")
