@@ -1,6 +1,6 @@
 """Wall time per simulated step and memory per rank against rank count, FSDP2 example.
 
-    python benchmarks/bench_scaling.py [--ranks 1,2,4,8,16] [--layers 2 --embd 256 ...]
+    python benchmarks/bench_scaling.py [--ranks 1,2,4,8,16] [--sync optimistic,conservative] [--layers 2 ...]
 
 Ranks are processes sharing this machine's cores. For each rank count the FSDP2 example
 (examples/fsdp_train.py) runs twice under `phantora trace`, with 1 and with 1 + --steps steps;
@@ -64,11 +64,11 @@ class MemorySampler(threading.Thread):
             self.peak_sim_kib = max(self.peak_sim_kib, _pss_kib(self.root_pid))
 
 
-def run(ranks: int, steps: int, model: list[str], out: Path) -> tuple[float, MemorySampler, str]:
+def run(ranks: int, steps: int, model: list[str], out: Path, sync: str) -> tuple[float, MemorySampler, str]:
     per_node = min(ranks, 8)
     nodes = math.ceil(ranks / 8)
     cmd = [sys.executable, "-m", "phantora.cli", "trace", "--nnodes", str(nodes), "--nproc-per-node", str(per_node),
-           "-o", str(out), "--", sys.executable, "examples/fsdp_train.py", *model, "--steps", str(steps)]
+           "--sync", sync, "-o", str(out), "--", sys.executable, "examples/fsdp_train.py", *model, "--steps", str(steps)]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sampler = MemorySampler(proc.pid)
@@ -85,6 +85,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="1,2,4,8,16")
     ap.add_argument("--steps", type=int, default=2, help="extra steps of the longer run")
+    ap.add_argument("--sync", default="optimistic", help="comma-separated --sync modes to compare")
     ap.add_argument("--layers", default="2")
     ap.add_argument("--embd", default="256")
     ap.add_argument("--heads", default="4")
@@ -94,18 +95,16 @@ def main() -> None:
     model = ["--layers", args.layers, "--embd", args.embd, "--heads", args.heads, "--seq", args.seq,
              "--batch", args.batch]
     print(f"FSDP2 example {' '.join(model)}; wall per step = (wall({1 + args.steps} steps) - wall(1 step)) / {args.steps}")
-    print(f"{'ranks':>5} {'wall 1 step s':>13} {'wall/step s':>11} {'per rank s':>10} {'sim step ms':>11} "
+    print(f"{'sync':>12} {'ranks':>5} {'wall 1 step s':>13} {'wall/step s':>11} {'per rank s':>10} {'sim step ms':>11} "
           f"{'PSS/rank MiB':>12} {'sim PSS MiB':>11}")
-    base = None
     with tempfile.TemporaryDirectory() as tmp:
-        for n in (int(x) for x in args.ranks.split(",")):
-            short, _, _ = run(n, 1, model, Path(tmp) / f"s{n}.json")
-            long, mem, stdout = run(n, 1 + args.steps, model, Path(tmp) / f"l{n}.json")
+        for n, sync in ((int(x), m) for x in args.ranks.split(",") for m in args.sync.split(",")):
+            short, _, _ = run(n, 1, model, Path(tmp) / f"s{n}.json", sync)
+            long, mem, stdout = run(n, 1 + args.steps, model, Path(tmp) / f"l{n}.json", sync)
             per_step = (long - short) / args.steps
             sim = re.findall(r"^step \d+: time ([\d.]+) ms", stdout, re.M)
             pss = mem.peak_ranks_kib / max(mem.peak_ranks, 1) / 1024
-            base = base or per_step
-            print(f"{n:>5} {short:>13.1f} {per_step:>11.2f} {per_step / n:>10.2f} {float(sim[-1]):>11.2f} "
+            print(f"{sync:>12} {n:>5} {short:>13.1f} {per_step:>11.2f} {per_step / n:>10.2f} {float(sim[-1]):>11.2f} "
                   f"{pss:>12.0f} {mem.peak_sim_kib / 1024:>11.0f}", flush=True)
 
 
