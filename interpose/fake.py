@@ -96,6 +96,36 @@ def _np_dtype(dtype: torch.dtype) -> Any:
     return table[dtype]
 
 
+_orig_conv_memory_format = torch._C._conv_determine_backend_memory_format
+
+
+def _cudnn_conv_memory_format(input: torch.Tensor, weight: torch.Tensor, backend: Any) -> torch.memory_format:
+    """The layout of a convolution's output (and of convolution_backward's grad_input and
+    grad_weight) on a virtual GPU: what cuDNN picks on a real one.
+
+    FakeTensor's conv asks torch._C._select_conv_backend for the backend; without cuDNN compiled
+    in (CPU build; the shim's CUDA hooks on a CUDA build) it answers the slow im2col path, whose
+    outputs are NCHW. A real GPU runs the conv on cuDNN, which keeps channels-last tensors
+    channels-last (ATen's cudnn_conv_suggest_memory_format). Without this a channels_last
+    ResNet turned NCHW after its first conv, and every later conv was costed with two layout
+    transposes that the real H100 profile of examples/cnn_train.py does not have.
+    """
+    fake_device = getattr(input, "fake_device", input.device)
+    if fake_device.type != "cuda" or not torch.backends.cudnn.enabled:
+        return _orig_conv_memory_format(input, weight, backend)
+    # cuDNN keeps NCHW for float64 (ATen: "disable NHWC for float64 input").
+    if input.dtype == torch.float64 or weight.dtype == torch.float64:
+        return torch.contiguous_format
+    from torch._prims_common import suggest_memory_format
+
+    formats = (suggest_memory_format(input), suggest_memory_format(weight))
+    if weight.dim() == 4 and torch.channels_last in formats:
+        return torch.channels_last
+    if weight.dim() == 5 and torch.channels_last_3d in formats:
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
 _orig_tolist = torch.Tensor.tolist
 _orig_format = torch.Tensor.__format__
 _orig_numpy = torch.Tensor.numpy
@@ -135,6 +165,7 @@ def install_fake_fixes() -> None:
     torch.Tensor.__format__ = _fake_format  # type: ignore[method-assign]
     torch.Tensor.numpy = _fake_numpy  # type: ignore[method-assign]
     torch.save = _save
+    torch._C._conv_determine_backend_memory_format = _cudnn_conv_memory_format
 
 
 def make_fake_mode() -> VirtualCudaFakeMode:

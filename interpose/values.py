@@ -3,7 +3,8 @@
 Tensors on virtual GPUs hold no data, so a read gets a placeholder chosen to keep a healthy
 training loop on its normal path: numbers read as 1 (never 0, so `x / n` does not raise),
 booleans as False, except results of isfinite (True) and of isnan/isinf (False) and
-what is derived from them by not/any/all/copies. This is documented in the README; the values
+what is derived from them by not/any/all/copies, and GradScaler's found_inf (0: no inf/NaN
+gradients). This is documented in the README; the values
 a script prints are placeholders, only its timings are predictions.
 
 Small integer and boolean tensors on virtual GPUs are the exception: scripts steer by them
@@ -42,6 +43,8 @@ class _IdentityHints:
 
 
 _bool_hints = _IdentityHints()
+# Float tensors that read as 0 on a healthy run (they are counters of things going wrong).
+_zero_hints = _IdentityHints()
 
 
 class _IdentityShadows:
@@ -148,6 +151,12 @@ _KEEP = {aten.any.default, aten.any.dim, aten.all.default, aten.all.dim, aten.cl
 
 def note_result(func: Any, args: tuple, out: Any) -> None:
     """Remember what a boolean result would be on a healthy run, where we can tell."""
+    if func is aten._amp_foreach_non_finite_check_and_unscale_.default:
+        # GradScaler's found_inf (written in place): no inf/NaN gradient on a healthy run. Read as
+        # the usual placeholder 1, it made GradScaler skip every optimizer step (fp16 AMP).
+        if len(args) > 1 and isinstance(args[1], torch.Tensor):
+            _zero_hints[args[1]] = True
+        return
     if not isinstance(out, torch.Tensor) or out.dtype is not torch.bool:
         return
     if func in _TRUE_SOURCES:
@@ -183,6 +192,8 @@ def scalar_value(t: torch.Tensor) -> bool | int | float | complex:
             return shadow.item()
     if t.dtype is torch.bool:
         return _bool_hints.get(t, False)
+    if _zero_hints.get(t, False):
+        return 0.0 if t.dtype.is_floating_point else 0
     if t.dtype.is_complex:
         return complex(1.0)
     if t.dtype.is_floating_point:

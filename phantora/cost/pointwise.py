@@ -19,7 +19,7 @@ from phantora.cost.roofline import (
     single,
     streaming_kernel,
 )
-from phantora.ops import OpSignature
+from phantora.ops import OpSignature, TensorMeta
 
 # Philox counter-based RNG costs ~10 integer ops per 4 random numbers plus the transform
 # (Box-Muller for normal): RNG kernels reach ~80% of a plain fill's bandwidth.
@@ -39,13 +39,31 @@ def _compute_type(sig: OpSignature) -> str:
     return "fp64" if any(t.dtype in ("float64", "complex128") for t in sig.tensors_out()) else "fp32"
 
 
+def _is_dense(t: TensorMeta) -> bool:
+    """Non-overlapping and dense: contiguous in some order of its dims (channels_last is)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _is_vectorizable(sig: OpSignature) -> bool:
-    """torch's vectorized_elementwise_kernel needs contiguous operands of the output's shape."""
+    """torch's vectorized_elementwise_kernel needs dense operands laid out like the output (TensorIterator
+    walks a channels_last tensor as a contiguous one: the H100 profile of examples/cnn_train.py runs its
+    NHWC relu, add and threshold_backward in vectorized_elementwise_kernel)."""
     outs = sig.tensors_out()
     if not outs:
         return False
-    shape = outs[0].shape
-    return all(t.is_contiguous() and (t.shape == shape or t.numel == 1) for t in input_tensors(sig) + outs)
+    out = outs[0]
+    if not _is_dense(out):
+        return False
+    return all(t.numel == 1 or _same_layout(t, out) for t in input_tensors(sig) + outs)
+
+
+def _same_layout(a: TensorMeta, b: TensorMeta) -> bool:
+    return a.shape == b.shape and all(sa == sb for sz, sa, sb in zip(a.shape, a.stride, b.stride) if sz != 1)
 
 
 def elementwise_kernel_name(sig: OpSignature) -> str:
