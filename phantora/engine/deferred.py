@@ -22,12 +22,13 @@ from phantora.engine.timeline import Stream
 class Action:
     """One piece of GPU-side work in a rank's program order (seq), on one stream."""
 
-    __slots__ = ("seq", "stream", "placed")
+    __slots__ = ("seq", "stream", "placed", "tail_ns")
 
     def __init__(self, seq: int, stream: Stream) -> None:
         self.seq = seq
         self.stream = stream
         self.placed = False
+        self.tail_ns: int | None = None  # the stream's tail once this is placed
 
 
 class OpWork(Action):
@@ -75,14 +76,20 @@ class WorkWait(Action):
 
 class Arrive(Action):
     """A member's collective call reaching its communication stream. ProcessGroupNCCL makes
-    that stream wait for the caller's current stream first."""
+    that stream wait for the caller's current stream first: for the work queued on it at the
+    call (`current_dep`), or, if none was, for its tail then (`current_tail`, plus the end of
+    the collective in flight on it, `current_inflight`). Work launched on the current stream
+    after the call may be placed first; it does not count."""
 
-    __slots__ = ("call", "work", "current", "host_ns", "ready_ns")
+    __slots__ = ("call", "work", "current", "host_ns", "ready_ns", "current_dep", "current_tail", "current_inflight")
 
     def __init__(self, seq: int, stream: Stream, call: Any, work: int, current: Stream, host_ns: int) -> None:
         super().__init__(seq, stream)
         self.call, self.work, self.current, self.host_ns = call, work, current, host_ns
         self.ready_ns: int | None = None
+        self.current_dep: Action | None = current.queue[-1] if current is not stream and current.queue else None
+        self.current_tail = current.tail_ns
+        self.current_inflight = current.inflight if current is not stream else None
 
 
 @dataclass
@@ -101,6 +108,7 @@ def replay_lower_bounds(actions: list[Action], launch_latency_ns: int,
     tails: dict[int, int] = {}
     times: dict[int, int] = {}
     arrivals: dict[int, int] = {}
+    after: dict[int, int] = {}  # id(action) -> lower bound of its stream's tail after it
 
     def tail(s: Stream) -> int:
         t = tails.get(id(s))
@@ -126,7 +134,17 @@ def replay_lower_bounds(actions: list[Action], launch_latency_ns: int,
         elif isinstance(a, WorkWait):
             tails[id(s)] = max(tail(s), end_lb(a.work, 0))
         elif isinstance(a, Arrive):
-            ready = max(a.host_ns + launch_latency_ns, tail(a.current), tail(s))
+            if a.current is s:
+                current = tail(s)
+            elif a.current_dep is not None:
+                dep = a.current_dep
+                current = (dep.tail_ns or 0) if dep.placed else after.get(id(dep), 0)
+            else:
+                current = a.current_tail
+                if a.current_inflight is not None:
+                    current = max(current, end_lb(a.current_inflight, current))
+            ready = max(a.host_ns + launch_latency_ns, current, tail(s))
             times[id(a)] = arrivals[a.work] = ready
             tails[id(s)] = max(ready, end_lb(a.work, ready))
+        after[id(a)] = tail(s)
     return LowerBounds(tails, times, arrivals)

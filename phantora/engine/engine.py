@@ -287,6 +287,7 @@ class Engine:
         self._wanted: set[int] = set()  # times up to which a kernel needs the network to be final
         self._seq = 0  # program order of GPU work, over all ranks
         self.early_reads = 0  # ends read before they were final (a host had to wait for them)
+        self._closing = False
         self._warn = warn or (lambda msg: print(f"phantora: warning: {msg}", file=sys.stderr, flush=True))
 
     # --- ranks --------------------------------------------------------------------------------
@@ -401,6 +402,7 @@ class Engine:
                     return False
                 stream.queue.popleft()
                 action.placed = True
+                action.tail_ns = stream.tail_ns
                 if action is upto:
                     return True
         finally:
@@ -428,7 +430,7 @@ class Engine:
             s.tail_ns = max(s.tail_ns, end)
             return True
         assert isinstance(a, Arrive)
-        current = s.tail_ns if a.current is s else self._tail_before(st, a.current, a.seq, force)
+        current = self._current_tail(st, a, force)
         if current is None:
             return False
         a.ready_ns = max(a.host_ns + self.timing.launch_latency_ns, current, s.tail_ns)
@@ -440,22 +442,20 @@ class Engine:
             self._maybe_submit(a.work)
         return True
 
-    def _tail_before(self, st: RankState, stream: Stream, seq: int, force: bool) -> int | None:
-        """The tail of `stream` as of program position `seq`."""
-        q = stream.queue
-        if q and q[0].seq < seq:
-            last = None
-            for a in q:
-                if a.seq >= seq:
-                    break
-                last = a
-            if not self._place_stream(st, stream, last, force):
+    def _current_tail(self, st: RankState, a: Arrive, force: bool) -> int | None:
+        """The tail of the caller's current stream as of the collective call (Arrive)."""
+        s = a.stream
+        if a.current is s:
+            return s.tail_ns
+        dep = a.current_dep
+        if dep is not None:
+            if not self._place_stream(st, a.current, dep, force):
                 return None
-        if stream.inflight is not None:
-            if self._collective_end(stream.inflight, force) is None:
-                return None
-            stream.inflight = None
-        return stream.tail_ns
+            return dep.tail_ns
+        if a.current_inflight is None:
+            return a.current_tail
+        end = self._collective_end(a.current_inflight, force)
+        return None if end is None else max(a.current_tail, end)
 
     def _place_op(self, st: RankState, a: OpWork, force: bool) -> bool:
         s, est, sig = a.stream, a.est, a.sig
@@ -490,7 +490,15 @@ class Engine:
         for a in log:
             if a.seq > seq:
                 break
+            if not a.placed and a.host_ns + self.timing.launch_latency_ns >= end:
+                continue  # its NCCL kernel cannot start before `end`
             if not a.placed and not self._place_stream(st, a.stream, a, force):
+                # It queues behind the collective in flight on its communicator (NCCL runs them
+                # in order): if that one still runs at `end`, this one starts after.
+                inflight = a.stream.inflight
+                if inflight is not None and self._clipped_end(inflight, end, force) == end:
+                    continue
+                self._wanted.add(end)
                 return None
             ready = a.ready_ns
             assert ready is not None
@@ -628,7 +636,8 @@ class Engine:
             before = self.final_ns
             self._advance_final(self._cheap_bound())
             self._place_waiting()
-            if self.sync == "conservative" and self._blocked_ranks() and not self._resume_blocked():
+            need_proof = self._closing or (self.sync == "conservative" and self._blocked_ranks())
+            if need_proof and not self._resume_blocked():
                 self._advance_final(self._proven_horizon())
                 self._place_waiting()
             self._resume_blocked()
@@ -690,8 +699,12 @@ class Engine:
         if not self.ranks or len(self.ranks) < self.expected_ranks:
             return self.final_ns
         lat = self.timing.launch_latency_ns
-        bound = min((st.timeline.host_ns + lat for st in self.ranks.values() if not st.finished), default=_NEVER)
+        bound = min((st.timeline.host_ns + lat for st in self.ranks.values() if not self._done(st)), default=_NEVER)
         return min([bound] + [a.host_ns + lat for a in self._arrivals.values()])
+
+    def _done(self, st: RankState) -> bool:
+        """Will this rank call no more collectives?"""
+        return st.finished or self._closing
 
     def _proven_horizon(self) -> int:
         """The latest time T proven to be before every future collective start, using lower
@@ -725,7 +738,7 @@ class Engine:
         lat = self.timing.launch_latency_ns
         # valid to start from: a rank's next collective is ready a launch latency after its host
         # clock, and each of its waiting arrivals a launch latency after it was called
-        bounds = {r: (_NEVER if st.finished else st.timeline.host_ns + lat) for r, st in self.ranks.items()}
+        bounds = {r: (_NEVER if self._done(st) else st.timeline.host_ns + lat) for r, st in self.ranks.items()}
         for (_, r), a in self._arrivals.items():
             bounds[r] = min(bounds[r], a.host_ns + lat)
         arrivals: dict[tuple[int, int], int] = {}
@@ -733,14 +746,16 @@ class Engine:
             new_arrivals: dict[tuple[int, int], int] = {}
             new_bounds = {}
             for r, st in self.ranks.items():
-                def end_lb(work: int, ready: int, r: int = r) -> int:
-                    return self._end_lower_bound(work, ready, t, r, bounds, arrivals)
+                known = dict(arrivals)
+
+                def end_lb(work: int, ready: int, r: int = r, known: dict = known) -> int:
+                    return self._end_lower_bound(work, ready, t, r, bounds, known)
                 lb = replay_lower_bounds(list(st.actions), lat, end_lb)
                 for w, ready in lb.arrivals.items():
-                    new_arrivals[(w, r)] = ready
-                future = _NEVER if st.finished else st.timeline.host_ns + lat  # collectives it has not called yet
+                    new_arrivals[(w, r)] = known[(w, r)] = max(ready, known.get((w, r), 0))
+                future = _NEVER if self._done(st) else st.timeline.host_ns + lat  # collectives it has not called yet
                 waits = st.blocked.target if st.blocked is not None else st.blocked_call
-                if waits is not None and not st.finished:
+                if waits is not None and not self._done(st):
                     future = max(future, self._target_lower_bound(st, waits, lb, end_lb)
                                  + self.timing.sync_overhead_ns + lat)
                 new_bounds[r] = max(bounds[r], min([future, *lb.arrivals.values()]))
@@ -767,10 +782,10 @@ class Engine:
         if p is None:
             return ready
         lb = ready
-        for m in p.members:
+        for m in p.members:  # it starts when its last member's stream reaches it
             if m in p.ready_ns:
                 lb = max(lb, p.ready_ns[m])
-            elif m != me:
+            else:
                 lb = max(lb, arrivals.get((work, m), bounds.get(m, 0)))
         return lb
 
@@ -810,6 +825,8 @@ class Engine:
         before them). Collectives some member never joined never run."""
         for p in list(self.matcher.pending.values()):
             self._drop(p)
+        self._closing = True  # no rank calls anything any more; what they called still counts
+        self.progress()
         self.place_all()
         for work in sorted(self._unread):
             self._read_collective(work)
