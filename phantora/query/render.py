@@ -129,7 +129,8 @@ def summary(s: TraceSummary) -> str:
                       for m in s.memory]))
     out.append("")
     stale = "not recorded in this trace" if s.stale_replies is None else str(s.stale_replies)
-    out.append(f"Network rollbacks: {s.rollbacks}   stale replies: {stale}")
+    out.append(f"Network rollbacks: {s.rollbacks}   stale replies: {stale}"
+               + (f"   (--sync {s.sync})" if s.sync else ""))
     if s.unknown_ops:
         listed = ", ".join(f"{op} x{n}" for op, n in list(s.unknown_ops.items())[:8])
         out.append(f"Unknown ops (timed as memory-bound): {listed}")

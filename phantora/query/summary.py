@@ -139,6 +139,7 @@ class TraceSummary:
     rollbacks: int
     stale_replies: int | None  # None: not recorded in this trace
     unknown_ops: dict[str, int]
+    sync: str | None = None  # phantora trace --sync (None: not recorded)
 
 
 # --- intervals ------------------------------------------------------------------------------
@@ -370,4 +371,5 @@ def summarize(db: TraceDB, top: int | None = 10) -> TraceSummary:
         steps=_steps(db, ranks, ops), gpus=gpus, overall=overall, top_kernels=_top_kernels(ops, top),
         memory=_memory(db, ranks), rollbacks=int(rollbacks), stale_replies=stale if isinstance(stale, int) else None,
         unknown_ops=dict(sorted(unknown.items(), key=lambda kv: -kv[1])),
+        sync=db.metadata.get("sync") if isinstance(db.metadata.get("sync"), str) else None,
     )
