@@ -44,7 +44,7 @@ class Connection:
 
 class SimulatorServer:
     def __init__(self, engine: Engine, hello_reply: dict[str, Any] | None = None,
-                 collective_timeout_s: float = 300.0, stall_s: float = 10.0) -> None:
+                 collective_timeout_s: float = 300.0, stall_s: float = 30.0) -> None:
         self.engine = engine
         self.collective_timeout_s = collective_timeout_s
         self.stall_s = stall_s
