@@ -179,6 +179,13 @@ def choose_estimator(
         return EstimatorChoice(est, kind, desc, tuple(notes), _source(calibrated), est.device_name)
     if calibrated is not None:
         why = "requested" if kind == "calibrated" else "auto: no CUDA GPU visible"
+        scale = calibrated.host_scale
+        if abs(scale - 1) > 0.02:
+            from phantora.cost.host import HOST_COSTS
+
+            notes.append(f"host costs of ops scaled x{scale:.2f}: the table's host launches a 1-element add_ in "
+                         f"{calibrated.table.tiny_launch_host_ns / 1e3:.1f} us, the host model's in "
+                         f"{(HOST_COSTS.dispatch_ns + HOST_COSTS.launch_ns) / 1e3:.1f} us")
         return EstimatorChoice(calibrated, kind, f"{table_words} ({why})", tuple(notes), _source(calibrated))
     desc = f"analytical (auto: no CUDA GPU visible and no calibration table for {gpu.key})"
     return EstimatorChoice(analytical, kind, desc, tuple(notes))

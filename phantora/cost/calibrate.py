@@ -124,13 +124,15 @@ def device_row(device: str, floor_us: float) -> dict:
 def calibrate(rows: list[dict], device: str, out: TextIO,
               progress: Callable[[int, int, RowResult], None] | None = None) -> Iterator[RowResult]:
     """Time each row on `device`, writing the device row first and then each timed row to `out`."""
-    from phantora.cost.measured import TimingConfig, Unmeasurable, measure_signature
+    from phantora.cost.measured import TimingConfig, Unmeasurable, measure_signature, tiny_launch_host_us
 
     timing = TimingConfig.for_device(device)
     if device.startswith("cuda"):
         timing = TimingConfig(warmup_calls=5, repeats=5, target_ns=2_000_000, max_calls=200, max_bytes=0)
     floor_ns = measure_signature(_on_device(_launch_floor_signature(), device), device, timing)
     out.write(json.dumps(device_row(device, floor_ns / 1e3)) + "\n")
+    # the host's cost of dispatching and launching one small op (the host cost model's scale)
+    out.write(json.dumps({"op": "tiny_launch_host_us", "us": round(tiny_launch_host_us(device), 3)}) + "\n")
     out.flush()
     for i, row in enumerate(rows):
         try:

@@ -52,6 +52,7 @@ from pathlib import Path
 from phantora.cost import NO_GPU_WORK, KernelEstimate
 from phantora.cost.analytical import AnalyticalEstimator
 from phantora.cost.attention import parse_attention
+from phantora.cost.host import HOST_COSTS
 from phantora.cost.measurements import CalibrationFile, Measurement, floor_dominated
 from phantora.hardware import GPUSpec
 from phantora.ops import OpSignature, TensorMeta
@@ -189,6 +190,7 @@ class CalibrationTable:
     points: dict[Key, tuple[TablePoint, ...]]
     gap_ns: dict[str, float]  # measuring method's gap per measurement family
     excluded: dict[str, str]  # row label -> why it is not a point
+    tiny_launch_host_ns: float | None = None  # host time per 1-element add_ on the measured host
 
     def without(self, label: str) -> "CalibrationTable":
         """The same table minus one point (leave-one-out evaluation)."""
@@ -285,7 +287,8 @@ def build_table(cal: CalibrationFile, analytical: AnalyticalEstimator) -> Calibr
         derived.setdefault(key, []).append(
             TablePoint(m.label, key, shape, m.measured_ns, last_ns, math.log(last_ns / est)))
     points = {**single, **_keep_consistent(derived, excluded)}
-    return CalibrationTable(cal.path, cal.device_name, points, gaps, excluded)
+    host = [m.measured_ns for m in cal.measurements if m.kind == "host"]
+    return CalibrationTable(cal.path, cal.device_name, points, gaps, excluded, host[-1] if host else None)
 
 
 def _slower_than_mirror(p: TablePoint, others: list[TablePoint]) -> bool:
@@ -331,7 +334,21 @@ class CalibratedEstimator:
         self.analytical = analytical
         self.gpu: GPUSpec = analytical.gpu
 
+    @property
+    def host_scale(self) -> float:
+        """Host costs times this: the table's host against the one the host model was measured
+        on (a 1-element add_ is dispatch plus one launch there)."""
+        measured = self.table.tiny_launch_host_ns
+        if not measured:
+            return 1.0
+        return measured / (HOST_COSTS.dispatch_ns + HOST_COSTS.launch_ns)
+
     def estimate(self, sig: OpSignature) -> KernelEstimate:
+        est = self._kernel_estimate(sig)
+        scale = self.host_scale
+        return est if scale == 1.0 else dataclasses.replace(est, host_ns=int(round(est.host_ns * scale)))
+
+    def _kernel_estimate(self, sig: OpSignature) -> KernelEstimate:
         est = self.analytical.estimate(sig)
         if est.kind == NO_GPU_WORK or est.kernels == 0 or not est.known:
             return est  # nothing runs on the GPU, or an unknown op: the generic fallback says so
@@ -349,4 +366,4 @@ class CalibratedEstimator:
 
     def measured_equivalent_ns(self, m: Measurement) -> float:
         """What the calibration method would measure for row `m`: the estimate plus its gap."""
-        return sum(self.estimate(s).duration_ns for s in m.signatures) + self.table.gap_ns.get(m.family, 0.0)
+        return sum(self._kernel_estimate(s).duration_ns for s in m.signatures) + self.table.gap_ns.get(m.family, 0.0)

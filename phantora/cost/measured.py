@@ -144,6 +144,28 @@ def local_device_info(device: str) -> dict[str, Any]:
     return info
 
 
+def tiny_launch_host_us(device: str, launches: int = 10_000) -> float:
+    """Host time per call of a 1-element in-place add on `device`, `launches` in a row after
+    warm-up: what dispatch plus one kernel launch costs this host (the calibration format's
+    tiny_launch_host_us row). The device is synchronised before, not inside, the timed loop."""
+    import torch
+
+    dev = torch.device(device)
+    x = torch.zeros(1, device=dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda *a: None)
+    for _ in range(200):
+        x.add_(1)
+    sync(dev)
+    samples = []
+    for _ in range(3):
+        start = time.perf_counter_ns()
+        for _ in range(launches):
+            x.add_(1)
+        samples.append((time.perf_counter_ns() - start) / launches / 1e3)
+        sync(dev)
+    return statistics.median(samples)
+
+
 # --- the disk cache ----------------------------------------------------------------------------
 
 class KernelTimeCache:

@@ -262,3 +262,23 @@ def test_unknown_rows_are_skipped_and_counted(tmp_path):
     path = write_table(tmp_path / "t.jsonl", "X", [*A100_ROWS, {"op": "conv2d", "us": 5.0}])
     cal = read_calibration(path)
     assert cal.unknown_ops == {"conv2d": 1} and len(cal.measurements) == 3 and cal.lines == [2, 3, 4]
+
+
+def test_a_tables_host_row_scales_the_host_cost_of_ops_not_their_kernels(tmp_path):
+    """tiny_launch_host_us is what one small op costs the measured host; the host model's
+    reference is the H100 host's 6.4 us (dispatch + launch). A host twice as slow doubles it."""
+    from phantora.cost.host import HOST_COSTS
+
+    reference_us = (HOST_COSTS.dispatch_ns + HOST_COSTS.launch_ns) / 1e3
+    plain = write_table(tmp_path / "plain.jsonl", "NVIDIA A100-SXM4-80GB", A100_ROWS)
+    slow = write_table(tmp_path / "slow.jsonl", "NVIDIA A100-SXM4-80GB",
+                       [*A100_ROWS, {"op": "tiny_launch_host_us", "us": 2 * reference_us}])
+    sig = mm_signature(4096, 4096, 4096, "bfloat16")
+    a = choose_estimator("calibrated", lookup_gpu("a100"), calibration=plain, cuda_probe=NO_GPU)
+    b = choose_estimator("calibrated", lookup_gpu("a100"), calibration=slow, cuda_probe=NO_GPU)
+    ea, eb = a.estimator.estimate(sig), b.estimator.estimate(sig)
+    assert eb.host_ns == 2 * ea.host_ns and eb.duration_ns == ea.duration_ns
+    assert any("host costs of ops scaled x2.00" in n for n in b.notes) and not a.notes
+    # the shipped H100 table measured its own host: the scale is that host's, within 1%
+    h100 = choose_estimator("calibrated", lookup_gpu("h100"), cuda_probe=NO_GPU).estimator
+    assert h100.host_scale == pytest.approx(1.0, abs=0.01)

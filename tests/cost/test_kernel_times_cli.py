@@ -82,6 +82,10 @@ def test_calibrate_on_cpu_writes_a_table_that_loads(cpu_table):
     assert cal.device_name.startswith("cpu") and cal.floor_us > 0
     rows = [json.loads(line) for line in cpu_table.read_text().splitlines()]
     assert rows[0]["op"] == "device" and {r["op"] for r in rows[1:]} >= {"mm", "add", "layer_norm", "d2d"}
+    # the host's cost of one small op: a CPU add_ of one element takes a fraction of a microsecond
+    # to a few microseconds of host time, nowhere near a GPU launch's floor or zero
+    (host,) = [r for r in rows if r["op"] == "tiny_launch_host_us"]
+    assert 0.05 < host["us"] < 50
     # the calibrated estimator built on it gives back a measured row at its shape (no per-launch gap)
     est = choose_estimator("calibrated", lookup_gpu("h100"), calibration=cpu_table, cuda_probe=lambda: None).estimator
     row = next(r for r in rows if r["op"] == "mm" and r["M"] == r["N"] == r["K"] == 256 and r["dtype"] == "fp32")
