@@ -1,8 +1,9 @@
 """Matching collectives across ranks: each rank's call joins the others with the same key.
 
 A rank's process group numbers its collectives per group (as NCCL's sequence numbers do), so
-the n-th collective of a group on every member is the same collective. Point-to-point ops are
-matched per (sender, receiver) pair. A collective is complete when every member has arrived;
+the n-th collective of a group (by name: groups with the same ranks are distinct communicators)
+on every member is the same collective. Point-to-point ops are matched per group and (sender,
+receiver) pair. A collective is complete when every member has arrived;
 members that disagree on what the collective is (op, size, dtype, root, reduction) are a bug
 in the script that would hang or corrupt data on real GPUs, and are reported with every
 member's call site. Pure bookkeeping: no torch, no times beyond what the caller passes in.
@@ -64,9 +65,11 @@ class CollectiveCall:
 
     @property
     def key(self) -> CollectiveKey:
+        # Sequence numbers count per process group, and two groups may have the same ranks
+        # (new_group([0, 1]) next to a 2-rank world): each is its own NCCL communicator.
         if self.op in P2P_OPS:
-            return ("p2p", self.group, self.seq)
-        return (self.group, self.seq)
+            return ("p2p", self.group_name, self.group, self.seq)
+        return (self.group_name, self.group, self.seq)
 
     @property
     def net_op(self) -> str:

@@ -122,7 +122,7 @@ class RankState:
     flops: float = 0.0
     ooms: list[str] = field(default_factory=list)
     finished: bool = False
-    comm_streams: dict[tuple[int, tuple[int, ...], bool], int] = field(default_factory=dict)  # -> stream id
+    comm_streams: dict[tuple[int, str, tuple[int, ...], bool], int] = field(default_factory=dict)  # -> stream id
     collectives: int = 0
     steps: int = 0
     step_end_ns: int = 0
@@ -1018,13 +1018,15 @@ class Engine:
     def _comm_stream(self, st: RankState, call: CollectiveCall) -> Stream:
         # Send and receive of a pair get a stream each: NCCL runs a batch_isend_irecv group's
         # send and receive to one peer concurrently.
-        key = (call.device, call.group, call.net_op == "send_recv")
+        key = (call.device, call.group_name, call.group, call.net_op == "send_recv")
         sid = st.comm_streams.get(key)
         if sid is None:
             sid = st.comm_streams[key] = -1 - len(st.comm_streams)
         stream, new = st.timeline.stream(call.device, sid)
         if new:
             what = "p2p " + "->".join(map(str, call.group)) if call.net_op == "send_recv" else f"group {list(call.group)}"
+            if any(k[0] == call.device and k[2:] == key[2:] and k != key for k in st.comm_streams):
+                what += f" (process group {call.group_name!r})"  # another group has the same ranks
             self.sink.thread(st.info.trace_pid, stream.track, f"cuda:{call.device} nccl {what}", stream.track)
         return stream
 

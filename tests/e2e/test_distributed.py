@@ -159,3 +159,16 @@ def test_the_users_own_torchrun_command_runs_unchanged(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "phantora: simulated 2 rank(s)" in proc.stderr
     assert len(nccl_kernels(out, 1)) == len(nccl_kernels(out, 2)) == 10
+
+
+def test_two_process_groups_with_the_same_ranks_are_separate_communicators(tmp_path):
+    """new_group([0, 1]) in a 2-rank world: its collectives count their own sequence numbers and
+    run on their own NCCL stream, as a second communicator does."""
+    proc, out = trace_script(tmp_path, str(SCRIPTS / "dist_same_ranks_groups.py"), options=("--nproc-per-node", "2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 ok" in proc.stdout and "rank 1 ok" in proc.stdout
+    ks = nccl_kernels(out, 1)
+    assert len(ks) == 3 and len({k["tid"] for k in ks}) == 2  # world: 1 all-reduce, new group: 2
+    names = {e["args"]["name"] for e in events(out) if e.get("ph") == "M" and e.get("name") == "thread_name"
+             and e["pid"] == 1}
+    assert {"cuda:0 nccl group [0, 1]", "cuda:0 nccl group [0, 1] (process group '1')"} <= names

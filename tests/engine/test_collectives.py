@@ -39,8 +39,16 @@ def test_sequence_numbers_keep_collectives_of_one_group_apart():
     m = CollectiveMatcher()
     assert m.arrive(call(0, seq=0), 0) is None
     assert m.arrive(call(0, seq=1, nbytes=8), 0) is None
-    assert m.arrive(call(1, seq=1, nbytes=8), 0).key == ((0, 1), 1)
-    assert m.arrive(call(1, seq=0), 0).key == ((0, 1), 0)
+    assert m.arrive(call(1, seq=1, nbytes=8), 0).key == ("", (0, 1), 1)
+    assert m.arrive(call(1, seq=0), 0).key == ("", (0, 1), 0)
+
+
+def test_groups_with_the_same_ranks_are_different_communicators():
+    m = CollectiveMatcher()
+    assert m.arrive(call(0, group_name="0"), 0) is None
+    assert m.arrive(call(0, group_name="1"), 0) is None  # new_group([0, 1]) next to the world
+    assert m.arrive(call(1, group_name="1"), 0).key == ("1", (0, 1), 0)
+    assert m.arrive(call(1, group_name="0"), 0).key == ("0", (0, 1), 0)
 
 
 @pytest.mark.parametrize("field,value", [("nbytes", 2048), ("dtype", "bfloat16"), ("reduce_op", "max"),
