@@ -156,7 +156,26 @@ def _save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
         _orig_save(obj, f, *args, **kwargs)
 
 
+def _count_fake_tensors_as_foreach_capable() -> None:
+    """Let optimizers and clip_grad_norm_ take their foreach paths on virtual GPU tensors.
+
+    torch picks the foreach (multi-tensor) implementation only when `type(t)` is exactly
+    torch.Tensor / nn.Parameter (torch/utils/_foreach_utils.py, torch/optim/optimizer.py);
+    a FakeTensor fails that test, so clip_grad_norm_ ran one linalg_vector_norm and one mul_
+    per parameter and `foreach=None` optimizers ran their per-parameter loops. The real H100
+    profile of examples/gpt_train.py has one _foreach_norm and one _foreach_mul_ per step
+    (tests/data/groundtruth/examples/profile_*.json), so on a virtual GPU the plain tensors
+    a FakeTensor stands for must pass too. DTensor registers itself the same way."""
+    from torch.optim import optimizer
+    from torch.utils import _foreach_utils
+
+    for supported in (_foreach_utils._foreach_supported_types, optimizer._foreach_supported_types):
+        if FakeTensor not in supported:
+            supported.append(FakeTensor)
+
+
 def install_fake_fixes() -> None:
+    _count_fake_tensors_as_foreach_capable()
     _ft.FakeTensorConverter.from_meta_and_device = _from_meta_and_device
     FakeTensor.data = property(_get_data, _set_data)  # type: ignore[assignment]
     FakeTensor.__repr__ = _fake_repr  # type: ignore[method-assign]

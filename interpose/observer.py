@@ -78,12 +78,14 @@ class OpObserver(TorchDispatchMode):
                 out = func(*args, **kwargs)
             self._report(func, args, kwargs, out)
             return out
+        internal = _is_internal_detach(func)
         out = func(*args, **kwargs)
         if not any_tensor and not wants_cuda:
             out = _make_small_cpu_factory_real(func, args, kwargs, out)
         values.note_result(func, args, out)
         values.note_shadow(func, args, kwargs, out, _is_fake, unset_fake_temporarily)
-        self._report(func, args, kwargs, out)
+        if not internal:
+            self._report(func, args, kwargs, out)
         return out
 
     # --- reporting ----------------------------------------------------------------------------
@@ -124,6 +126,22 @@ class OpObserver(TorchDispatchMode):
                 f"(FSDP), or a GPU with more memory (--gpu, --vram)."
             )
             raise torch.OutOfMemoryError(str(e) + hint) from None
+
+
+def _is_internal_detach(func: Any) -> bool:
+    """An aten.detach that exists only because the tensor is a Python subclass (FakeTensor).
+
+    C++ code that makes a new Variable from an existing TensorImpl (autograd unpacking a saved
+    tensor through saved-tensor hooks, as torch.utils.checkpoint does; Tensor.data) calls
+    TensorImpl::shallow_copy_and_detach. For a real CUDA tensor that is a C++ copy of the
+    metadata, no op (the real H100 profile of examples/gpt_train.py --checkpoint counts ~340
+    aten::detach per step); for a FakeTensor torch routes it to __torch_dispatch__ as
+    aten.detach (PyInterpreter::detach), and phantora charged each one as a backward view
+    op: ~240 extra per step at 12 checkpointed blocks. A detach called as an op always passes
+    the ADInplaceOrView kernel, which excludes that key below it; the subclass route skips the
+    dispatcher, so the key is not excluded."""
+    return func is aten.detach.default and not torch._C._dispatch_tls_is_dispatch_key_excluded(
+        torch._C.DispatchKey.ADInplaceOrView)
 
 
 def _cuda_tensors(out: Any) -> list[torch.Tensor]:
