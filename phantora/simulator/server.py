@@ -93,7 +93,8 @@ class SimulatorServer:
         if self.engine.matcher.pending and now > self._next_overdue_check:
             self._next_overdue_check = now + 1.0
             self._fail_collectives(self.engine.overdue_collectives(self.collective_timeout_s))
-        if self.held and now - self._last_message > self.stall_s and self.engine.blocked():
+        if (self.engine.sync == "conservative" and self.held and now - self._last_message > self.stall_s
+                and self.engine.blocked()):
             self.engine.force_blocked(now - self._last_message)
             self._last_message = now
             self._resume_unblocked()
