@@ -68,12 +68,20 @@ class RunningView:
         return self.proc.returncode, self.proc.stderr.read() if self.proc.stderr else ""
 
 
+def _interruptible() -> None:
+    """In the child: Ctrl-C reaches it as it reaches a foreground command. When the tests run as
+    a background job (`cmd &` in a script), SIGINT is ignored and children inherit that, so
+    stop() would find a server that never hears its Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_view(trace: Path, *args: str, timeout: float = 120) -> RunningView:
     """`phantora view --no-browser --port 0 TRACE`, once it has printed its URLs."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "phantora.cli", "view", "--no-browser", "--port", "0", *args,
-                             str(trace)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+                             str(trace)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                            preexec_fn=_interruptible)
     lines: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:
