@@ -273,6 +273,7 @@ class Engine:
         self.comm_busy_ns = 0
         self.stale_replies = 0
         self.largest_stale_error_ns = 0
+        self._stale_errors: dict[int, int] = {}  # work -> its final end minus the end that was used
         self._rollbacks_written = 0
         self._simulator_tracks: set[int] = set()
         # (collective key, rank) -> host begin and end of that rank's call, until the collective runs
@@ -1140,15 +1141,19 @@ class Engine:
                 "corrections": [[c.label, c.old_end_ns, c.new_end_ns] for c in rb.corrections],
             })
         for c in net.take_corrections():
-            self.stale_replies += 1
-            error = c.new_end_ns - c.old_end_ns
-            self.largest_stale_error_ns = max(self.largest_stale_error_ns, abs(error))
+            work = self._handle_works.get(c.handle)
+            used = self.work_end_ns.get(work, c.old_end_ns) if work is not None else c.old_end_ns
+            error = c.new_end_ns - used  # against the end that was used, over all its corrections
+            self._stale_errors[work if work is not None else -c.handle] = error
             self.sink.instant(SIMULATOR_PID, self._simulator_track(CORRECTION_TRACK), f"correction: {c.label}",
                               c.new_end_ns, "correction", {
-                                  "collective": self._handle_works.get(c.handle), "old end ns": c.old_end_ns,
+                                  "collective": work, "old end ns": c.old_end_ns,
                                   "new end ns": c.new_end_ns, "error ns": error,
-                                  "stale": "dependents were placed at the old end",
+                                  "stale": "dependents were placed at the end used",
                               })
+        errors = [abs(e) for e in self._stale_errors.values() if e]
+        self.stale_replies = len(errors)  # replies whose end is not the final one
+        self.largest_stale_error_ns = max(errors, default=0)
 
     def abandon_collectives(self, rank: int) -> list[tuple[list[int], str]]:
         """`rank` ended: every collective it never joined fails for the members waiting in it."""

@@ -177,5 +177,6 @@ def test_conservative_sync_gives_the_ends_of_a_network_that_knew_every_collectiv
         assert not wrong
     else:  # how many replies go stale depends on how the rank processes race (4-6 here)
         assert meta["early_reads"] > 0
-        assert bool(wrong) == bool(meta["stale_replies"])
-        assert all(abs(got - kept) <= meta["largest_stale_error_ns"] for got, kept in wrong.values())
+        # the ends the trace kept that the network later moved are exactly the stale replies
+        assert len(wrong) == meta["stale_replies"]
+        assert max((abs(got - kept) for got, kept in wrong.values()), default=0) == meta["largest_stale_error_ns"]
