@@ -9,5 +9,5 @@ w2 = dist.all_reduce(x, group=g, async_op=True)
 w1.wait(); w2.wait()
 dist.all_reduce(x, group=g)
 torch.cuda.synchronize()
-print("rank", dist.get_rank(), "ok", flush=True)
+print(f"rank {dist.get_rank()} ok", flush=True)  # one write: ranks share the pipe, unbuffered
 dist.destroy_process_group()
