@@ -1,71 +1,25 @@
 """The user side on a CUDA build of torch, on a machine without a GPU (issue 5, part 5).
 
 The simulator runs in the test's interpreter; the user's script runs with an interpreter that
-has torch==2.14.1+cu130. That interpreter is $PHANTORA_CUDA_TORCH_PYTHON when set; otherwise a
-virtual environment is built once under phantora's cache dir (pip takes the ~5.5 GB CUDA build
-from the local wheel mirror: measured 83 s for `python -m venv` + `pip install torch==2.14.1` on
-the 2-core CI machine, 14 s more for phantora's dependencies) and reused by later runs.
+has torch==2.14.1+cu130 (the `cuda_torch_python` fixture in tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
 import re
 import subprocess
 import sys
-import tomllib
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from interpose.shim_build import TorchInstall, cache_dir, find_torch, link_libraries
+from interpose.shim_build import TorchInstall, find_torch, link_libraries
 from phantora.trace.check import check_chrome_trace, load_chrome_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-CUDA_TORCH = "torch==2.14.1"
 SMALL_GPT = ["--layers", "2", "--embd", "256", "--heads", "4", "--seq", "256", "--batch", "4", "--steps", "3"]
-
-
-def _torch_cuda_version(python: str) -> str:
-    proc = subprocess.run([python, "-c", "import torch; print(torch.version.cuda)"], capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, f"{python} cannot import torch:\n{proc.stderr[-2000:]}"
-    return proc.stdout.strip()
-
-
-def _build_cuda_venv(venv: Path) -> None:
-    """User-side environment: the CUDA build of torch plus phantora's runtime dependencies
-    (phantora and interpose themselves come from this checkout through `phantora trace`'s
-    PYTHONPATH)."""
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-    proc = subprocess.run([*pip, CUDA_TORCH, *deps], capture_output=True, text=True, timeout=1200)
-    if proc.returncode != 0:
-        pytest.fail(f"could not install {CUDA_TORCH} (CUDA build) into {venv}; set PHANTORA_CUDA_TORCH_PYTHON "
-                    f"to a Python that has a CUDA build of torch instead:\n{proc.stderr[-3000:]}")
-
-
-@pytest.fixture(scope="session")
-def cuda_torch_python() -> str:
-    python = os.environ.get("PHANTORA_CUDA_TORCH_PYTHON")
-    if not python:
-        venv = cache_dir() / "test-venv-cuda-torch"
-        ready = venv / ".phantora-ready"
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        with open(venv.parent / ".test-venv-cuda-torch.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent test sessions build it once
-            if not ready.exists():
-                _build_cuda_venv(venv)
-                ready.write_text(CUDA_TORCH + "\n")
-        python = str(venv / "bin" / "python")
-    cuda = _torch_cuda_version(python)
-    assert cuda not in ("", "None"), f"{python} has a CPU build of torch; PHANTORA_CUDA_TORCH_PYTHON must name " \
-                                     "a Python with a CUDA build"
-    return python
 
 
 def trace(tmp_path: Path, python: str, script: str, *args: str, options: tuple[str, ...] = (),

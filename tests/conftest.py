@@ -1,0 +1,64 @@
+"""Fixtures shared by every test directory.
+
+`cuda_torch_python`: a Python interpreter with the CUDA build of torch (torch==2.14.1+cu130), used
+as the *user side* of traced runs to check that phantora works on both torch builds without a GPU.
+It is $PHANTORA_CUDA_TORCH_PYTHON when set; otherwise a virtual environment is built once under
+phantora's cache dir (pip takes the ~5.5 GB CUDA build from the local wheel mirror: measured 83 s
+for `python -m venv` + `pip install torch==2.14.1` on the 2-core CI machine, 14 s more for phantora's
+dependencies) and reused by later runs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from interpose.shim_build import cache_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+CUDA_TORCH = "torch==2.14.1"
+
+
+def _torch_cuda_version(python: str) -> str:
+    proc = subprocess.run([python, "-c", "import torch; print(torch.version.cuda)"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, f"{python} cannot import torch:\n{proc.stderr[-2000:]}"
+    return proc.stdout.strip()
+
+
+def _build_cuda_venv(venv: Path) -> None:
+    """User-side environment: the CUDA build of torch plus phantora's runtime dependencies
+    (phantora and interpose themselves come from this checkout through `phantora trace`'s
+    PYTHONPATH)."""
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    proc = subprocess.run([*pip, CUDA_TORCH, *deps], capture_output=True, text=True, timeout=1200)
+    if proc.returncode != 0:
+        pytest.fail(f"could not install {CUDA_TORCH} (CUDA build) into {venv}; set PHANTORA_CUDA_TORCH_PYTHON "
+                    f"to a Python that has a CUDA build of torch instead:\n{proc.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def cuda_torch_python() -> str:
+    python = os.environ.get("PHANTORA_CUDA_TORCH_PYTHON")
+    if not python:
+        venv = cache_dir() / "test-venv-cuda-torch"
+        ready = venv / ".phantora-ready"
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        with open(venv.parent / ".test-venv-cuda-torch.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent test sessions build it once
+            if not ready.exists():
+                _build_cuda_venv(venv)
+                ready.write_text(CUDA_TORCH + "\n")
+        python = str(venv / "bin" / "python")
+    cuda = _torch_cuda_version(python)
+    assert cuda not in ("", "None"), f"{python} has a CPU build of torch; PHANTORA_CUDA_TORCH_PYTHON must name " \
+                                     "a Python with a CUDA build"
+    return python

@@ -1,0 +1,47 @@
+"""Running a small user script under `phantora trace` on either torch build, for the tests of the
+virtual GPU (each cause in issue 14 has a minimal reproduction in tests/virtual_gpu/scripts/).
+
+A script checks what a real GPU would do with plain asserts and prints `ok <name>` lines; a test
+runs it on the CPU build (the test interpreter) and on the CUDA build of torch (the
+`cuda_torch_python` fixture) and asserts exit 0 and the expected `ok` lines.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+# Parametrize a test over both torch builds of the user's process:
+#   @BUILDS
+#   def test_x(tmp_path, user_python): ...
+BUILDS = pytest.mark.parametrize("user_python", ["cpu-build", "cuda-build"], indirect=True)
+
+
+def run_traced(tmp_path: Path, python: str, script: str | Path, *args: str, options: tuple[str, ...] = (),
+               name: str = "run.json", timeout: float = 600, env: dict | None = None,
+               launcher: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, Path]:
+    """`phantora trace [options] -o tmp_path/name -- [launcher] python script args`."""
+    out = tmp_path / name
+    script_path = Path(script) if Path(script).is_absolute() else SCRIPTS / script
+    cmd = [sys.executable, "-m", "phantora.cli", "trace", *options, "-o", str(out), "--", *launcher, python,
+           str(script_path), *args]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    return proc, out
+
+
+def ok_lines(stdout: str) -> set[str]:
+    return {line.split(" ", 1)[1].strip() for line in stdout.splitlines() if line.startswith("ok ")}
+
+
+def assert_ran(proc: subprocess.CompletedProcess, *expected_ok: str) -> None:
+    """Exit 0 and every `ok NAME` line the script prints when a check passed."""
+    detail = f"\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, f"exit {proc.returncode}{detail}"
+    missing = set(expected_ok) - ok_lines(proc.stdout)
+    assert not missing, f"checks that did not pass: {sorted(missing)}{detail}"
