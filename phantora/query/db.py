@@ -56,8 +56,8 @@ class TraceDB:
         return self._engine.import_stats
 
     def query(self, sql: str) -> QueryResult:
-        """Run `sql` (several statements allowed; the last one's rows are returned).
-        QueryError with the engine's message when it fails."""
+        """Run `sql`, one statement that only reads (phantora/query/readonly.py).
+        QueryError with the engine's message when it fails or is refused."""
         try:
             columns, rows = self._engine.execute(sql)
         except (sqlite3.Error, sqlite3.Warning) as e:

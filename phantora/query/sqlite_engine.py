@@ -26,6 +26,7 @@ from phantora.query.importer import (
     arg_values,
     stat_severity,
 )
+from phantora.query.readonly import single_statement, sqlite_authorizer
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -265,7 +266,7 @@ class SqliteTraceDB:
         if action == sqlite3.SQLITE_READ and arg1 in self._lazy and arg1 not in self._filled:
             self._wanted.add(arg1)
             return sqlite3.SQLITE_DENY
-        return sqlite3.SQLITE_OK
+        return sqlite_authorizer(action, arg1, *_)
 
     def _fill(self, table: str) -> None:
         if table in self._filled:
@@ -386,14 +387,12 @@ class SqliteTraceDB:
 
     # --- queries ---------------------------------------------------------------------------
     def execute(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """Run every statement of `sql`; the columns and rows of the last. sqlite3.Error on
-        failure, with the statement that failed as `.statement`."""
-        columns: list[str] = []
-        rows: list[tuple[Any, ...]] = []
+        """Run the one statement of `sql`, which may only read (readonly.py): its columns and
+        rows. sqlite3.Error on failure, with the statement as `.statement`; QueryError for a
+        query of several statements."""
+        stmt = single_statement(split_statements(sql), sql)
         with self._lock:
-            for stmt in split_statements(sql) or [sql]:
-                columns, rows = self._run(stmt)
-        return columns, rows
+            return self._run(stmt)
 
     def _run(self, stmt: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         try:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from phantora.query.errors import EngineUnavailable, QueryError, TraceFileError
+from phantora.query.readonly import check_statement, single_statement
 
 ENV_VAR = "PHANTORA_TRACE_PROCESSOR"
 
@@ -70,8 +71,12 @@ class TraceProcessorDB:
             raise TraceFileError(f"{trace_path}: trace_processor ({binary}) could not load it: {e}") from None
 
     def execute(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        from phantora.query.sqlite_engine import split_statements
+
+        statement = single_statement(split_statements(sql), sql)
+        check_statement(statement)  # trace_processor has no authorizer hook: screen it here
         try:
-            result = self._tp.query(sql)
+            result = self._tp.query(statement)
         except Exception as e:
             raise QueryError(str(e).strip(), sql) from None
         columns = list(result.column_names)
