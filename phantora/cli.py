@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -141,6 +142,9 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluste
     from phantora.trace import UnsupportedTraceFormat
     from phantora.trace.kineto import KinetoExportError
 
+    problem = output_path_problem(output)
+    if problem:
+        raise click.BadParameter(problem, param_hint="'-o' / '--output'")
     try:
         cluster = load_cluster(cluster_name, nodes=nnodes)
     except ClusterConfigError as e:
@@ -170,6 +174,28 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluste
         raise click.BadParameter(str(e), param_hint="'--kernel-times'") from None
     print_summary(run, result)
     sys.exit(result.exit_code)
+
+
+def output_path_problem(output: Path) -> str | None:
+    """Why the trace cannot be written to `output` (checked before any rank starts), or None.
+    A missing directory is an error, as for any shell redirection: a typo there should not
+    leave the trace somewhere unexpected."""
+    parent = output.parent if str(output.parent) else Path(".")
+    if not parent.exists():
+        return f"directory {parent} does not exist (create it first, or pick another path)"
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if output.is_dir():
+        return f"{output} is a directory; give a file name such as {output / 'run.json'}"
+    existed = output.exists()
+    try:  # the one reliable test (permissions, read-only file systems, /proc): open it
+        with open(output, "ab"):
+            pass
+    except OSError as e:
+        return f"cannot write {output}: {e.strerror}"
+    if not existed:
+        output.unlink(missing_ok=True)
+    return None
 
 
 @main.command()

@@ -247,6 +247,23 @@ def test_bad_output_extension(tmp_path):
     assert proc.returncode == 2 and ".json" in proc.stderr
 
 
+@pytest.mark.parametrize("where, message", [
+    ("missing/run.json", "does not exist"),
+    ("afile/run.json", "is not a directory"),
+    (".", "is a directory"),
+    ("/proc/phantora-run.json", "cannot write"),
+])
+def test_unusable_output_paths_fail_in_one_line_before_any_rank_starts(tmp_path, where, message):
+    (tmp_path / "afile").write_text("x")
+    marker = tmp_path / "script_ran"
+    out = where if where.startswith("/") else str(tmp_path / where)
+    proc = phantora("trace", "-o", out, "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')")
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "missing").exists(), "the missing directory was created"
+    assert not marker.exists(), "the command ran although its trace could not be written"
+
+
 def test_version_and_help():
     from phantora import __version__
 
