@@ -284,6 +284,14 @@ def _gbs(x: float) -> str:
 
 _REQUIRED = object()
 
+# What a real link can be (GB/s, ns): wider than any hardware, narrow enough that the network's
+# integer nanosecond arithmetic stays exact (a "1e-30 GB/s" link made a 2-rank all-reduce take
+# 1e36 ns and crashed the simulator).
+_PHYSICAL_RANGE = {
+    "bandwidth": (0.1, 1e5, "100 MB/s to 100 TB/s"),
+    "latency": (0.0, 1e9, "0 ns to 1 s"),
+}
+
 
 def _at_least(lo: int):
     def check(v):
@@ -296,7 +304,9 @@ def _positive(v):
 
 
 def _fraction(v):
-    return None if 0 < v <= 1 else "must be in (0, 1]"
+    # An efficiency is the usable fraction of a link; below 1% the link is not one (and a 1e-12
+    # efficiency overflows the simulator's integer nanoseconds just as a 1e-30 GB/s link did).
+    return None if 0.01 <= v <= 1 else "must be in [0.01, 1]"
 
 
 class _Table:
@@ -370,8 +380,9 @@ class _Table:
         if not m or m.group(2) not in units:
             raise self._error(key, f"cannot read {raw!r} as {example}", allowed)
         value = float(m.group(1)) * units[m.group(2)]
-        if units is _BANDWIDTH_UNITS and value <= 0:
-            raise self._error(key, f"must be > 0, got {raw!r}")
+        lo, hi, range_text = _PHYSICAL_RANGE["bandwidth" if units is _BANDWIDTH_UNITS else "latency"]
+        if not lo <= value <= hi:
+            raise self._error(key, f"{raw!r} is outside the physical range {range_text}")
         return value
 
     def finish(self) -> None:
