@@ -252,9 +252,13 @@ def _open_trace(path: str, engine: str):  # type: ignore[no-untyped-def]
     from phantora.query import EngineUnavailable, TraceFileError, load
 
     try:
-        return load(path, engine=engine)
+        db = load(path, engine=engine)
     except (TraceFileError, EngineUnavailable) as e:
         _fail(str(e))
+    warning = db.truncation_warning()
+    if warning:
+        click.echo(f"phantora: {warning}", err=True)
+    return db
 
 
 @main.command(short_help="Run SQL on a trace (Perfetto's tables).")

@@ -286,6 +286,10 @@ async function main() {
     download.href = summary.trace_url;
     download.setAttribute('download', summary.file);
     $('dashboard').hidden = false;
+    if (summary.warnings && summary.warnings.length) {
+      $('error').textContent = summary.warnings.join(' ');
+      $('error').hidden = false;
+    }
     renderAll(summary, series);
     setupPerfettoButton(summary);
     let pending;

@@ -55,6 +55,18 @@ class TraceDB:
     def import_stats(self) -> dict[str, int]:
         return self._engine.import_stats
 
+    @property
+    def truncated(self) -> bool:
+        """The file ends mid-event (its writer was killed): only a prefix of the run is here."""
+        return bool(self._engine.import_stats.get("json_truncated_file"))
+
+    def truncation_warning(self) -> str | None:
+        """One line for users of a truncated trace, or None."""
+        if not self.truncated:
+            return None
+        return (f"warning: {self.path} is truncated (the run that wrote it was stopped before closing it); "
+                "the figures cover only the part that was written")
+
     def query(self, sql: str) -> QueryResult:
         """Run `sql`, one statement that only reads (phantora/query/readonly.py).
         QueryError with the engine's message when it fails or is refused."""

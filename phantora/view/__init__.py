@@ -38,6 +38,8 @@ def serve(trace: Path, port: int = PERFETTO_DEEP_LINK_PORT, open_browser: bool =
         urls = server.urls(trace.name)
         echo(f"phantora view: reading {trace} ...")
         dashboard = build_dashboard(trace)
+        for warning in dashboard.summary.warnings:
+            echo(f"phantora view: {warning}")
         server.routes = build_routes(TraceFile(trace), static, dashboard.api_documents(urls))
         echo(f"phantora view: serving {trace.name} on http://127.0.0.1:{server.port} (Ctrl-C to stop)")
         echo(f"  dashboard:   {urls.dashboard}")

@@ -128,6 +128,7 @@ class DashboardSummary:
     top_kernels: list[KernelRow]
     rollbacks: Rollbacks
     unknown_ops: list[OpCount]
+    warnings: list[str] = field(default_factory=list)  # e.g. the trace is truncated
 
 
 @dataclass
@@ -261,7 +262,8 @@ def _run_info(metadata: dict[str, Any], ranks: int) -> RunInfo:
                    exit_code=pick("exit_code", int), estimator=pick("estimator", str))
 
 
-def dashboard_summary(s: TraceSummary, metadata: dict[str, Any], rank_labels: dict[int, str], trace: Path) -> DashboardSummary:
+def dashboard_summary(s: TraceSummary, metadata: dict[str, Any], rank_labels: dict[int, str], trace: Path,
+                      warnings: list[str] | None = None) -> DashboardSummary:
     """The summary in the dashboard's units (ms), field for field: no figure is recomputed."""
     steps = s.steps
     stats = steps.stats
@@ -291,6 +293,7 @@ def dashboard_summary(s: TraceSummary, metadata: dict[str, Any], rank_labels: di
         top_kernels=[KernelRow(k.name, k.count, _ms(k.total_ns), k.share) for k in s.top_kernels],
         rollbacks=Rollbacks(s.rollbacks, s.stale_replies),
         unknown_ops=[OpCount(name, count) for name, count in s.unknown_ops.items()],
+        warnings=list(warnings or []),
     )
 
 
@@ -310,4 +313,6 @@ def build_dashboard(trace: Path) -> Dashboard:
 
     with load(trace) as db:
         summary = summarize(db, top=TOP_KERNELS)
-        return Dashboard(trace, dashboard_summary(summary, db.metadata, _rank_labels(db), trace), read_series(db))
+        warning = db.truncation_warning()
+        return Dashboard(trace, dashboard_summary(summary, db.metadata, _rank_labels(db), trace,
+                                                  [warning] if warning else []), read_series(db))

@@ -114,3 +114,33 @@ def test_diff_text_and_json(tmp_path):
     assert comm["delta"] == 5_000
     r = run("diff", str(a), str(tmp_path / "missing.json"))
     assert r.exit_code == 1 and "missing.json: no such file" in r.output
+
+
+def _cut_in_half(tmp_path, trace):
+    text = trace.read_bytes().replace(b"},{", b"},\n{")  # one event per line, as phantora writes them
+    trace.write_bytes(text)
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(text[: len(text) // 2])
+    return cut
+
+
+def test_summary_query_and_diff_say_a_truncated_trace_is_truncated(tmp_path):
+    # issue 19, point 6: a trace cut in half used to give partial figures with no warning
+    full = two_rank_trace(tmp_path)
+    cut = _cut_in_half(tmp_path, full)
+    for args in (("summary", str(cut)), ("query", str(cut), "select count(*) from slice"),
+                 ("diff", str(full), str(cut))):
+        r = CliRunner().invoke(main, list(args), catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        assert f"{cut} is truncated" in r.output, (args, r.output)
+    r = CliRunner().invoke(main, ["summary", str(full)], catch_exceptions=False)
+    assert "truncated" not in r.output
+
+
+def test_the_dashboard_of_a_truncated_trace_carries_the_warning(tmp_path):
+    from phantora.view.dashboard import build_dashboard
+
+    full = two_rank_trace(tmp_path)
+    assert build_dashboard(full).summary.warnings == []
+    warnings = build_dashboard(_cut_in_half(tmp_path, full)).summary.warnings
+    assert len(warnings) == 1 and "is truncated" in warnings[0]
