@@ -293,10 +293,17 @@ def query(trace_file: str, sql: str, fmt: str, engine: str) -> None:
 @click.argument("trace_file", metavar="TRACE")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (the TraceSummary dataclass).")
 @click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Kernels to list.")
+@click.option("--whole-run", is_flag=True,
+              help="GPU time, MFU and kernels over each GPU's whole active span (setup and the first step "
+                   "included) instead of the steps after the first.")
 @_ENGINE_OPTION
-def summary(trace_file: str, as_json: bool, top: int, engine: str) -> None:
+def summary(trace_file: str, as_json: bool, top: int, whole_run: bool, engine: str) -> None:
     """Step time, compute / communication / idle breakdown, MFU, top kernels and peak memory
     of a trace, per rank and overall.
+
+    Where the trace has two steps or more, GPU time, MFU and kernel shares cover the steps
+    after the first (the first also holds setup and warm-up, and the script's own step times
+    leave it out); the output says which window it used.
 
     \b
     Examples:
@@ -309,7 +316,7 @@ def summary(trace_file: str, as_json: bool, top: int, engine: str) -> None:
 
     with _open_trace(trace_file, engine) as db:
         try:
-            s = summarize(db, top=top)
+            s = summarize(db, top=top, steady=not whole_run)
         except QueryError as e:  # a trace_processor without the tables this needs
             _fail(f"cannot summarize {trace_file}: {e.message}")
     click.echo(render.to_json(s) if as_json else render.summary(s))
@@ -321,10 +328,13 @@ def summary(trace_file: str, as_json: bool, top: int, engine: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--top", type=click.IntRange(1), default=10, show_default=True,
               help="Kernels to compare: the union of each trace's top N.")
+@click.option("--whole-run", is_flag=True,
+              help="GPU time, MFU and kernels over each GPU's whole active span (setup and the first step "
+                   "included) instead of the steps after the first.")
 @_ENGINE_OPTION
-def diff(trace_a: str, trace_b: str, as_json: bool, top: int, engine: str) -> None:
-    """Compare two traces: step time, GPU time breakdown, MFU and top kernels, with B - A and
-    B / A.
+def diff(trace_a: str, trace_b: str, as_json: bool, top: int, whole_run: bool, engine: str) -> None:
+    """Compare two traces: step time, GPU time breakdown per step, MFU, peak memory per rank and
+    top kernels per step, with B - A and B / A (whole-run totals where a trace has no steps).
 
     \b
     Example:
@@ -339,7 +349,7 @@ def diff(trace_a: str, trace_b: str, as_json: bool, top: int, engine: str) -> No
     for path in (trace_a, trace_b):
         with _open_trace(path, engine) as db:
             try:
-                summaries.append(summarize(db, top=None))
+                summaries.append(summarize(db, top=None, steady=not whole_run))
             except QueryError as e:
                 _fail(f"cannot summarize {path}: {e.message}")
     d = compare(summaries[0], summaries[1], top=top)

@@ -70,7 +70,7 @@ def query_result(result: QueryResult, fmt: str) -> str:
 
 
 def to_json(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
 
 
 def _ms(ns: float | None) -> str:
@@ -92,21 +92,25 @@ def summary(s: TraceSummary) -> str:
            f"GPU: {s.gpu or 'unknown'}   ranks: {len(s.ranks)}"]
     st = s.steps
     out.append("")
-    out.append(f"Step times (ms) from {st.source}: {st.detail}; statistics leave out the first (warm-up) step")
+    out.append(f"Step times (ms) from {st.source}: {st.detail}; statistics leave out the first step, "
+               "which also holds setup and warm-up")
     if st.per_rank:
         rows = []
         for r in st.per_rank:
             x = r.stats
+            later = r.durations_ns[1:]
             rows.append([f"rank {r.rank}", len(r.durations_ns), _ms(x.mean_ns) if x else "-",
                          _ms(x.median_ns) if x else "-", _ms(x.min_ns) if x else "-", _ms(x.max_ns) if x else "-",
-                         " ".join(_ms(d) for d in r.durations_ns[:8]) + (" ..." if len(r.durations_ns) > 8 else "")])
+                         _ms(r.durations_ns[0]) if r.durations_ns else "-",
+                         " ".join(_ms(d) for d in later[:8]) + (" ..." if len(later) > 8 else "")])
         if len(st.per_rank) > 1 and st.stats:
             x = st.stats
             rows.append(["overall", len(st.overall_ns), _ms(x.mean_ns), _ms(x.median_ns), _ms(x.min_ns),
-                         _ms(x.max_ns), "(slowest rank of each step)"])
-        out.append(table(["", "steps", "mean", "median", "min", "max", "each step"], rows))
+                         _ms(x.max_ns), _ms(st.overall_ns[0]) if st.overall_ns else "-",
+                         "(slowest rank of each step)"])
+        out.append(table(["", "steps", "mean", "median", "min", "max", "first (with setup)", "later steps"], rows))
     out.append("")
-    out.append("GPU time (ms) over each GPU's active span (first to last GPU op)")
+    out.append(f"GPU time (ms) over {s.window}")
     rows = [[f"rank {g.rank} cuda:{g.device}", _ms(g.span_ns), _ms(g.compute_ns), _ms(g.comm_ns),
              _ms(g.exposed_comm_ns), _ms(g.idle_ns), _pct(g.overlap_fraction),
              "-" if g.tflops is None else f"{g.tflops:.1f}", _pct(g.mfu)] for g in s.gpus]
@@ -119,7 +123,7 @@ def summary(s: TraceSummary) -> str:
                      rows))
     out.append(f"MFU against {s.peak}")
     out.append("")
-    out.append("Top kernels by total GPU time")
+    out.append("Top kernels by total GPU time" + (f" in steps 2-{s.window_steps + 1}" if s.window_steps else ""))
     out.append(table(["kernel", "count", "total ms", "share"],
                      [[k.name, k.count, _ms(k.total_ns), _pct(k.share)] for k in s.top_kernels]))
     out.append("")
@@ -144,6 +148,8 @@ def _num(x: float | None, what: str) -> str:
         return "-"
     if what.endswith(" ns"):
         return _ms(x)
+    if what.endswith(" bytes"):
+        return _gib(x)
     if what in ("MFU", "comm overlapped by compute"):
         return _pct(x)
     return f"{x:.1f}" if isinstance(x, float) and x != int(x) else f"{x:g}"
@@ -153,15 +159,16 @@ def trace_diff(d: TraceDiff) -> str:
     out = [f"A: {d.a}  (steps from {d.step_source_a})", f"B: {d.b}  (steps from {d.step_source_b})", ""]
     rows = []
     for c in d.figures:
-        what = c.what.replace(" ns", " ms")
+        what = c.what.replace(" ns", " ms").replace(" bytes", " GiB")
         delta = "-" if c.delta is None else ("+" if c.delta >= 0 else "") + _num(c.delta, c.what).lstrip("+")
         rows.append([what, _num(c.a, c.what), _num(c.b, c.what), delta,
                      "-" if c.ratio is None else f"{c.ratio:.3f}x"])
     out.append(table(["", "A", "B", "B - A", "B / A"], rows))
     out.append("")
-    out.append("Kernels (top of either trace), total ms")
+    out.append("Kernels (top of either trace), " + ("count and ms per step (steps after the first)" if d.per_step
+                                                     else "count and total ms over the whole run"))
     out.append(table(["kernel", "count A", "count B", "A", "B", "B - A", "B / A"],
-                     [[k.name, k.count_a, k.count_b, _ms(k.total_a_ns), _ms(k.total_b_ns),
+                     [[k.name, f"{k.count_a:g}", f"{k.count_b:g}", _ms(k.total_a_ns), _ms(k.total_b_ns),
                        ("+" if k.delta_ns >= 0 else "") + _ms(k.delta_ns),
                        "-" if k.ratio is None else f"{k.ratio:.3f}x"] for k in d.kernels]))
     return "\n".join(out)

@@ -5,9 +5,15 @@
   slices on each rank's "steps (optimizer.step)" thread); else nvtx ranges that repeat (the
   most frequent name at the outermost nvtx depth, each range's duration); else the kernel
   sequence's period (the rarest kernel name that recurs at a constant kernel-count spacing;
-  time between its occurrences). Statistics leave out the first (warm-up) step. Overall
-  step N is the slowest rank's step N.
-- Per GPU, over its active span (first to last GPU op): compute = union of non-NCCL kernels
+  time between its occurrences). Statistics leave out the first step, which also holds the
+  program's setup (model construction, the copy to the GPU) and warm-up. Overall step N is the
+  slowest rank's step N.
+- The steady state: when a rank has two steps or more, everything below is measured over its
+  steps after the first (the GPU work launched from the end of its first step to the end of its
+  last: a step's kernels run after its host has moved on), so MFU, the
+  GPU time breakdown and kernel shares agree with the step times the script prints; otherwise
+  over the rank's whole active span. `TraceSummary.window` states which.
+- Per GPU, over the ops of that window (the ops launched in it; else all), first to last: compute = union of non-NCCL kernels
   and copies; comm = union of NCCL kernels (names starting "ncclDevKernel", or kernels on an
   "nccl" stream); exposed comm = comm not overlapped by compute; idle = the rest of the span;
   overlap = the fraction of comm that compute overlaps.
@@ -72,6 +78,8 @@ class StepTimes:
     per_rank: list[RankSteps] = field(default_factory=list)
     overall_ns: list[int] = field(default_factory=list)
     stats: StepStats | None = None
+    # rank -> (start, end) of its steps after the first: the steady state the other figures use
+    windows: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -140,6 +148,8 @@ class TraceSummary:
     stale_replies: int | None  # None: not recorded in this trace
     unknown_ops: dict[str, int]
     sync: str | None = None  # phantora trace --sync (None: not recorded)
+    window: str = "each GPU's active span"  # what GPU time, MFU and kernel shares are measured over
+    window_steps: int = 0  # steps inside that window (0: the whole span, not steps)
 
 
 # --- intervals ------------------------------------------------------------------------------
@@ -211,27 +221,30 @@ def _gpu(db: TraceDB) -> GPUSpec | None:
 
 def _steps(db: TraceDB, ranks: dict[int, int], gpu_ops: list[tuple[Any, ...]]) -> StepTimes:
     per_rank: dict[int, list[int]] = defaultdict(list)
-    rows = db.query(f"SELECT th.upid, s.dur {_THREAD_SLICES} WHERE th.name = '{STEP_THREAD}' "
+    spans: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    rows = db.query(f"SELECT th.upid, s.ts, s.dur {_THREAD_SLICES} WHERE th.name = '{STEP_THREAD}' "
                     f"AND s.name LIKE '{STEP_PREFIX}%' ORDER BY th.upid, s.ts").rows
-    for upid, dur in rows:
+    for upid, ts, dur in rows:
         if upid in ranks:
             per_rank[ranks[upid]].append(dur)
+            spans[ranks[upid]].append((ts, ts + dur))
     if per_rank:
-        return _step_times("step markers", f"{STEP_PREFIX}N slices on '{STEP_THREAD}'", per_rank)
+        return _step_times("step markers", f"{STEP_PREFIX}N slices on '{STEP_THREAD}'", per_rank, spans)
 
-    rows = db.query(f"SELECT th.upid, s.name, s.depth, s.dur {_THREAD_SLICES} WHERE s.category = 'nvtx' "
+    rows = db.query(f"SELECT th.upid, s.name, s.depth, s.ts, s.dur {_THREAD_SLICES} WHERE s.category = 'nvtx' "
                     "ORDER BY s.ts").rows
     counts: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
-    for _upid, name, depth, dur in rows:
+    for _upid, name, depth, _ts, dur in rows:
         counts[(name, depth)][0] += 1
         counts[(name, depth)][1] += dur
     repeating = [(depth, -c[1], name) for (name, depth), c in counts.items() if c[0] >= 2 * max(1, len(ranks))]
     if repeating:
         depth, _, name = min(repeating)  # the outermost, then the longest in total
-        for upid, n, d, dur in rows:
+        for upid, n, d, ts, dur in rows:
             if n == name and d == depth and upid in ranks:
                 per_rank[ranks[upid]].append(dur)
-        return _step_times("nvtx ranges", f"nvtx range '{name}'", per_rank)
+                spans[ranks[upid]].append((ts, ts + dur))
+        return _step_times("nvtx ranges", f"nvtx range '{name}'", per_rank, spans)
 
     anchors = []
     by_rank: dict[int, list[tuple[int, str]]] = defaultdict(list)
@@ -267,27 +280,44 @@ def _periodic_anchor(names: list[str]) -> str | None:
     return best
 
 
-def _step_times(source: str, detail: str, per_rank: dict[int, list[int]]) -> StepTimes:
+def _step_times(source: str, detail: str, per_rank: dict[int, list[int]],
+                spans: dict[int, list[tuple[int, int]]] | None = None) -> StepTimes:
     ranked = [RankSteps(r, d, StepStats.of(d)) for r, d in sorted(per_rank.items())]
     n = min(len(d) for d in per_rank.values())
     overall = [max(d[i] for d in per_rank.values()) for i in range(n)]
-    return StepTimes(source, detail, ranked, overall, StepStats.of(overall))
+    windows = {}
+    if spans and n >= 2:  # the steady state: after the first step, to the end of the last one
+        windows = {r: (sp[0][1], sp[-1][1]) for r, sp in spans.items()}
+    return StepTimes(source, detail, ranked, overall, StepStats.of(overall), windows)
 
 
-def _gpu_ops(db: TraceDB, ranks: dict[int, int]) -> list[tuple[Any, ...]]:
-    """(rank, device, ts, dur, name, category, is_nccl, flops, estimator, op) of every GPU op."""
+def _in_window(ops: list[tuple[Any, ...]], windows: dict[int, tuple[int, int]]) -> list[tuple[Any, ...]]:
+    """The GPU ops their rank's host launched inside its window (a step's kernels run after the
+    host has moved on, so GPU work belongs to the step that launched it, as a profiler's step
+    annotation counts it); ops of ranks without a window all pass."""
+    return [op for op in ops if op[0] not in windows or windows[op[0]][0] <= op[10] < windows[op[0]][1]]
+
+
+def _gpu_ops(db: TraceDB, ranks: dict[int, int], with_launch: bool) -> list[tuple[Any, ...]]:
+    """(rank, device, ts, dur, name, category, is_nccl, flops, estimator, op, launched) of every GPU
+    op; `launched` is the host time of the call that launched it (the start of its launch flow's
+    host slice; its own start where it has none, or when not `with_launch`)."""
     cats = ", ".join(f"'{c}'" for c in GPU_CATEGORIES)
-    rows = db.query(f"SELECT th.upid, th.name, s.ts, s.dur, s.name, s.category, "
+    rows = db.query(f"SELECT s.id, th.upid, th.name, s.ts, s.dur, s.name, s.category, "
                     f"EXTRACT_ARG(s.arg_set_id, 'args.flops'), EXTRACT_ARG(s.arg_set_id, 'args.estimator'), "
                     f"EXTRACT_ARG(s.arg_set_id, 'args.op') {_THREAD_SLICES} WHERE s.category IN ({cats})").rows
+    launched: dict[int, int] = {}
+    if with_launch:
+        launched = dict(db.query(f"SELECT f.slice_in, MIN(h.ts) FROM flow f JOIN slice h ON h.id = f.slice_out "
+                                 f"WHERE h.category NOT IN ({cats}) GROUP BY f.slice_in").rows)
     ops = []
-    for upid, thread, ts, dur, name, cat, flops, estimator, op in rows:
+    for sid, upid, thread, ts, dur, name, cat, flops, estimator, op in rows:
         if upid not in ranks:
             continue
         m = _DEVICE.match(thread or "")
         nccl = name.startswith(NCCL_PREFIX) or (cat == "kernel" and "nccl" in (thread or ""))
         ops.append((ranks[upid], int(m.group(1)) if m else 0, ts, dur, name, cat, nccl,
-                    float(flops) if isinstance(flops, (int, float)) else 0.0, estimator, op))
+                    float(flops) if isinstance(flops, (int, float)) else 0.0, estimator, op, launched.get(sid, ts)))
     return ops
 
 
@@ -349,17 +379,27 @@ def _memory(db: TraceDB, ranks: dict[int, int]) -> list[MemoryPeak]:
     return [peaks[k] for k in sorted(peaks)]
 
 
-def summarize(db: TraceDB, top: int | None = 10) -> TraceSummary:
-    """The summary of the trace in `db`; `top` kernels by total time (None: all)."""
+def summarize(db: TraceDB, top: int | None = 10, steady: bool = True) -> TraceSummary:
+    """The summary of the trace in `db`; `top` kernels by total time (None: all). `steady`:
+    GPU time, MFU and kernels over the steps after the first where there are two or more;
+    otherwise (and when False) over each GPU's whole active span."""
     ranks = _ranks(db)
     gpu = _gpu(db)
     peak = gpu.peak_flops.get(PEAK_DTYPE) if gpu else None
     peak_label = (f"{gpu.key} dense {PEAK_DTYPE} {peak / 1e12:.1f} TFLOP/s" if gpu and peak
                   else "unknown (the trace names no GPU phantora knows)")
-    ops = _gpu_ops(db, ranks)
+    all_ops = _gpu_ops(db, ranks, with_launch=False)
+    steps = _steps(db, ranks, all_ops)
+    ops = all_ops
+    window, window_steps = "each GPU's active span (first to last GPU op)", 0
+    if steady and steps.windows:
+        ops = _in_window(_gpu_ops(db, ranks, with_launch=True), steps.windows)
+        window_steps = len(steps.overall_ns) - 1
+        window = (f"steps 2-{len(steps.overall_ns)}: the GPU work each rank launched from the end of its first step "
+                  "to the end of its last (the first step also holds setup and warm-up), first to last such op")
     gpus, overall = _breakdowns(ops, peak)
     unknown: dict[str, int] = defaultdict(int)
-    for op in ops:
+    for op in all_ops:
         if isinstance(op[8], str) and "unknown op" in op[8]:
             unknown[str(op[9] or op[4])] += 1
     rollbacks = db.query("SELECT COUNT(*) FROM slice WHERE category = 'rollback'").scalar() or 0
@@ -368,8 +408,9 @@ def summarize(db: TraceDB, top: int | None = 10) -> TraceSummary:
     return TraceSummary(
         trace=str(db.path), engine=db.engine, gpu=gpu.key if gpu else None, peak_flops=peak, peak=peak_label,
         simulated_ns=simulated if isinstance(simulated, int) else None, ranks=sorted(set(ranks.values())),
-        steps=_steps(db, ranks, ops), gpus=gpus, overall=overall, top_kernels=_top_kernels(ops, top),
+        steps=steps, gpus=gpus, overall=overall, top_kernels=_top_kernels(ops, top),
         memory=_memory(db, ranks), rollbacks=int(rollbacks), stale_replies=stale if isinstance(stale, int) else None,
         unknown_ops=dict(sorted(unknown.items(), key=lambda kv: -kv[1])),
         sync=db.metadata.get("sync") if isinstance(db.metadata.get("sync"), str) else None,
+        window=window, window_steps=window_steps,
     )

@@ -97,7 +97,8 @@ def test_summary_text_and_json(tmp_path):
     assert "Step times (ms) from step markers" in r.output
     assert "rank 0 cuda:0" in r.output and "MFU against h100-sxm-80gb dense bf16 989.4 TFLOP/s" in r.output
     assert "Unknown ops (timed as memory-bound): aten::foo.default x1" in r.output
-    data = orjson.loads(run("summary", "--json", str(path)).output)
+    assert "GPU time (ms) over steps 2-3" in r.output  # the rule is stated
+    data = orjson.loads(run("summary", "--json", "--whole-run", str(path)).output)
     assert data["steps"]["source"] == "step markers"
     assert data["steps"]["stats"]["mean_ns"] == 21_000
     assert data["gpus"][0]["exposed_comm_ns"] == 10_000
@@ -106,11 +107,11 @@ def test_summary_text_and_json(tmp_path):
 def test_diff_text_and_json(tmp_path):
     a = two_rank_trace(tmp_path, "a.json")
     b = two_rank_trace(tmp_path, "b.json", comm_end=35)
-    r = run("diff", str(a), str(b))
+    r = run("diff", "--whole-run", str(a), str(b))
     assert r.exit_code == 0, r.output
-    assert "comm per GPU ms" in r.output and "1.500x" in r.output
-    data = orjson.loads(run("diff", "--json", str(a), str(b)).output)
-    comm = next(f for f in data["figures"] if f["what"] == "comm per GPU ns")
+    assert "comm per GPU (whole run) ms" in r.output and "1.500x" in r.output
+    data = orjson.loads(run("diff", "--whole-run", "--json", str(a), str(b)).output)
+    comm = next(f for f in data["figures"] if f["what"] == "comm per GPU (whole run) ns")
     assert comm["delta"] == 5_000
     r = run("diff", str(a), str(tmp_path / "missing.json"))
     assert r.exit_code == 1 and "missing.json: no such file" in r.output

@@ -61,7 +61,7 @@ def test_interval_helpers():
 
 def test_summary_of_a_hand_built_two_rank_trace(tmp_path):
     with load(two_rank_trace(tmp_path), engine="builtin") as db:
-        s = summarize(db)
+        s = summarize(db, steady=False)
     assert s.ranks == [0, 1] and s.gpu == "h100-sxm-80gb" and s.peak_flops == H100_BF16
     assert "dense bf16" in s.peak
 
@@ -130,9 +130,42 @@ def test_no_steps_at_all_is_said(tmp_path):
     assert s.steps.source == "none" and s.steps.stats is None
 
 
+def test_by_default_gpu_time_mfu_and_kernels_cover_the_steps_after_the_first(tmp_path):
+    # issue 19, point 5: the first step also holds setup (the model's copy to the GPU); the
+    # script's own step times leave it out, so MFU and kernel shares must too. No launch flows
+    # in this trace: each op counts as launched when it starts. Rank 0's steps end at 12, 32, 50
+    # us: its window is [12, 50): gemm@20 and foo@40 (the all-reduce at 5 belongs to step 1).
+    # Rank 1's window [10, 52) holds no op it launched (its gemm starts at 0).
+    with load(two_rank_trace(tmp_path), engine="builtin") as db:
+        s = summarize(db)
+    assert s.window_steps == 2 and s.window.startswith("steps 2-3")
+    [g0] = s.gpus
+    assert (g0.rank, g0.span_ns, g0.compute_ns, g0.comm_ns, g0.idle_ns) == (0, 30_000, 20_000, 0, 10_000)
+    assert g0.tflops == pytest.approx(2e9 / 30e-6 / 1e12)
+    assert [(k.name, k.count, k.total_ns) for k in s.top_kernels] == [("foo_kernel", 1, 10_000), ("gemm", 1, 10_000)]
+    assert s.unknown_ops == {"aten::foo.default": 1}  # unknown ops are counted over the whole run
+
+
+def test_a_kernel_belongs_to_the_step_whose_host_launched_it(tmp_path):
+    # Step 1 ends at 10 us on the host while its last kernel (launched at 9) runs from 10 to 18
+    # on the GPU: it is step 1's work, not step 2's. Launch flows tie each kernel to its call.
+    events = names(1, "rank 0 · node 0 · GPU 0 · H100", {1: "host (aten op launches)", 2: "steps (optimizer.step)",
+                                                           10: "cuda:0 default stream"})
+    events += [step(1, 0, 0, 10), step(1, 1, 10, 10), step(1, 2, 20, 10)]
+    for i, (launch, start) in enumerate([(9, 10), (11, 18), (21, 26)]):
+        events += [x(1, 1, "aten::mm", launch, 0.5, cat="cpu_op"), kernel(1, 10, "gemm", start, 8, flops=1e9),
+                   {"ph": "s", "id": i, "pid": 1, "tid": 1, "ts": launch, "name": "launch", "cat": "ac2g"},
+                   {"ph": "f", "bp": "e", "id": i, "pid": 1, "tid": 10, "ts": start, "name": "launch", "cat": "ac2g"}]
+    with load(write_trace(tmp_path / "t.json", events), engine="builtin") as db:
+        s = summarize(db)
+    [g] = s.gpus
+    assert [(k.name, k.count) for k in s.top_kernels] == [("gemm", 2)]
+    assert (g.span_ns, g.compute_ns) == (16_000, 16_000)  # [18, 34): the two kernels launched in steps 2-3
+
+
 def test_diff_of_a_trace_with_itself_has_zero_deltas(tmp_path):
     with load(two_rank_trace(tmp_path), engine="builtin") as db:
-        s = summarize(db, top=None)
+        s = summarize(db, top=None, steady=False)
     d = diff(s, s)
     assert all(c.delta == 0 for c in d.figures if c.delta is not None)
     assert all(c.ratio == 1 for c in d.figures if c.ratio is not None)
@@ -142,12 +175,39 @@ def test_diff_of_a_trace_with_itself_has_zero_deltas(tmp_path):
 
 def test_diff_shows_which_trace_communicates_more(tmp_path):
     with load(two_rank_trace(tmp_path, "a.json", comm_end=25), engine="builtin") as db:
-        a = summarize(db, top=None)
+        a = summarize(db, top=None, steady=False)
     with load(two_rank_trace(tmp_path, "b.json", comm_end=35), engine="builtin") as db:
-        b = summarize(db, top=None)
+        b = summarize(db, top=None, steady=False)
     d = diff(a, b, top=2)  # gemm and the all-reduce
-    comm = next(c for c in d.figures if c.what == "comm per GPU ns")
+    assert not d.per_step
+    comm = next(c for c in d.figures if c.what == "comm per GPU (whole run) ns")
     # rank 0's all-reduce [5,25) -> [5,35); rank 1 has none: means over 2 GPUs
     assert (comm.a, comm.b, comm.delta) == (10_000, 15_000, 5_000)
     nccl = next(k for k in d.kernels if k.name.startswith("ncclDevKernel"))
     assert (nccl.total_a_ns, nccl.total_b_ns, nccl.delta_ns, nccl.ratio) == (20_000, 30_000, 10_000, 1.5)
+
+
+def _steps_trace(tmp_path, name, steps, allocated):
+    events = names(1, "rank 0 · node 0 · GPU 0 · H100", {2: "steps (optimizer.step)", 10: "cuda:0 default stream"})
+    for i in range(steps):
+        events += [step(1, i, 10 * i, 10), kernel(1, 10, "gemm", 10 * i + 1, 8, flops=1e9)]
+    events.append(memory(1, 0, 1, allocated, 2 * allocated))
+    return write_trace(tmp_path / name, events, {"gpu": "h100-sxm-80gb"})
+
+
+def test_diff_of_a_3_step_and_a_5_step_run_of_the_same_program_compares_per_step(tmp_path):
+    # issue 19, point 5: diff compared totals, so the longer run showed more compute
+    with load(_steps_trace(tmp_path, "a.json", 3, 1 << 30), engine="builtin") as db:
+        a = summarize(db, top=None)
+    with load(_steps_trace(tmp_path, "b.json", 5, 3 << 29), engine="builtin") as db:
+        b = summarize(db, top=None)
+    d = diff(a, b)
+    assert d.per_step
+    figures = {c.what: c for c in d.figures}
+    compute = figures["compute per GPU per step ns"]
+    assert (compute.a, compute.b, compute.ratio) == (8_000, 8_000, 1.0)
+    assert (figures["steps"].a, figures["steps"].b) == (3, 5)
+    [gemm] = d.kernels
+    assert (gemm.count_a, gemm.count_b, gemm.total_a_ns, gemm.total_b_ns) == (1, 1, 8_000, 8_000)
+    mem = figures["peak allocated rank 0 cuda:0 bytes"]
+    assert (mem.a, mem.b, mem.ratio) == (1 << 30, 3 << 29, 1.5)
