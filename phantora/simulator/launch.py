@@ -9,6 +9,8 @@ killed after a grace period, and the trace written so far is closed properly.
 
 from __future__ import annotations
 
+from typing import Any
+
 import datetime as _dt
 import os
 import shutil
@@ -262,10 +264,7 @@ def format_summary(run: TraceRun, result: TraceResult) -> str:
     else:
         lines.append("  unknown ops: none")
     if s.collectives:
-        lines.append(f"  collectives {s.collectives:,} (per rank, summed)   communication busy {s.comm_busy_ns / 1e9:.6f} s"
-                     f"   network rollbacks {s.rollbacks}   stale replies {s.stale_replies}"
-                     + (f" (largest error {s.largest_stale_error_ns / 1e3:.1f} us)" if s.stale_replies else "")
-                     + f"   --sync {run.sync}: {s.early_reads} end(s) read before final")
+        lines.extend(collective_lines(run, s))
     if s.ooms:
         lines.append(f"  out-of-memory errors raised in the script: {s.ooms}")
     for msg in result.failures:
@@ -288,16 +287,40 @@ def format_summary(run: TraceRun, result: TraceResult) -> str:
     return "\n".join(lines)
 
 
+def collective_lines(run: TraceRun, s: Any) -> list[str]:
+    """Collectives, rollbacks and stale replies, each in words a user can act on."""
+    lines = [f"  collectives {s.collectives:,} (per rank, summed)   communication busy {s.comm_busy_ns / 1e9:.6f} s",
+             f"  network rollbacks {s.rollbacks}: times the network re-simulated flows because a rank, running "
+             "behind in simulated time, started a collective in the network's past"]
+    stale = (f"{s.stale_replies} of them stale (a later rollback moved that end, by up to "
+             f"{s.largest_stale_error_ns / 1e3:.1f} us; the script saw the old time)" if s.stale_replies
+             else "none of them changed afterwards")
+    if run.sync == "conservative":
+        stale = "none stale: conservative mode holds a waiting rank until the end is final"
+    lines.append(f"  --sync {run.sync}: {s.early_reads} collective end(s) were read by a waiting host (synchronize, "
+                 f".item(), Work.wait) before they were final; {stale}")
+    return lines
+
+
 def kernel_times_lines(result: TraceResult) -> list[str]:
-    """Which estimator timed the kernels, how many each label timed, and what the user must know."""
+    """Which estimator timed the kernels, how many each timed, and what the user must know."""
     choice = result.kernel_times
     if choice is None:
         return []
     lines = [f"  kernel times: {choice.description}"]
     by = result.summary.kernels_by_estimator
     if by:
-        lines.append("    kernels timed by: " + ", ".join(f"{n:,} {label}" for label, n in
-                                                         sorted(by.items(), key=lambda kv: -kv[1])))
+        # Labels are "estimator (why)": count per estimator first, so the line never reads as if
+        # the headline estimator timed kernels it did not.
+        families: dict[str, dict[str, int]] = {}
+        for label, n in by.items():
+            name, _, why = label.partition(" (")
+            families.setdefault(name, {})[why.rstrip(")")] = n
+        parts = []
+        for name, whys in sorted(families.items(), key=lambda kv: -sum(kv[1].values())):
+            detail = ", ".join(f"{n:,} {why}" for why, n in sorted(whys.items(), key=lambda kv: -kv[1]) if why)
+            parts.append(f"{sum(whys.values()):,} {name}" + (f" ({detail})" if detail else ""))
+        lines.append("    kernels timed: " + "; ".join(parts))
     lines.extend(f"    {line}" for line in choice.after_run())
     lines.extend(f"    note: {note}" for note in choice.notes)
     return lines
