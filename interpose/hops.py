@@ -1,0 +1,316 @@
+"""Higher-order operators (HOPs) run eagerly on virtual GPUs.
+
+A HOP (torch.ops.higher_order.*: flex_attention, cond, while_loop, invoke_subgraph, map_impl,
+scan, auto_functionalized, ...) takes functions or graphs as arguments. Eager torch dispatches one
+on the Python key to the top TorchDispatchMode's rule for that HOP, looked up by the mode's exact
+class (HigherOrderOperator.dispatch: `type(mode) in hop.python_key_table`), and raises
+"There was no rule registered for HigherOrderOperator ..." when there is none. Two things follow:
+
+* VirtualCudaFakeMode, a FakeTensorMode subclass, has none of FakeTensorMode's rules. Every HOP's
+  rule table (those that exist now and those created later) resolves VirtualCudaFakeMode to the
+  FakeTensorMode rule (`_InheritingRules`).
+* The op observer has no rules either. It declares `supports_higher_order_operators`, so torch
+  hands it every HOP through __torch_dispatch__, and `dispatch_hop` below either
+    - reports the HOP as the one fused kernel a GPU runs (FUSED: flex_attention and its
+      backward; the kernel that torch.compile generates), running it below the observer for its
+      outputs, or
+    - runs the HOP's own eager (dense) implementation with the observer active, so the ops of
+      its body are reported one by one as a GPU would run them (cond takes the branch its
+      predicate reads as under interpose/values.py's policy, while_loop iterates while its
+      predicate reads true, invoke_subgraph / map / scan / auto_functionalized run their bodies).
+
+torch's eager `flex_attention(q, k, v, block_mask=...)` wraps the HOP in
+torch.compile(fullgraph=True, backend="eager"). While the observer is on the mode stack Dynamo
+skips that frame ("non-infra torch dispatch mode present") and then raises "torch.compile with
+fullgraph=True found no compiled frames". Here flex_attention calls the HOP directly (torch's own
+`_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG` path; with the eager backend the compiled wrapper does
+nothing else). The observer stays a non-infra mode: making Dynamo trace through it is the
+torch.compile question, not this module's.
+
+`create_block_mask` evaluates the mask_mod over every (q, kv) position on the device; on a
+virtual GPU that yields no data, so the mask's sparsity would be unknown. The same call is
+repeated for real on the CPU when mask_mod is a function of the indices alone (causal, sliding
+window, prefix-LM, ...) and the mask is not huge (REAL_MASK_MAX_CELLS), and the CPU result
+becomes the real "shadow" of the virtual BlockMask's tensors (interpose/values.py): printing the
+mask shows it, and the flex-attention kernels are costed with its real block count. A mask_mod
+that reads tensors on a virtual GPU (document ids) has no data to evaluate: its block count is
+unknown and the kernel is costed as if every block were visited (an upper bound).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+from torch._ops import HigherOrderOperator
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+
+from interpose import values
+
+DispatchKey = torch._C.DispatchKey
+
+# HOPs that a GPU runs as one fused kernel (costed by phantora/cost/attention.py).
+FUSED = frozenset({"flex_attention", "flex_attention_backward"})
+
+# A mask larger than this many (batch, head, q, kv) cells is not evaluated on the CPU.
+REAL_MASK_MAX_CELLS = 1 << 26
+
+# Mode classes that use another mode class's HOP rules: {subclass: base}.
+_RULES_FROM: dict[type, type] = {}
+
+
+class _InheritingRules(dict):
+    """A HOP's python_key_table in which a mode class registered in _RULES_FROM finds its base
+    class's rule when it has none of its own."""
+
+    def _key(self, k: Any) -> Any:
+        if dict.__contains__(self, k):
+            return k
+        base = _RULES_FROM.get(k)
+        return base if base is not None and dict.__contains__(self, base) else k
+
+    def __contains__(self, k: object) -> bool:
+        return dict.__contains__(self, self._key(k))
+
+    def __getitem__(self, k: Any) -> Any:
+        return dict.__getitem__(self, self._key(k))
+
+    def get(self, k: Any, default: Any = None) -> Any:
+        return dict.get(self, self._key(k), default)
+
+
+def _inherit_rules(hop: HigherOrderOperator) -> None:
+    if not isinstance(hop.python_key_table, _InheritingRules):
+        hop.python_key_table = _InheritingRules(hop.python_key_table)
+        hop._dispatch_cache.clear()
+
+
+def inherit_hop_rules(mode_cls: type, base: type) -> None:
+    """Give `mode_cls` every HOP rule registered for `base`, for the HOPs that exist now and for
+    those created later (a HOP's rules may also be registered after it is created)."""
+    _RULES_FROM[mode_cls] = base
+    for hop in list(torch._ops._higher_order_ops.values()):
+        _inherit_rules(hop)
+    init = HigherOrderOperator.__init__
+    if getattr(init, "_phantora_inherits_rules", False):
+        return
+
+    @functools.wraps(init)
+    def __init__(self: HigherOrderOperator, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        _inherit_rules(self)
+
+    __init__._phantora_inherits_rules = True  # type: ignore[attr-defined]
+    HigherOrderOperator.__init__ = __init__  # type: ignore[method-assign]
+
+
+# --- the observer's side -------------------------------------------------------------------------
+def dispatch_hop(obs: Any, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
+    """The observer's answer to a HOP (called from its __torch_dispatch__, the observer popped)."""
+    if not obs.rt.active:
+        return _run_below(func, args, kwargs)
+    if func.name() in FUSED:
+        out = _run_below(func, args, kwargs)
+        obs._report(func, *report_args(func, args, kwargs), out)
+        return out
+    body = _eager_kernel(func)
+    if body is None:
+        # No eager implementation to decompose into (HOPs only compiled code produces): one op,
+        # reported under its own name (the cost model calls it unknown).
+        out = _run_below(func, args, kwargs)
+        obs._report(func, *report_args(func, args, kwargs), out)
+        return out
+    _hide_own_modes(body)
+    with obs:
+        return body(*args, **kwargs)
+
+
+def _run_below(func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
+    """The HOP as the modes below the observer answer it (FakeTensorMode's rule: outputs with
+    the right shapes, no ops reported), without going through autograd or autocast again."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
+
+    mode = _get_current_dispatch_mode()
+    if mode is not None and type(mode) in func.python_key_table:
+        rule = func.python_key_table[type(mode)]
+        with _pop_mode_temporarily() as popped:
+            return rule(popped, *args, **kwargs)
+    return func(*args, **kwargs)
+
+
+def _hide_own_modes(kernel: Callable[..., Any]) -> None:
+    """Several eager HOP kernels (cond, scan, invoke_subgraph, strict_mode, BaseHOP) assert that
+    no dispatch mode is active ("Mode should never be enabled for CPU/CUDA key"): on a GPU they
+    run below every mode. phantora's own two modes are always active; those modules' mode
+    lookup (used only for that assertion) skips them, so a user's mode still trips it."""
+    module_globals = getattr(kernel, "__globals__", None)
+    if module_globals is None:
+        return
+    lookup = module_globals.get("_get_current_dispatch_mode")
+    if lookup is None or getattr(lookup, "_phantora_skips_own_modes", False):
+        return
+    module_globals["_get_current_dispatch_mode"] = _current_user_mode
+
+
+def _current_user_mode() -> Any:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    for mode in reversed(_get_current_dispatch_mode_stack()):
+        if not isinstance(mode, _OWN_MODES):
+            return mode
+    return None
+
+
+_current_user_mode._phantora_skips_own_modes = True  # type: ignore[attr-defined]
+_OWN_MODES: tuple[type, ...] = ()
+
+
+def _eager_kernel(func: HigherOrderOperator) -> Callable[..., Any] | None:
+    """The implementation eager torch runs for this HOP on a CUDA tensor (the CUDA key, or the
+    composite kernel it resolves to), or None when the HOP has none."""
+    try:
+        key = torch._ops.resolve_key(func, DispatchKey.CUDA)
+    except NotImplementedError:
+        return None
+    kernel = func.py_kernels.get(key)
+    return kernel if callable(kernel) else None
+
+
+# --- what is reported --------------------------------------------------------------------------
+def report_args(func: HigherOrderOperator, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The HOP's arguments as a signature can carry them: tensors and scalars as they are,
+    functions and graphs by their kind, option dicts left out; flex attention adds what its
+    block mask visits (`visited_blocks`, None when unknown) as the last argument."""
+    flat = tuple(_plain(a) for a in (*args, *kwargs.values()))
+    where = FLEX_BLOCK_MASK_ARG.get(func.name())
+    if where is not None:
+        flat = flat + (visited_blocks(args[where] if len(args) > where else None),)
+    return flat, {}
+
+
+# Where each flex HOP takes the BlockMask tuple (torch 2.13 and 2.14 agree;
+# phantora/cost/attention.py reads the same positions).
+FLEX_BLOCK_MASK_ARG = {"flex_attention": 4, "flex_attention_backward": 9}
+
+
+def _plain(a: Any) -> Any:
+    if isinstance(a, (torch.Tensor, int, float, bool, str)) or a is None:
+        return a
+    if isinstance(a, (tuple, list)):
+        return tuple(_plain(x) for x in a)
+    if isinstance(a, (torch.dtype, torch.device)):
+        return a
+    if isinstance(a, dict):
+        return None
+    if isinstance(a, torch.fx.GraphModule):
+        return "GraphModule"
+    return "callable" if callable(a) else type(a).__name__
+
+
+def visited_blocks(block_mask: Any) -> tuple[int, int] | None:
+    """(blocks the flex-attention kernel visits, partial + full, summed over the mask's batch,
+    head and query-block dims; the most one query block visits), from the real values of the
+    mask's block counts, or None when they hold no data. BlockMask.as_tuple() is (q_len, kv_len,
+    kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, ...)."""
+    if not isinstance(block_mask, tuple) or len(block_mask) < 5:
+        return None
+    per_row = None
+    for t in (block_mask[2], block_mask[4]):
+        if t is None:
+            continue
+        real = values.shadow_of(t) if isinstance(t, FakeTensor) else t
+        if not isinstance(real, torch.Tensor) or isinstance(real, FakeTensor):
+            return None
+        with unset_fake_temporarily():
+            per_row = real.long() if per_row is None else per_row + real.long()
+    if per_row is None:
+        return None
+    with unset_fake_temporarily():
+        return int(per_row.sum()), int(per_row.max()) if per_row.numel() else 0
+
+
+# --- create_block_mask with real block counts --------------------------------------------------
+def _create_block_mask_with_real_counts(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def create_block_mask(mask_mod: Any, B: Any, H: Any, Q_LEN: int, KV_LEN: int, device: Any = "cuda",
+                          *args: Any, **kwargs: Any) -> Any:
+        mask = original(mask_mod, B, H, Q_LEN, KV_LEN, device, *args, **kwargs)
+        if isinstance(mask.kv_num_blocks, FakeTensor):
+            real = _evaluate_on_cpu(original, mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
+            if real is not None:
+                _shadow_block_mask(mask, real)
+        return mask
+
+    return create_block_mask
+
+
+def _evaluate_on_cpu(original: Callable[..., Any], mask_mod: Any, B: Any, H: Any, Q_LEN: int,
+                     KV_LEN: int, args: tuple, kwargs: dict) -> Any:
+    """The same block mask computed for real on the CPU, or None when mask_mod needs data that
+    only exists on a virtual GPU (or the mask is too large to evaluate here)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    cells = (B or 1) * (H or 1) * Q_LEN * KV_LEN
+    if cells > REAL_MASK_MAX_CELLS:
+        return None
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "_compile")}
+    try:
+        with _disable_current_modes():
+            real = original(mask_mod, B, H, Q_LEN, KV_LEN, "cpu", *args, **kwargs)
+    except Exception:  # mask_mod reads virtual-GPU tensors, or cannot run on the CPU
+        return None
+    tensors = [t for t in real.as_tuple() if isinstance(t, torch.Tensor)]
+    if not tensors or any(isinstance(t, FakeTensor) for t in tensors):
+        return None
+    return real
+
+
+def _shadow_block_mask(mask: Any, real: Any) -> None:
+    for virtual, cpu in zip(mask.as_tuple(), real.as_tuple()):
+        if isinstance(virtual, FakeTensor) and isinstance(cpu, torch.Tensor) and cpu.shape == virtual.shape:
+            values.set_shadow(virtual, cpu)
+
+
+def _branches_return_tuples() -> None:
+    """torch.cond's backward builds each branch's joint graph from the branch function, and the
+    joint builder needs the branch to return a tuple of outputs. On a GPU the branches reaching
+    it are always Dynamo's graphs of the user's functions, whose outputs Dynamo flattened into a
+    tuple; with Dynamo skipping frames under the observer the user's own functions arrive, and
+    one returning a bare tensor (allowed by torch.cond) failed in backward ("object of type
+    'bool' has no len()"). The branch's joint graph is built here from the same function with
+    its outputs in a tuple, as Dynamo's graph would return them."""
+    import importlib
+
+    cond_module = importlib.import_module("torch._higher_order_ops.cond")  # the package re-exports cond()
+
+    original = cond_module.create_bw_fn
+    if getattr(original, "_phantora_tuple_outputs", False):
+        return
+
+    def create_bw_fn(fn: Callable[..., Any], args: Any, *rest: Any, **kwargs: Any) -> Any:
+        def as_tuple(*a: Any) -> Any:
+            out = fn(*a)
+            return out if isinstance(out, (tuple, list)) else (out,)
+
+        return original(as_tuple, args, *rest, **kwargs)
+
+    create_bw_fn._phantora_tuple_outputs = True  # type: ignore[attr-defined]
+    cond_module.create_bw_fn = create_bw_fn
+
+
+def install_hops(fake_mode_cls: type, observer_cls: type) -> None:
+    global _OWN_MODES
+    _OWN_MODES = (fake_mode_cls, observer_cls)
+    inherit_hop_rules(fake_mode_cls, FakeTensorMode)
+    # torch then hands every HOP to the observer's __torch_dispatch__ (dispatch_hop).
+    observer_cls.supports_higher_order_operators = True
+    import torch.nn.attention.flex_attention as fa
+
+    # The eager flex_attention calls the HOP directly instead of through
+    # torch.compile(fullgraph=True, backend="eager"): Dynamo skips frames while the observer is
+    # active, and a fullgraph compile that compiled no frame raises. With the eager backend the
+    # compiled wrapper would do nothing but call the HOP.
+    fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    _branches_return_tuples()
+    fa.create_block_mask = _create_block_mask_with_real_counts(fa.create_block_mask)
