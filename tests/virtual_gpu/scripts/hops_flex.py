@@ -4,7 +4,7 @@ The test reads the kernels of the trace in this order: causal, sliding, document
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
 B, H, S, D = 2, 4, 512, 64
 WINDOW = 128
@@ -35,12 +35,6 @@ masks = {
     "sliding": create_block_mask(sliding, B=None, H=None, Q_LEN=S, KV_LEN=S, device="cuda"),
     "document": create_block_mask(document, B=None, H=None, Q_LEN=S, KV_LEN=S, device="cuda"),
 }
-# 128-token blocks: causal sees 10 of the 4 x 4 blocks, the 128-token window 7 (diagonal and the
-# one below it); the CPU-evaluated masks carry their real block counts.
-assert masks["causal"].kv_num_blocks.device.type == "cuda"
-assert abs(masks["causal"].sparsity() - 100 * (1 - 10 / 16)) < 1e-6, masks["causal"].sparsity()
-assert abs(masks["sliding"].sparsity() - 100 * (1 - 7 / 16)) < 1e-6, masks["sliding"].sparsity()
-print("ok block_mask_sparsity")
 
 for name in ("causal", "sliding", "document"):
     q, k, v = qkv()
@@ -52,7 +46,8 @@ for name in ("causal", "sliding", "document"):
     print(f"ok flex_{name}")
 
 q, k, v = qkv()
-out, lse = flex_attention(q, k, v, return_lse=True)  # no block mask: every block
+out, aux = flex_attention(q, k, v, return_aux=AuxRequest(lse=True))  # no block mask: every block
+lse = aux.lse
 assert lse.shape == (B, H, S) and lse.dtype == torch.float32
 out.sum().backward()
 torch.cuda.synchronize()
@@ -62,6 +57,13 @@ q, k, v = qkv()
 F.scaled_dot_product_attention(q, k, v).sum().backward()
 torch.cuda.synchronize()
 print("ok sdpa")
+
+# 128-token blocks: causal sees 10 of the 4 x 4 blocks, the 128-token window 7 (diagonal and the
+# one below it); the CPU-evaluated masks carry their real block counts.
+assert masks["causal"].kv_num_blocks.device.type == "cuda"
+assert abs(masks["causal"].sparsity() - 100 * (1 - 10 / 16)) < 1e-6, masks["causal"].sparsity()
+assert abs(masks["sliding"].sparsity() - 100 * (1 - 7 / 16)) < 1e-6, masks["sliding"].sparsity()
+print("ok block_mask_sparsity")
 
 # torch.compile(flex_attention), as TorchTitan wraps it, runs the same way.
 q, k, v = qkv()
