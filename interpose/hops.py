@@ -111,6 +111,11 @@ def dispatch_hop(obs: Any, func: HigherOrderOperator, args: tuple, kwargs: dict)
     if not obs.rt.active:
         return _run_below(func, args, kwargs)
     if func.name() in FUSED:
+        if _all_real_cpu((*args, *kwargs.values())):
+            # Real data on the CPU (as with any op whose inputs are all real CPU tensors): the
+            # HOP's CPU kernel computes it for real.
+            with unset_fake_temporarily(), torch._C._AutoDispatchBelowAutograd():
+                return func(*args, **kwargs)
         out = _run_below(func, args, kwargs)
         obs._report(func, *report_args(func, args, kwargs), out)
         return out
@@ -124,6 +129,11 @@ def dispatch_hop(obs: Any, func: HigherOrderOperator, args: tuple, kwargs: dict)
     _hide_own_modes(body)
     with obs:
         return body(*args, **kwargs)
+
+
+def _all_real_cpu(args: Any) -> bool:
+    tensors = [t for t in torch.utils._pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+    return bool(tensors) and all(not isinstance(t, FakeTensor) and t.device.type == "cpu" for t in tensors)
 
 
 def _run_below(func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
@@ -233,7 +243,7 @@ def visited_blocks(block_mask: Any) -> tuple[int, int] | None:
 # --- create_block_mask with real block counts --------------------------------------------------
 def _create_block_mask_with_real_counts(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
-    def create_block_mask(mask_mod: Any, B: Any, H: Any, Q_LEN: int, KV_LEN: int, device: Any = "cuda",
+    def create_block_mask(mask_mod: Any, B: Any, H: Any, Q_LEN: int, KV_LEN: int, device: Any = None,
                           *args: Any, **kwargs: Any) -> Any:
         mask = original(mask_mod, B, H, Q_LEN, KV_LEN, device, *args, **kwargs)
         if isinstance(mask.kv_num_blocks, FakeTensor):

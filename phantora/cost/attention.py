@@ -2,7 +2,9 @@
 
 Ops: _scaled_dot_product_{flash,efficient,cudnn}_attention(+_backward),
 _scaled_dot_product_fused_attention_overrideable(+_backward), _flash_attention_forward/backward,
-_efficient_attention_forward/backward, _cudnn_attention_forward/backward.
+_efficient_attention_forward/backward, _cudnn_attention_forward/backward, and flex attention
+(higher_order::flex_attention / flex_attention_backward, reported by interpose/hops.py; see
+"flex attention" below).
 
 Time model, FlashAttention-style: each thread block owns a BLOCK_Q-row block of queries of one
 (batch, head) and walks the BLOCK_KV-column blocks of keys it may see (all of them, or those on

@@ -2,7 +2,8 @@
 
 `classify(name, tags)` answers for a qualified op name ("aten::mm") and the overload's tags.
 Order of the rules:
-  1. namespaces other than aten: FSDP2's copy ops by qualified name (QUALIFIED_FAMILIES),
+  1. namespaces other than aten: FSDP2's copy ops and the flex-attention higher-order ops by
+     qualified name (QUALIFIED_FAMILIES),
      prim/profiler ops are host-only, collectives belong to the network model, anything
      else is unknown;
   2. the explicit table below (by op name, then by its in-place / functional twin), and the
