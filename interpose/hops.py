@@ -40,6 +40,7 @@ unknown and the kernel is costed as if every block were visited (an upper bound)
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Callable
 
 import torch
@@ -152,28 +153,38 @@ def _run_below(func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
 def _hide_own_modes(kernel: Callable[..., Any]) -> None:
     """Several eager HOP kernels (cond, scan, invoke_subgraph, strict_mode, BaseHOP) assert that
     no dispatch mode is active ("Mode should never be enabled for CPU/CUDA key"): on a GPU they
-    run below every mode. phantora's own two modes are always active; those modules' mode
-    lookup (used only for that assertion) skips them, so a user's mode still trips it."""
-    module_globals = getattr(kernel, "__globals__", None)
-    if module_globals is None:
+    run below every mode. phantora's own two modes are always active, so when one of these
+    kernels (and only it: the caller's code object is checked) asks for the current mode, the
+    answer skips phantora's modes; a user's mode still trips the assertion. Kernels import the
+    lookup at module level (cond, scan) or inside the function (invoke_subgraph, BaseHOP): both
+    names are covered."""
+    code = getattr(getattr(kernel, "__func__", kernel), "__code__", None)
+    if code is None:
         return
+    _KERNEL_CODES.add(code)
+    module_globals = getattr(getattr(kernel, "__func__", kernel), "__globals__", {})
     lookup = module_globals.get("_get_current_dispatch_mode")
-    if lookup is None or getattr(lookup, "_phantora_skips_own_modes", False):
-        return
-    module_globals["_get_current_dispatch_mode"] = _current_user_mode
+    if lookup is not None and not getattr(lookup, "_phantora_skips_own_modes", False):
+        module_globals["_get_current_dispatch_mode"] = _skipping_own_modes(lookup)
 
 
-def _current_user_mode() -> Any:
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    for mode in reversed(_get_current_dispatch_mode_stack()):
-        if not isinstance(mode, _OWN_MODES):
-            return mode
-    return None
-
-
-_current_user_mode._phantora_skips_own_modes = True  # type: ignore[attr-defined]
+_KERNEL_CODES: set[Any] = set()
 _OWN_MODES: tuple[type, ...] = ()
+
+
+def _skipping_own_modes(original: Callable[[], Any]) -> Callable[[], Any]:
+    def _get_current_dispatch_mode() -> Any:
+        if sys._getframe(1).f_code not in _KERNEL_CODES:
+            return original()
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        for mode in reversed(_get_current_dispatch_mode_stack()):
+            if not isinstance(mode, _OWN_MODES):
+                return mode
+        return None
+
+    _get_current_dispatch_mode._phantora_skips_own_modes = True  # type: ignore[attr-defined]
+    return _get_current_dispatch_mode
 
 
 def _eager_kernel(func: HigherOrderOperator) -> Callable[..., Any] | None:
@@ -312,6 +323,9 @@ def _branches_return_tuples() -> None:
 def install_hops(fake_mode_cls: type, observer_cls: type) -> None:
     global _OWN_MODES
     _OWN_MODES = (fake_mode_cls, observer_cls)
+    import torch.utils._python_dispatch as python_dispatch
+
+    python_dispatch._get_current_dispatch_mode = _skipping_own_modes(python_dispatch._get_current_dispatch_mode)
     inherit_hop_rules(fake_mode_cls, FakeTensorMode)
     # torch then hands every HOP to the observer's __torch_dispatch__ (dispatch_hop).
     observer_cls.supports_higher_order_operators = True

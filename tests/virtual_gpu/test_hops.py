@@ -1,5 +1,6 @@
 """Higher-order operators on a virtual GPU (issue 14, cause 10): flex_attention, torch.cond,
-while_loop, wrap and tag_activation_checkpoint run eagerly, on both torch builds.
+while_loop, wrap, tag_activation_checkpoint, invoke_subgraph and map run eagerly, on both torch
+builds.
 
 Before interpose/hops.py, the first HOP call raised "There was no rule registered for
 HigherOrderOperator flex_attention and mode <interpose.observer.OpObserver ...>" (and cond the
@@ -75,7 +76,7 @@ def test_flex_attention_forward_backward_costed_by_block_mask(tmp_path: Path, us
 def test_control_flow_hops_run_their_bodies(tmp_path: Path, user_python: str) -> None:
     proc, trace = run_traced(tmp_path, user_python, "hops_control.py")
     assert_ran(proc, "cond_virtual_predicate", "cond_hinted_predicate", "cond_backward", "while_loop", "wrap",
-               "tag_activation_checkpoint")
+               "tag_activation_checkpoint", "invoke_subgraph", "map")
     count = Counter((k["args"].get("op"), tuple(map(tuple, k["args"].get("shapes", [])))) for k in _kernels(trace))
     # cond on a placeholder predicate (reads False): only the false branch's sin ran.
     assert count[("aten::sin.default", ((3, 5),))] == 1
@@ -92,3 +93,6 @@ def test_control_flow_hops_run_their_bodies(tmp_path: Path, user_python: str) ->
     # wrap: one tanh; tag_activation_checkpoint: tanh forward, recomputed in backward.
     assert count[("aten::tanh.default", ((4, 9),))] == 3
     assert count[("aten::tanh_backward.default", ((4, 9), (4, 9)))] == 1
+    # invoke_subgraph runs its subgraph once; map runs its body once per slice.
+    assert count[("aten::exp.default", ((5, 13),))] == 1
+    assert count[("aten::relu.default", ((4, 8),))] == 3

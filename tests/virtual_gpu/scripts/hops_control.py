@@ -5,7 +5,9 @@ kernels in the trace:
   cond, isfinite(...).all()        x [3, 6]    true branch (isfinite reads True): cos, mul
   cond with autograd               x [3, 7]    false branch forward (sin) and its backward
   while_loop, counter 0 -> 3       y [7, 11]   three mul
-  wrap / tag_activation_checkpoint x [4, 9]    one tanh each (two in all)
+  wrap / tag_activation_checkpoint x [4, 9]    one tanh each, and the checkpoint's recompute
+  invoke_subgraph (called directly)  x [5, 13]   one exp
+  map over 3 slices                x [3, 4, 8] three relu of [4, 8]
 """
 
 import torch
@@ -67,4 +69,16 @@ out = tag_activation_checkpoint(gm, x, use_reentrant=False)
 out.sum().backward()
 assert x.grad.shape == (4, 9)
 print("ok tag_activation_checkpoint")
+
+from torch._higher_order_ops.invoke_subgraph import invoke_subgraph  # noqa: E402
+from torch._higher_order_ops.map import map as map_hop  # noqa: E402
+
+x = torch.randn(5, 13, device="cuda")
+(out,) = invoke_subgraph(lambda t: (t.exp(),), "subgraph_0", x)
+assert out.shape == (5, 13)
+print("ok invoke_subgraph")
+
+xs = torch.randn(3, 4, 8, device="cuda")
+assert map_hop(torch.relu, xs).shape == (3, 4, 8)
+print("ok map")
 torch.cuda.synchronize()
