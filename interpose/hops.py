@@ -275,7 +275,9 @@ def _evaluate_on_cpu(original: Callable[..., Any], mask_mod: Any, B: Any, H: Any
     cells = (B or 1) * (H or 1) * Q_LEN * KV_LEN
     if cells > REAL_MASK_MAX_CELLS:
         return None
-    kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "_compile")}
+    key = _mask_key(mask_mod, (B, H, Q_LEN, KV_LEN, args, tuple(sorted(kwargs.items()))))
+    if key is not None and key in _real_masks:
+        return _real_masks[key]
     try:
         with _disable_current_modes():
             real = original(mask_mod, B, H, Q_LEN, KV_LEN, "cpu", *args, **kwargs)
@@ -284,7 +286,46 @@ def _evaluate_on_cpu(original: Callable[..., Any], mask_mod: Any, B: Any, H: Any
     tensors = [t for t in real.as_tuple() if isinstance(t, torch.Tensor)]
     if not tensors or any(isinstance(t, FakeTensor) for t in tensors):
         return None
+    if key is not None:
+        if len(_real_masks) >= _REAL_MASKS_KEPT:
+            _real_masks.pop(next(iter(_real_masks)))
+        _real_masks[key] = real
     return real
+
+
+# Masks already evaluated on the CPU (it takes seconds for long sequences, and training loops
+# often rebuild the same causal mask every step), by what decides their values.
+_real_masks: dict[tuple, Any] = {}
+_REAL_MASKS_KEPT = 16
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _mask_key(mask_mod: Any, call: tuple) -> tuple | None:
+    """What a mask_mod's values depend on, when that is its code, the plain values it captured
+    (closure cells, defaults, the module-level names it reads) and the call's arguments; None
+    when it reads anything else (a tensor, an object), which could change between calls."""
+    fn = getattr(mask_mod, "__func__", mask_mod)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    try:
+        captured = [c.cell_contents for c in (fn.__closure__ or ())] + list(fn.__defaults__ or ())
+    except ValueError:  # an empty closure cell
+        return None
+    fn_globals = getattr(fn, "__globals__", {})
+    for name in code.co_names:
+        value = fn_globals.get(name)
+        if value is None or isinstance(value, type(sys)) or callable(value) and not isinstance(value, torch.Tensor):
+            continue  # a module, a function, or an attribute name
+        captured.append((name, value))
+    if not all(isinstance(v[1] if isinstance(v, tuple) else v, _PLAIN) for v in captured):
+        return None
+    try:
+        key = (code, tuple(captured), call)
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _shadow_block_mask(mask: Any, real: Any) -> None:
