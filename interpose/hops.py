@@ -30,11 +30,15 @@ torch.compile question, not this module's.
 `create_block_mask` evaluates the mask_mod over every (q, kv) position on the device; on a
 virtual GPU that yields no data, so the mask's sparsity would be unknown. The same call is
 repeated for real on the CPU when mask_mod is a function of the indices alone (causal, sliding
-window, prefix-LM, ...) and the mask is not huge (REAL_MASK_MAX_CELLS), and the CPU result
-becomes the real "shadow" of the virtual BlockMask's tensors (interpose/values.py): printing the
-mask shows it, and the flex-attention kernels are costed with its real block count. A mask_mod
-that reads tensors on a virtual GPU (document ids) has no data to evaluate: its block count is
-unknown and the kernel is costed as if every block were visited (an upper bound).
+window, prefix-LM, ...; masks beyond REAL_MASK_MAX_CELLS are counted in slices of query rows, up
+to REAL_MASK_MAX_CELLS_COUNTED), and the CPU result becomes the real "shadow" of the virtual
+BlockMask's tensors (interpose/values.py): its sparsity() is the real one, and the flex-attention
+kernels are costed with its real block count. A mask_mod that reads tensors on a virtual GPU
+(document ids) has no data to evaluate: its block count is unknown and the kernel is costed as
+if every block were visited (an upper bound).
+
+The eager kernels of several HOPs assert that no dispatch mode is active; see _hide_own_modes.
+torch.cond's backward needs branch functions returning tuples; see _branches_return_tuples.
 """
 
 from __future__ import annotations
@@ -54,8 +58,11 @@ DispatchKey = torch._C.DispatchKey
 # HOPs that a GPU runs as one fused kernel (costed by phantora/cost/attention.py).
 FUSED = frozenset({"flex_attention", "flex_attention_backward"})
 
-# A mask larger than this many (batch, head, q, kv) cells is not evaluated on the CPU.
+# Block masks up to this many (batch, head, q, kv) cells are built for real on the CPU at once;
+# up to REAL_MASK_MAX_CELLS_COUNTED, their block counts are, in slices (32k x 32k tokens: ~16
+# slices, seconds of CPU time once per distinct mask); larger ones are not evaluated.
 REAL_MASK_MAX_CELLS = 1 << 26
+REAL_MASK_MAX_CELLS_COUNTED = 1 << 30
 
 # Mode classes that use another mode class's HOP rules: {subclass: base}.
 _RULES_FROM: dict[type, type] = {}
@@ -267,35 +274,71 @@ def _create_block_mask_with_real_counts(original: Callable[..., Any]) -> Callabl
 
 
 def _evaluate_on_cpu(original: Callable[..., Any], mask_mod: Any, B: Any, H: Any, Q_LEN: int,
-                     KV_LEN: int, args: tuple, kwargs: dict) -> Any:
-    """The same block mask computed for real on the CPU, or None when mask_mod needs data that
-    only exists on a virtual GPU (or the mask is too large to evaluate here)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
+                     KV_LEN: int, args: tuple, kwargs: dict) -> dict[int, torch.Tensor] | None:
+    """The same block mask's tensors computed for real on the CPU, by their position in
+    BlockMask.as_tuple(), or None when mask_mod needs data that only exists on a virtual GPU
+    (or the mask is too large to evaluate here). Up to REAL_MASK_MAX_CELLS cells the whole mask
+    is built; larger ones, in slices of query rows, give its block counts only (what the cost
+    model and BlockMask.sparsity() read)."""
     cells = (B or 1) * (H or 1) * Q_LEN * KV_LEN
-    if cells > REAL_MASK_MAX_CELLS:
+    if cells > REAL_MASK_MAX_CELLS_COUNTED:
         return None
     key = _mask_key(mask_mod, (B, H, Q_LEN, KV_LEN, args, tuple(sorted(kwargs.items()))))
     if key is not None and key in _real_masks:
         return _real_masks[key]
     try:
-        with _disable_current_modes():
-            real = original(mask_mod, B, H, Q_LEN, KV_LEN, "cpu", *args, **kwargs)
+        if cells <= REAL_MASK_MAX_CELLS:
+            real = _cpu_block_mask(original, mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
+            tensors = {i: t for i, t in enumerate(real.as_tuple()) if isinstance(t, torch.Tensor)}
+        else:
+            tensors = _block_counts_in_slices(original, mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
     except Exception:  # mask_mod reads virtual-GPU tensors, or cannot run on the CPU
         return None
-    tensors = [t for t in real.as_tuple() if isinstance(t, torch.Tensor)]
-    if not tensors or any(isinstance(t, FakeTensor) for t in tensors):
+    if not tensors or any(isinstance(t, FakeTensor) for t in tensors.values()):
         return None
     if key is not None:
         if len(_real_masks) >= _REAL_MASKS_KEPT:
             _real_masks.pop(next(iter(_real_masks)))
-        _real_masks[key] = real
-    return real
+        _real_masks[key] = tensors
+    return tensors
+
+
+def _cpu_block_mask(original: Callable[..., Any], mask_mod: Any, B: Any, H: Any, Q_LEN: int, KV_LEN: int,
+                    args: tuple, kwargs: dict) -> Any:
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return original(mask_mod, B, H, Q_LEN, KV_LEN, "cpu", *args, **kwargs)
+
+
+# BlockMask.as_tuple() positions of the per-query-block counts of partial and full key blocks.
+_KV_NUM_BLOCKS, _FULL_KV_NUM_BLOCKS = 2, 4
+
+
+def _block_counts_in_slices(original: Callable[..., Any], mask_mod: Any, B: Any, H: Any, Q_LEN: int,
+                            KV_LEN: int, args: tuple, kwargs: dict) -> dict[int, torch.Tensor]:
+    """kv_num_blocks and full_kv_num_blocks of a mask too large to build at once: the mask of
+    each slice of query rows (whole query blocks, mask_mod shifted by the slice's start) counts
+    the key blocks of its query blocks."""
+    block = kwargs.get("BLOCK_SIZE", args[0] if args else 128)
+    q_block = block[0] if isinstance(block, tuple) else block
+    rows = max(q_block, REAL_MASK_MAX_CELLS // ((B or 1) * (H or 1) * KV_LEN) // q_block * q_block)
+    parts: dict[int, list[torch.Tensor]] = {_KV_NUM_BLOCKS: [], _FULL_KV_NUM_BLOCKS: []}
+    for start in range(0, Q_LEN, rows):
+        def shifted(b: Any, h: Any, q_idx: Any, kv_idx: Any, start: int = start) -> Any:
+            return mask_mod(b, h, q_idx + start, kv_idx)
+
+        piece = _cpu_block_mask(original, shifted, B, H, min(rows, Q_LEN - start), KV_LEN, args, kwargs)
+        for position in parts:
+            t = piece.as_tuple()[position]
+            if t is not None:
+                parts[position].append(t)
+    return {position: torch.cat(ts, dim=-1) for position, ts in parts.items() if ts}
 
 
 # Masks already evaluated on the CPU (it takes seconds for long sequences, and training loops
 # often rebuild the same causal mask every step), by what decides their values.
-_real_masks: dict[tuple, Any] = {}
+_real_masks: dict[tuple, dict[int, torch.Tensor]] = {}
 _REAL_MASKS_KEPT = 16
 _PLAIN = (int, float, bool, str, type(None))
 
@@ -328,9 +371,10 @@ def _mask_key(mask_mod: Any, call: tuple) -> tuple | None:
     return key
 
 
-def _shadow_block_mask(mask: Any, real: Any) -> None:
-    for virtual, cpu in zip(mask.as_tuple(), real.as_tuple()):
-        if isinstance(virtual, FakeTensor) and isinstance(cpu, torch.Tensor) and cpu.shape == virtual.shape:
+def _shadow_block_mask(mask: Any, real: dict[int, torch.Tensor]) -> None:
+    for position, virtual in enumerate(mask.as_tuple()):
+        cpu = real.get(position)
+        if isinstance(virtual, FakeTensor) and cpu is not None and cpu.shape == virtual.shape:
             values.set_shadow(virtual, cpu)
 
 

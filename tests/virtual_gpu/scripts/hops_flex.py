@@ -65,6 +65,12 @@ assert abs(masks["causal"].sparsity() - 100 * (1 - 10 / 16)) < 1e-6, masks["caus
 assert abs(masks["sliding"].sparsity() - 100 * (1 - 7 / 16)) < 1e-6, masks["sliding"].sparsity()
 print("ok block_mask_sparsity")
 
+# A long causal mask (12288^2 cells, beyond what is built at once on the CPU) is counted in
+# slices of query rows: 96 blocks per side, 96 * 97 / 2 of them visited.
+long_mask = create_block_mask(causal, B=None, H=None, Q_LEN=12288, KV_LEN=12288, device="cuda")
+assert abs(long_mask.sparsity() - 100 * (1 - 96 * 97 / 2 / 96**2)) < 1e-6, long_mask.sparsity()
+print("ok block_mask_sliced")
+
 # torch.compile(flex_attention), as TorchTitan wraps it, runs the same way.
 q, k, v = qkv()
 compiled = torch.compile(flex_attention)
