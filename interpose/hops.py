@@ -358,7 +358,8 @@ def _mask_key(mask_mod: Any, call: tuple) -> tuple | None:
     fn_globals = getattr(fn, "__globals__", {})
     for name in code.co_names:
         value = fn_globals.get(name)
-        if value is None or isinstance(value, type(sys)) or callable(value) and not isinstance(value, torch.Tensor):
+        is_code = isinstance(value, type(sys)) or callable(value) and not isinstance(value, torch.Tensor)
+        if value is None or is_code:
             continue  # a module, a function, or an attribute name
         captured.append((name, value))
     if not all(isinstance(v[1] if isinstance(v, tuple) else v, _PLAIN) for v in captured):

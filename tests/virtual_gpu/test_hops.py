@@ -32,8 +32,8 @@ def _by_op(kernels: list[dict], op: str) -> list[dict]:
 @BUILDS
 def test_flex_attention_forward_backward_costed_by_block_mask(tmp_path: Path, user_python: str) -> None:
     proc, trace = run_traced(tmp_path, user_python, "hops_flex.py")
-    assert_ran(proc, "block_mask_sparsity", "block_mask_sliced", "flex_causal", "flex_sliding", "flex_document", "flex_full", "sdpa",
-               "flex_compiled_wrapper")
+    assert_ran(proc, "block_mask_sparsity", "block_mask_sliced", "flex_causal", "flex_sliding", "flex_document",
+               "flex_full", "sdpa", "flex_compiled_wrapper")
     kernels = _kernels(trace)
     forward = _by_op(kernels, "higher_order::flex_attention.default")
     backward = _by_op(kernels, "higher_order::flex_attention_backward.default")
