@@ -61,6 +61,10 @@ def after_torch_import() -> None:
     clock = VirtualClock(rt.client)
     install_clock(clock)
 
+    from interpose.fake import VirtualCudaFakeMode
+    from interpose.hops import install_hops
+
+    install_hops(VirtualCudaFakeMode, OpObserver)
     fake_mode = make_fake_mode()
     observer = OpObserver(rt)
     rt.observer = observer

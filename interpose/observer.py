@@ -15,9 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from interpose import hops
 from interpose import runtime as rt_mod
 from interpose import values
 from interpose.python_events import op_flags
@@ -63,6 +65,8 @@ class OpObserver(TorchDispatchMode):
             return self._dispatch(func, args, kwargs or {})
 
     def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if isinstance(func, HigherOrderOperator):
+            return hops.dispatch_hop(self, func, args, kwargs)
         if func in _SKIP:
             return func(*args, **kwargs)
         special = _SPECIAL.get(func)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch._ops import HigherOrderOperator
 
 from phantora.ops import FLOAT_PLACEHOLDER, OpSignature, TensorMeta
 
@@ -94,9 +95,15 @@ def signature_of(
     is_pinned: Callable[[torch.Tensor], bool] = _never_pinned,
 ) -> OpSignature:
     """The signature of `func(*args, **kwargs)` that returned `result`."""
-    schema_name = func._schema.name  # "aten::mm"
-    overload = func._overloadname
-    in_args = tuple(_arg(a, is_pinned) for a in positional_args(func, args, kwargs))
+    if isinstance(func, HigherOrderOperator):
+        # No schema: "higher_order::flex_attention", its arguments in call order (interpose/hops.py
+        # reduced functions, graphs and option dicts to plain values).
+        schema_name, overload = f"higher_order::{func.name()}", "default"
+        in_args = tuple(_arg(a, is_pinned) for a in (*args, *kwargs.values()))
+    else:
+        schema_name = func._schema.name  # "aten::mm"
+        overload = func._overloadname
+        in_args = tuple(_arg(a, is_pinned) for a in positional_args(func, args, kwargs))
     if isinstance(result, torch.Tensor):
         outs: tuple = (tensor_meta(result, is_pinned),)
     elif isinstance(result, (list, tuple)):

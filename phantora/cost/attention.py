@@ -2,7 +2,9 @@
 
 Ops: _scaled_dot_product_{flash,efficient,cudnn}_attention(+_backward),
 _scaled_dot_product_fused_attention_overrideable(+_backward), _flash_attention_forward/backward,
-_efficient_attention_forward/backward, _cudnn_attention_forward/backward.
+_efficient_attention_forward/backward, _cudnn_attention_forward/backward, and flex attention
+(higher_order::flex_attention / flex_attention_backward, reported by interpose/hops.py; see
+"flex attention" below).
 
 Time model, FlashAttention-style: each thread block owns a BLOCK_Q-row block of queries of one
 (batch, head) and walks the BLOCK_KV-column blocks of keys it may see (all of them, or those on
@@ -76,17 +78,33 @@ class AttentionShape:
     head_dim: int
     head_dim_v: int
     causal: bool
+    # Block-sparse masks (flex attention): the fraction of (query block, key block) pairs the
+    # kernel visits, and the most key blocks one query block visits. None: not block-sparse.
+    block_fraction: float | None = None
+    longest_row: int | None = None
 
     def block_pairs(self) -> int:
         """(query block, key block) pairs one (batch, head) computes."""
         n_q, n_kv = ceil_div(self.seq_q, BLOCK_Q), ceil_div(self.seq_kv, BLOCK_KV)
+        if self.block_fraction is not None:
+            return max(1, round(n_q * n_kv * self.block_fraction))
         return int(_causal_visible(n_q, n_kv)) if self.causal else n_q * n_kv
 
     def useful_pairs_fraction(self) -> float:
-        """Fraction of the full S_q x S_kv score matrix that is computed (~0.5 when causal)."""
+        """Fraction of the full S_q x S_kv score matrix that is computed (~0.5 when causal;
+        block-sparse kernels compute whole blocks, masked cells included)."""
+        if self.block_fraction is not None:
+            return self.block_fraction
         if not self.causal:
             return 1.0
         return _causal_visible(self.seq_q, self.seq_kv) / (self.seq_q * self.seq_kv)
+
+    def longest_block(self) -> int:
+        """Key blocks the busiest query block walks."""
+        n_q, n_kv = ceil_div(self.seq_q, BLOCK_Q), ceil_div(self.seq_kv, BLOCK_KV)
+        if self.longest_row is not None:
+            return min(self.longest_row, n_kv)
+        return min(n_q, n_kv) if self.causal else n_kv
 
     def forward_flops(self) -> float:
         full = 2.0 * self.batch * self.heads * self.seq_q * self.seq_kv * (self.head_dim + self.head_dim_v)
@@ -108,7 +126,7 @@ def _pair_flops(shape: AttentionShape) -> float:
 def main_loop_ns(shape: AttentionShape, backend: str, ctx: CostContext, dtype: str, backward: bool) -> float:
     """Time of the main attention kernel: block pairs spread over the SMs, in waves."""
     gpu = ctx.gpu
-    efficiency = gpu.attention_efficiency.get(backend, gpu.gemm_efficiency * 0.6)
+    efficiency = _efficiency(gpu, backend, backward)
     rate_per_sm = peak_flops(gpu, matmul_compute_type(dtype, True)) * efficiency / gpu.sm_count
     if backward:
         rate_per_sm *= BACKWARD_RATE_FACTOR
@@ -120,9 +138,7 @@ def main_loop_ns(shape: AttentionShape, backend: str, ctx: CostContext, dtype: s
     blocks = heads * n_q
     total_pairs = heads * shape.block_pairs() + blocks * BLOCK_OVERHEAD_PAIRS
     # Work spread evenly over the SMs, but never faster than the longest block's own work.
-    n_kv = ceil_div(shape.seq_kv, BLOCK_KV)
-    longest_block = min(n_q, n_kv) if shape.causal else n_kv
-    pairs_per_sm = max(total_pairs / gpu.sm_count, longest_block + BLOCK_OVERHEAD_PAIRS)
+    pairs_per_sm = max(total_pairs / gpu.sm_count, shape.longest_block() + BLOCK_OVERHEAD_PAIRS)
     return pairs_per_sm * pair_ns
 
 
@@ -242,3 +258,86 @@ def attention(sig: OpSignature, ctx: CostContext) -> OpCost:
     dq_elems = q_elems * shape.head_dim
     convert = streaming_kernel(f"{bwd_name.split('_')[0]}_bwd_convert_dq_kernel", gpu, dq_elems * 6.0)
     return OpCost((preprocess, main, convert))
+
+
+def _efficiency(gpu, backend: str, backward: bool) -> float:
+    """Fraction of the bf16 peak the main loop sustains on this GPU for this backend."""
+    if backend == "flex":
+        flash = gpu.attention_efficiency.get("flash", gpu.gemm_efficiency * 0.6)
+        return flash * (FLEX_VS_FLASH_BACKWARD if backward else FLEX_VS_FLASH_FORWARD)
+    return gpu.attention_efficiency.get(backend, gpu.gemm_efficiency * 0.6)
+
+
+# --- flex attention (torch.ops.higher_order.flex_attention and its backward) -----------------
+#
+# The fused kernel torch.compile generates for flex_attention (an Inductor Triton template,
+# FlashAttention-2's algorithm with the score_mod / mask_mod inlined) walks, for each query block,
+# only the key blocks its BlockMask lists: partial blocks (mask_mod applied per cell) and full
+# blocks, so its work is the visited fraction of the block grid (interpose/hops.py sends the count
+# of visited blocks, summed over the mask's batch, head and query-block dims, and the longest
+# row; None when the mask's values are unknown, and then every block is taken as visited, an
+# upper bound). FLOPs follow: 2 products forward, 5 backward, over the visited blocks' cells
+# (masked cells of partial blocks included: the kernel computes them).
+# Rate: the FlexAttention authors measured 90% of FlashAttention-2's throughput forward and 85%
+# backward (PyTorch blog "FlexAttention", Aug 2024); FLEX_VS_FLASH_* scale the GPU's "flash"
+# efficiency by that. Backward is one kernel here: the rowsum(dO * O) preprocessing (a separate
+# small kernel in compiled code) is folded into its time. Not modelled: the score_mod's own
+# arithmetic (a few FLOPs per cell, hidden behind the products for the usual mods).
+FLEX_VS_FLASH_FORWARD = 0.90
+FLEX_VS_FLASH_BACKWARD = 0.85
+FLEX_KERNEL_NAMES = ("triton_tem_flex_attention", "triton_tem_flex_attention_backward")
+# Where the BlockMask tuple sits among each HOP's arguments (torch 2.13 and 2.14 agree).
+FLEX_BLOCK_MASK_ARG = {"flex_attention": 4, "flex_attention_backward": 9}
+# In BlockMask.as_tuple(): (q_len, kv_len, kv_num_blocks, ..., Q_BLOCK_SIZE, KV_BLOCK_SIZE, mask_mod)
+_MASK_KV_LEN, _MASK_KV_NUM_BLOCKS, _MASK_KV_BLOCK_FROM_END = 1, 2, 2
+
+
+@dataclass(frozen=True, slots=True)
+class FlexCall:
+    shape: AttentionShape
+    dtype: str
+    io_tensors: tuple[TensorMeta, ...]
+    backward: bool
+    mask_known: bool
+
+
+def _flex_sparsity(mask: tuple, visited) -> tuple[float | None, int | None]:
+    """(visited fraction of the mask's block grid, longest row in cost-model blocks)."""
+    if not isinstance(visited, (tuple, list)) or len(visited) != 2:
+        return None, None
+    counts = mask[_MASK_KV_NUM_BLOCKS]
+    kv_len, kv_block = mask[_MASK_KV_LEN], mask[-_MASK_KV_BLOCK_FROM_END]
+    if not isinstance(counts, TensorMeta) or not isinstance(kv_len, int) or not isinstance(kv_block, int):
+        return None, None
+    grid = counts.numel * ceil_div(kv_len, kv_block)
+    if grid <= 0:
+        return None, None
+    total, longest = visited
+    return min(1.0, total / grid), ceil_div(longest * kv_block, BLOCK_KV)
+
+
+def parse_flex_attention(sig: OpSignature) -> FlexCall:
+    backward = sig.short_name == "flex_attention_backward"
+    q, k, v = sig.args[0], sig.args[1], sig.args[2]
+    mask = sig.args[FLEX_BLOCK_MASK_ARG[sig.short_name]]
+    fraction, longest = _flex_sparsity(mask, sig.args[-1]) if isinstance(mask, tuple) else (None, None)
+    shape = AttentionShape(q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3], False,
+                           block_fraction=1.0 if fraction is None else fraction, longest_row=longest)
+    dense_args = sig.args[: 7 if backward else 3]  # q, k, v (+ out, lse, grad_out, grad_lse)
+    io = tuple(t for t in dense_args if isinstance(t, TensorMeta)) + tuple(sig.tensors_out())
+    return FlexCall(shape, q.dtype, io, backward, fraction is not None)
+
+
+def flex_attention(sig: OpSignature, ctx: CostContext) -> OpCost:
+    call = parse_flex_attention(sig)
+    gpu, shape = ctx.gpu, call.shape
+    io_bytes = float(sum(footprint_bytes(t) for t in call.io_tensors))
+    main_ns = max(main_loop_ns(shape, "flex", ctx, call.dtype, call.backward) + gpu.kernel_ramp_ns,
+                  memory_ns(io_bytes, gpu))
+    if not call.backward:
+        return OpCost((Kernel(FLEX_KERNEL_NAMES[0], main_ns, shape.forward_flops(), io_bytes),))
+    q_elems = shape.batch * shape.heads * shape.seq_q
+    delta_bytes = q_elems * shape.head_dim_v * 2.0 * 2 + q_elems * 4  # read dO and O, write delta
+    delta_ns = memory_ns(delta_bytes, gpu) - gpu.kernel_ramp_ns
+    return OpCost((Kernel(FLEX_KERNEL_NAMES[1], main_ns + delta_ns, 2.5 * shape.forward_flops(),
+                          io_bytes + delta_bytes),))

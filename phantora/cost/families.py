@@ -2,7 +2,8 @@
 
 `classify(name, tags)` answers for a qualified op name ("aten::mm") and the overload's tags.
 Order of the rules:
-  1. namespaces other than aten: FSDP2's copy ops by qualified name (QUALIFIED_FAMILIES),
+  1. namespaces other than aten: FSDP2's copy ops and the flex-attention higher-order ops by
+     qualified name (QUALIFIED_FAMILIES),
      prim/profiler ops are host-only, collectives belong to the network model, anything
      else is unknown;
   2. the explicit table below (by op name, then by its in-place / functional twin), and the
@@ -315,6 +316,9 @@ QUALIFIED_FAMILIES: dict[str, Family] = {
     "fsdp::all_gather_copy_in": Family("movement", movement.fsdp_all_gather_copy_in),
     "fsdp::split_with_sizes_copy": Family("movement", movement.fsdp_split_with_sizes_copy),
     "fsdp::chunk_cat": Family("cat", movement.fsdp_chunk_cat),
+    # higher-order ops reported as one fused kernel (interpose/hops.py)
+    "higher_order::flex_attention": Family("attention", attention.flex_attention),
+    "higher_order::flex_attention_backward": Family("attention", attention.flex_attention),
 }
 
 

@@ -1,0 +1,426 @@
+"""Higher-order operators (HOPs) run eagerly on virtual GPUs.
+
+A HOP (torch.ops.higher_order.*: flex_attention, cond, while_loop, invoke_subgraph, map_impl,
+scan, auto_functionalized, ...) takes functions or graphs as arguments. Eager torch dispatches one
+on the Python key to the top TorchDispatchMode's rule for that HOP, looked up by the mode's exact
+class (HigherOrderOperator.dispatch: `type(mode) in hop.python_key_table`), and raises
+"There was no rule registered for HigherOrderOperator ..." when there is none. Two things follow:
+
+* VirtualCudaFakeMode, a FakeTensorMode subclass, has none of FakeTensorMode's rules. Every HOP's
+  rule table (those that exist now and those created later) resolves VirtualCudaFakeMode to the
+  FakeTensorMode rule (`_InheritingRules`).
+* The op observer has no rules either. It declares `supports_higher_order_operators`, so torch
+  hands it every HOP through __torch_dispatch__, and `dispatch_hop` below either
+    - reports the HOP as the one fused kernel a GPU runs (FUSED: flex_attention and its
+      backward; the kernel that torch.compile generates), running it below the observer for its
+      outputs, or
+    - runs the HOP's own eager (dense) implementation with the observer active, so the ops of
+      its body are reported one by one as a GPU would run them (cond takes the branch its
+      predicate reads as under interpose/values.py's policy, while_loop iterates while its
+      predicate reads true, invoke_subgraph / map / scan / auto_functionalized run their bodies).
+
+torch's eager `flex_attention(q, k, v, block_mask=...)` wraps the HOP in
+torch.compile(fullgraph=True, backend="eager"). While the observer is on the mode stack Dynamo
+skips that frame ("non-infra torch dispatch mode present") and then raises "torch.compile with
+fullgraph=True found no compiled frames". Here flex_attention calls the HOP directly (torch's own
+`_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG` path; with the eager backend the compiled wrapper does
+nothing else). The observer stays a non-infra mode: making Dynamo trace through it is the
+torch.compile question, not this module's.
+
+`create_block_mask` evaluates the mask_mod over every (q, kv) position on the device; on a
+virtual GPU that yields no data, so the mask's sparsity would be unknown. The same call is
+repeated for real on the CPU when mask_mod is a function of the indices alone (causal, sliding
+window, prefix-LM, ...; masks beyond REAL_MASK_MAX_CELLS are counted in slices of query rows, up
+to REAL_MASK_MAX_CELLS_COUNTED), and the CPU result becomes the real "shadow" of the virtual
+BlockMask's tensors (interpose/values.py): its sparsity() is the real one, and the flex-attention
+kernels are costed with its real block count. A mask_mod that reads tensors on a virtual GPU
+(document ids) has no data to evaluate: its block count is unknown and the kernel is costed as
+if every block were visited (an upper bound).
+
+The eager kernels of several HOPs assert that no dispatch mode is active; see _hide_own_modes.
+torch.cond's backward needs branch functions returning tuples; see _branches_return_tuples.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable
+
+import torch
+from torch._ops import HigherOrderOperator
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+
+from interpose import values
+
+DispatchKey = torch._C.DispatchKey
+
+# HOPs that a GPU runs as one fused kernel (costed by phantora/cost/attention.py).
+FUSED = frozenset({"flex_attention", "flex_attention_backward"})
+
+# Block masks up to this many (batch, head, q, kv) cells are built for real on the CPU at once;
+# up to REAL_MASK_MAX_CELLS_COUNTED, their block counts are, in slices (32k x 32k tokens: ~16
+# slices, seconds of CPU time once per distinct mask); larger ones are not evaluated.
+REAL_MASK_MAX_CELLS = 1 << 26
+REAL_MASK_MAX_CELLS_COUNTED = 1 << 30
+
+# Mode classes that use another mode class's HOP rules: {subclass: base}.
+_RULES_FROM: dict[type, type] = {}
+
+
+class _InheritingRules(dict):
+    """A HOP's python_key_table in which a mode class registered in _RULES_FROM finds its base
+    class's rule when it has none of its own."""
+
+    def _key(self, k: Any) -> Any:
+        if dict.__contains__(self, k):
+            return k
+        base = _RULES_FROM.get(k)
+        return base if base is not None and dict.__contains__(self, base) else k
+
+    def __contains__(self, k: object) -> bool:
+        return dict.__contains__(self, self._key(k))
+
+    def __getitem__(self, k: Any) -> Any:
+        return dict.__getitem__(self, self._key(k))
+
+    def get(self, k: Any, default: Any = None) -> Any:
+        return dict.get(self, self._key(k), default)
+
+
+def _inherit_rules(hop: HigherOrderOperator) -> None:
+    if not isinstance(hop.python_key_table, _InheritingRules):
+        hop.python_key_table = _InheritingRules(hop.python_key_table)
+        hop._dispatch_cache.clear()
+
+
+def inherit_hop_rules(mode_cls: type, base: type) -> None:
+    """Give `mode_cls` every HOP rule registered for `base`, for the HOPs that exist now and for
+    those created later (a HOP's rules may also be registered after it is created)."""
+    _RULES_FROM[mode_cls] = base
+    for hop in list(torch._ops._higher_order_ops.values()):
+        _inherit_rules(hop)
+    init = HigherOrderOperator.__init__
+    if getattr(init, "_phantora_inherits_rules", False):
+        return
+
+    @functools.wraps(init)
+    def __init__(self: HigherOrderOperator, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        _inherit_rules(self)
+
+    __init__._phantora_inherits_rules = True  # type: ignore[attr-defined]
+    HigherOrderOperator.__init__ = __init__  # type: ignore[method-assign]
+
+
+# --- the observer's side -------------------------------------------------------------------------
+def dispatch_hop(obs: Any, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
+    """The observer's answer to a HOP (called from its __torch_dispatch__, the observer popped)."""
+    if not obs.rt.active:
+        return _run_below(func, args, kwargs)
+    if func.name() in FUSED:
+        if _all_real_cpu((*args, *kwargs.values())):
+            # Real data on the CPU (as with any op whose inputs are all real CPU tensors): the
+            # HOP's CPU kernel computes it for real.
+            with unset_fake_temporarily(), torch._C._AutoDispatchBelowAutograd():
+                return func(*args, **kwargs)
+        out = _run_below(func, args, kwargs)
+        obs._report(func, *report_args(func, args, kwargs), out)
+        return out
+    body = _eager_kernel(func)
+    if body is None:
+        # No eager implementation to decompose into (HOPs only compiled code produces): one op,
+        # reported under its own name (the cost model calls it unknown).
+        out = _run_below(func, args, kwargs)
+        obs._report(func, *report_args(func, args, kwargs), out)
+        return out
+    _hide_own_modes(body)
+    with obs:
+        return body(*args, **kwargs)
+
+
+def _all_real_cpu(args: Any) -> bool:
+    tensors = [t for t in torch.utils._pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+    return bool(tensors) and all(not isinstance(t, FakeTensor) and t.device.type == "cpu" for t in tensors)
+
+
+def _run_below(func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
+    """The HOP as the modes below the observer answer it (FakeTensorMode's rule: outputs with
+    the right shapes, no ops reported), without going through autograd or autocast again."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
+
+    mode = _get_current_dispatch_mode()
+    if mode is not None and type(mode) in func.python_key_table:
+        rule = func.python_key_table[type(mode)]
+        with _pop_mode_temporarily() as popped:
+            return rule(popped, *args, **kwargs)
+    return func(*args, **kwargs)
+
+
+def _hide_own_modes(kernel: Callable[..., Any]) -> None:
+    """Several eager HOP kernels (cond, scan, invoke_subgraph, strict_mode, BaseHOP) assert that
+    no dispatch mode is active ("Mode should never be enabled for CPU/CUDA key"): on a GPU they
+    run below every mode. phantora's own two modes are always active, so when one of these
+    kernels (and only it: the caller's code object is checked) asks for the current mode, the
+    answer skips phantora's modes; a user's mode still trips the assertion. Kernels import the
+    lookup at module level (cond, scan) or inside the function (invoke_subgraph, BaseHOP): both
+    names are covered."""
+    code = getattr(getattr(kernel, "__func__", kernel), "__code__", None)
+    if code is None:
+        return
+    _KERNEL_CODES.add(code)
+    module_globals = getattr(getattr(kernel, "__func__", kernel), "__globals__", {})
+    lookup = module_globals.get("_get_current_dispatch_mode")
+    if lookup is not None and not getattr(lookup, "_phantora_skips_own_modes", False):
+        module_globals["_get_current_dispatch_mode"] = _skipping_own_modes(lookup)
+
+
+_KERNEL_CODES: set[Any] = set()
+_OWN_MODES: tuple[type, ...] = ()
+
+
+def _skipping_own_modes(original: Callable[[], Any]) -> Callable[[], Any]:
+    def _get_current_dispatch_mode() -> Any:
+        if sys._getframe(1).f_code not in _KERNEL_CODES:
+            return original()
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        for mode in reversed(_get_current_dispatch_mode_stack()):
+            if not isinstance(mode, _OWN_MODES):
+                return mode
+        return None
+
+    _get_current_dispatch_mode._phantora_skips_own_modes = True  # type: ignore[attr-defined]
+    return _get_current_dispatch_mode
+
+
+def _eager_kernel(func: HigherOrderOperator) -> Callable[..., Any] | None:
+    """The implementation eager torch runs for this HOP on a CUDA tensor (the CUDA key, or the
+    composite kernel it resolves to), or None when the HOP has none."""
+    try:
+        key = torch._ops.resolve_key(func, DispatchKey.CUDA)
+    except NotImplementedError:
+        return None
+    kernel = func.py_kernels.get(key)
+    return kernel if callable(kernel) else None
+
+
+# --- what is reported --------------------------------------------------------------------------
+def report_args(func: HigherOrderOperator, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The HOP's arguments as a signature can carry them: tensors and scalars as they are,
+    functions and graphs by their kind, option dicts left out; flex attention adds what its
+    block mask visits (`visited_blocks`, None when unknown) as the last argument."""
+    flat = tuple(_plain(a) for a in (*args, *kwargs.values()))
+    where = FLEX_BLOCK_MASK_ARG.get(func.name())
+    if where is not None:
+        flat = flat + (visited_blocks(args[where] if len(args) > where else None),)
+    return flat, {}
+
+
+# Where each flex HOP takes the BlockMask tuple (torch 2.13 and 2.14 agree;
+# phantora/cost/attention.py reads the same positions).
+FLEX_BLOCK_MASK_ARG = {"flex_attention": 4, "flex_attention_backward": 9}
+
+
+def _plain(a: Any) -> Any:
+    if isinstance(a, (torch.Tensor, int, float, bool, str)) or a is None:
+        return a
+    if isinstance(a, (tuple, list)):
+        return tuple(_plain(x) for x in a)
+    if isinstance(a, (torch.dtype, torch.device)):
+        return a
+    if isinstance(a, dict):
+        return None
+    if isinstance(a, torch.fx.GraphModule):
+        return "GraphModule"
+    return "callable" if callable(a) else type(a).__name__
+
+
+def visited_blocks(block_mask: Any) -> tuple[int, int] | None:
+    """(blocks the flex-attention kernel visits, partial + full, summed over the mask's batch,
+    head and query-block dims; the most one query block visits), from the real values of the
+    mask's block counts, or None when they hold no data. BlockMask.as_tuple() is (q_len, kv_len,
+    kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, ...)."""
+    if not isinstance(block_mask, tuple) or len(block_mask) < 5:
+        return None
+    per_row = None
+    for t in (block_mask[2], block_mask[4]):
+        if t is None:
+            continue
+        real = values.shadow_of(t) if isinstance(t, FakeTensor) else t
+        if not isinstance(real, torch.Tensor) or isinstance(real, FakeTensor):
+            return None
+        with unset_fake_temporarily():
+            per_row = real.long() if per_row is None else per_row + real.long()
+    if per_row is None:
+        return None
+    with unset_fake_temporarily():
+        return int(per_row.sum()), int(per_row.max()) if per_row.numel() else 0
+
+
+# --- create_block_mask with real block counts --------------------------------------------------
+def _create_block_mask_with_real_counts(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def create_block_mask(mask_mod: Any, B: Any, H: Any, Q_LEN: int, KV_LEN: int, device: Any = None,
+                          *args: Any, **kwargs: Any) -> Any:
+        mask = original(mask_mod, B, H, Q_LEN, KV_LEN, device, *args, **kwargs)
+        if isinstance(mask.kv_num_blocks, FakeTensor):
+            real = _evaluate_on_cpu(original, mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
+            if real is not None:
+                _shadow_block_mask(mask, real)
+        return mask
+
+    return create_block_mask
+
+
+def _evaluate_on_cpu(original: Callable[..., Any], mask_mod: Any, B: Any, H: Any, Q_LEN: int,
+                     KV_LEN: int, args: tuple, kwargs: dict) -> dict[int, torch.Tensor] | None:
+    """The same block mask's tensors computed for real on the CPU, by their position in
+    BlockMask.as_tuple(), or None when mask_mod needs data that only exists on a virtual GPU
+    (or the mask is too large to evaluate here). Up to REAL_MASK_MAX_CELLS cells the whole mask
+    is built; larger ones, in slices of query rows, give its block counts only (what the cost
+    model and BlockMask.sparsity() read)."""
+    cells = (B or 1) * (H or 1) * Q_LEN * KV_LEN
+    if cells > REAL_MASK_MAX_CELLS_COUNTED:
+        return None
+    key = _mask_key(mask_mod, (B, H, Q_LEN, KV_LEN, args, tuple(sorted(kwargs.items()))))
+    if key is not None and key in _real_masks:
+        return _real_masks[key]
+    try:
+        if cells <= REAL_MASK_MAX_CELLS:
+            real = _cpu_block_mask(original, mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
+            tensors = {i: t for i, t in enumerate(real.as_tuple()) if isinstance(t, torch.Tensor)}
+        else:
+            tensors = _block_counts_in_slices(original, mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
+    except Exception:  # mask_mod reads virtual-GPU tensors, or cannot run on the CPU
+        return None
+    if not tensors or any(isinstance(t, FakeTensor) for t in tensors.values()):
+        return None
+    if key is not None:
+        if len(_real_masks) >= _REAL_MASKS_KEPT:
+            _real_masks.pop(next(iter(_real_masks)))
+        _real_masks[key] = tensors
+    return tensors
+
+
+def _cpu_block_mask(original: Callable[..., Any], mask_mod: Any, B: Any, H: Any, Q_LEN: int, KV_LEN: int,
+                    args: tuple, kwargs: dict) -> Any:
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return original(mask_mod, B, H, Q_LEN, KV_LEN, "cpu", *args, **kwargs)
+
+
+# BlockMask.as_tuple() positions of the per-query-block counts of partial and full key blocks.
+_KV_NUM_BLOCKS, _FULL_KV_NUM_BLOCKS = 2, 4
+
+
+def _block_counts_in_slices(original: Callable[..., Any], mask_mod: Any, B: Any, H: Any, Q_LEN: int,
+                            KV_LEN: int, args: tuple, kwargs: dict) -> dict[int, torch.Tensor]:
+    """kv_num_blocks and full_kv_num_blocks of a mask too large to build at once: the mask of
+    each slice of query rows (whole query blocks, mask_mod shifted by the slice's start) counts
+    the key blocks of its query blocks."""
+    block = kwargs.get("BLOCK_SIZE", args[0] if args else 128)
+    q_block = block[0] if isinstance(block, tuple) else block
+    rows = max(q_block, REAL_MASK_MAX_CELLS // ((B or 1) * (H or 1) * KV_LEN) // q_block * q_block)
+    parts: dict[int, list[torch.Tensor]] = {_KV_NUM_BLOCKS: [], _FULL_KV_NUM_BLOCKS: []}
+    for start in range(0, Q_LEN, rows):
+        def shifted(b: Any, h: Any, q_idx: Any, kv_idx: Any, start: int = start) -> Any:
+            return mask_mod(b, h, q_idx + start, kv_idx)
+
+        piece = _cpu_block_mask(original, shifted, B, H, min(rows, Q_LEN - start), KV_LEN, args, kwargs)
+        for position in parts:
+            t = piece.as_tuple()[position]
+            if t is not None:
+                parts[position].append(t)
+    return {position: torch.cat(ts, dim=-1) for position, ts in parts.items() if ts}
+
+
+# Masks already evaluated on the CPU (it takes seconds for long sequences, and training loops
+# often rebuild the same causal mask every step), by what decides their values.
+_real_masks: dict[tuple, dict[int, torch.Tensor]] = {}
+_REAL_MASKS_KEPT = 16
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _mask_key(mask_mod: Any, call: tuple) -> tuple | None:
+    """What a mask_mod's values depend on, when that is its code, the plain values it captured
+    (closure cells, defaults, the module-level names it reads) and the call's arguments; None
+    when it reads anything else (a tensor, an object), which could change between calls."""
+    fn = getattr(mask_mod, "__func__", mask_mod)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    try:
+        captured = [c.cell_contents for c in (fn.__closure__ or ())] + list(fn.__defaults__ or ())
+    except ValueError:  # an empty closure cell
+        return None
+    fn_globals = getattr(fn, "__globals__", {})
+    for name in code.co_names:
+        value = fn_globals.get(name)
+        is_code = isinstance(value, type(sys)) or callable(value) and not isinstance(value, torch.Tensor)
+        if value is None or is_code:
+            continue  # a module, a function, or an attribute name
+        captured.append((name, value))
+    if not all(isinstance(v[1] if isinstance(v, tuple) else v, _PLAIN) for v in captured):
+        return None
+    try:
+        key = (code, tuple(captured), call)
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _shadow_block_mask(mask: Any, real: dict[int, torch.Tensor]) -> None:
+    for position, virtual in enumerate(mask.as_tuple()):
+        cpu = real.get(position)
+        if isinstance(virtual, FakeTensor) and cpu is not None and cpu.shape == virtual.shape:
+            values.set_shadow(virtual, cpu)
+
+
+def _branches_return_tuples() -> None:
+    """torch.cond's backward builds each branch's joint graph from the branch function, and the
+    joint builder needs the branch to return a tuple of outputs. On a GPU the branches reaching
+    it are always Dynamo's graphs of the user's functions, whose outputs Dynamo flattened into a
+    tuple; with Dynamo skipping frames under the observer the user's own functions arrive, and
+    one returning a bare tensor (allowed by torch.cond) failed in backward ("object of type
+    'bool' has no len()"). The branch's joint graph is built here from the same function with
+    its outputs in a tuple, as Dynamo's graph would return them."""
+    import importlib
+
+    cond_module = importlib.import_module("torch._higher_order_ops.cond")  # the package re-exports cond()
+
+    original = cond_module.create_bw_fn
+    if getattr(original, "_phantora_tuple_outputs", False):
+        return
+
+    def create_bw_fn(fn: Callable[..., Any], args: Any, *rest: Any, **kwargs: Any) -> Any:
+        def as_tuple(*a: Any) -> Any:
+            out = fn(*a)
+            return out if isinstance(out, (tuple, list)) else (out,)
+
+        return original(as_tuple, args, *rest, **kwargs)
+
+    create_bw_fn._phantora_tuple_outputs = True  # type: ignore[attr-defined]
+    cond_module.create_bw_fn = create_bw_fn
+
+
+def install_hops(fake_mode_cls: type, observer_cls: type) -> None:
+    global _OWN_MODES
+    _OWN_MODES = (fake_mode_cls, observer_cls)
+    import torch.utils._python_dispatch as python_dispatch
+
+    python_dispatch._get_current_dispatch_mode = _skipping_own_modes(python_dispatch._get_current_dispatch_mode)
+    inherit_hop_rules(fake_mode_cls, FakeTensorMode)
+    # torch then hands every HOP to the observer's __torch_dispatch__ (dispatch_hop).
+    observer_cls.supports_higher_order_operators = True
+    import torch.nn.attention.flex_attention as fa
+
+    # The eager flex_attention calls the HOP directly instead of through
+    # torch.compile(fullgraph=True, backend="eager"): Dynamo skips frames while the observer is
+    # active, and a fullgraph compile that compiled no frame raises. With the eager backend the
+    # compiled wrapper would do nothing but call the HOP.
+    fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    _branches_return_tuples()
+    fa.create_block_mask = _create_block_mask_with_real_counts(fa.create_block_mask)
