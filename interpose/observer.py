@@ -18,6 +18,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from interpose import cuda_rng
 from interpose import runtime as rt_mod
 from interpose import values
 from interpose.python_events import op_flags
@@ -80,6 +81,8 @@ class OpObserver(TorchDispatchMode):
             return out
         internal = _is_internal_detach(func)
         out = func(*args, **kwargs)
+        if func in cuda_rng.RANDOM_OPS:
+            cuda_rng.note_random_op(func, args, kwargs, out)
         if not any_tensor and not wants_cuda:
             out = _make_small_cpu_factory_real(func, args, kwargs, out)
         values.note_result(func, args, out)
