@@ -82,7 +82,6 @@ def _numel_increment(unroll: Callable[[torch.Tensor, tuple, dict], int]) -> Call
 
 
 _by_dtype = _numel_increment(lambda out, args, kwargs: _float_unroll(out))
-_by_four = _numel_increment(lambda out, args, kwargs: 4)
 
 
 def _bounded_random(bounds: Callable[[tuple, dict], tuple[int, int | None]]) -> Callable[..., int]:
@@ -193,6 +192,8 @@ class OffsetAdvancer:
         if generator is None:
             index = drawn.device.index if drawn.device.index is not None else torch.cuda.current_device()
             generator = torch.cuda.default_generators[index]
+        elif generator.device.type != "cuda":
+            return  # a CPU generator for a CUDA op: a GPU refuses it, the fake kernel does not check
         # CUDAGeneratorState::increase rounds up to a multiple of 4.
         generator.set_offset(generator.get_offset() + (increment + 3) // 4 * 4)
 

@@ -61,6 +61,10 @@ torch.cuda.seed()
 assert torch.cuda.initial_seed() != 7 and gens[1].initial_seed() == 7
 torch.cuda.seed_all()
 assert len({x.initial_seed() for x in gens}) == 1 and gens[0].initial_seed() != 7
+if hasattr(torch._C, "_accelerator_getDefaultGenerator"):  # torch >= 2.14: torch.accelerator's RNG functions
+    gens[1].manual_seed(31)
+    assert torch.accelerator.random.initial_seed(1) == 31
+    assert torch.equal(torch.accelerator.random.get_rng_state(1), gens[1].get_state())
 print("ok seeds")
 
 # --- state layout and round trips -----------------------------------------------------------
