@@ -16,7 +16,7 @@ from tests.virtual_gpu.harness import BUILDS, assert_ran, run_traced
 def test_cuda_generators_keep_seed_and_offset_like_a_gpu(tmp_path, user_python):
     proc, _ = run_traced(tmp_path, user_python, "cuda_rng_state.py")
     assert_ran(proc, "default_generators", "new_generator", "seeds", "state_round_trip", "offsets_advance",
-               "fork_rng", "graphsafe_state", "megatron_rng_tracker")
+               "fork_rng", "graphsafe_state", "megatron_rng_tracker", "checkpoint_replays_rng")
 
 
 class NeedsCudaKeyFallback(AssertionError):

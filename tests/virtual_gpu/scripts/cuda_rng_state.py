@@ -231,3 +231,23 @@ for graph_safe in (False, True):
     assert (torch.cuda.initial_seed(), gens[0].get_offset()) == (1000, 4)  # the default state is back
     assert seed_and_offset(tracker.states["expert-parallel-rng"]) == (2024, 0)
 print("ok megatron_rng_tracker")
+
+# --- activation checkpointing replays the forward's random numbers ----------------------------
+from torch.utils.checkpoint import checkpoint  # noqa: E402
+
+w = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+for reentrant in (False, True):
+    torch.cuda.set_rng_state(make_state(17, 1000))
+    entry_states = []
+
+    def block(inp):
+        entry_states.append(state_words(torch.cuda.get_rng_state()))
+        return torch.nn.functional.dropout(inp @ w, 0.1)  # 2**20 elements: 1056 blocks -> +4
+
+    out = checkpoint(block, torch.randn(1024, 1024, device="cuda", requires_grad=reentrant),  # +4
+                     use_reentrant=reentrant)
+    assert state_words(torch.cuda.get_rng_state()) == (17, 1008)
+    out.sum().backward()  # the recomputation runs from the forward's state, then puts it back
+    assert entry_states == [(17, 1004), (17, 1004)], entry_states
+    assert state_words(torch.cuda.get_rng_state()) == (17, 1008)
+print("ok checkpoint_replays_rng")
