@@ -87,6 +87,7 @@ class OpObserver(TorchDispatchMode):
             out = _make_small_cpu_factory_real(func, args, kwargs, out)
         values.note_result(func, args, out)
         values.note_shadow(func, args, kwargs, out, _is_fake, unset_fake_temporarily)
+        out = values.host_copy(func, args, kwargs, out, unset_fake_temporarily)
         if not internal:
             self._report(func, args, kwargs, out)
         return out

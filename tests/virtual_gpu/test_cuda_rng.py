@@ -30,8 +30,9 @@ class NeedsCudaKeyFallback(AssertionError):
                           "CUDA-key fallback (helper cudakey); remove this mark once it is merged")
 def test_dtensor_offset_based_rng_tracker(tmp_path, user_python):
     proc, _ = run_traced(tmp_path, user_python, "cuda_rng_dtensor.py", options=("--nproc-per-node", "2"))
-    assert "ok dtensor_manual_seed" in proc.stdout, proc.stderr[-4000:]
+    assert "ok dtensor_random_factories" in proc.stdout and "ok dtensor_manual_seed" in proc.stdout, \
+        proc.stderr[-4000:]
     cuda_key_missing = ("Could not run 'aten::" in proc.stderr or "cudaErrorInsufficientDriver" in proc.stderr)
     if proc.returncode != 0 and "_get_device_state" in proc.stderr and cuda_key_missing:
         raise NeedsCudaKeyFallback(proc.stderr[-2000:])
-    assert_ran(proc, "dtensor_manual_seed", "dtensor_random_op_offsets")
+    assert_ran(proc, "dtensor_random_factories", "dtensor_manual_seed", "dtensor_random_op_offsets")

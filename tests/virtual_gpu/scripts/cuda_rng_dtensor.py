@@ -24,6 +24,19 @@ dist.init_process_group("nccl")
 mesh = init_device_mesh("cuda", (2,))
 
 assert dtensor_random.is_rng_supported_mesh(mesh)
+
+# DTensor's random factories run the tracker under the program's dispatch modes. The first one
+# creates the OffsetBasedRNGTracker, which broadcasts rank 0's state (moved to the GPU) and
+# sets it on every rank (moved back to the host). Rank r draws its [4, 16] shard from offset
+# 64 * r; afterwards every rank's offset is the whole tensor's numel: 8 * 16 = 128.
+torch.manual_seed(55 + rank)  # different seeds: the tracker's state sync makes them rank 0's
+t = torch.distributed.tensor.randn(8, 16, device_mesh=mesh, placements=[Shard(0)])
+assert t.to_local().shape == (4, 16)
+assert seed_and_offset(rank) == (55, 128), seed_and_offset(rank)
+torch.distributed.tensor.rand(8, 16, device_mesh=mesh, placements=[Shard(0)])
+assert seed_and_offset(rank) == (55, 256), seed_and_offset(rank)
+print("ok dtensor_random_factories")
+
 dtensor_random.manual_seed(1234, mesh)  # = torch.manual_seed on every rank, no state broadcast
 assert seed_and_offset(rank) == (1234, 0), seed_and_offset(rank)
 print("ok dtensor_manual_seed")
