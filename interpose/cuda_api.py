@@ -5,7 +5,9 @@ Two layers, each the smallest that works:
     device state (so torch.cuda.memory_stats / memory_allocated / memory_summary / device
     context managers run as shipped), and
   * replacements for torch.cuda functions whose CPU-build versions are dummies or refuse
-    (is_available, Stream, Event, synchronize, device properties, RNG, nvtx, ...).
+    (is_available, Stream, Event, synchronize, device properties, nvtx, ...).
+The RNG (torch.cuda.default_generators, which torch.cuda's own RNG functions use) is
+interpose/cuda_rng.py's.
 Stream and Event subclass torch.Stream / torch.Event (FSDP calls stream.wait_event with them)
 and report to the simulator; the current device and stream live in the native shim, so
 autograd's stream switching in backward is seen too.
@@ -13,13 +15,13 @@ autograd's stream switching in backward is seen too.
 
 from __future__ import annotations
 
-import contextlib
 import types
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from interpose import runtime as rt_mod
+from interpose.cuda_rng import install_cuda_rng
 from phantora import protocol as P
 
 _CUDA_TYPE = 1  # c10::DeviceType::CUDA
@@ -322,52 +324,6 @@ def _unsupported(feature: str, advice: str) -> Any:
     return fail
 
 
-# --- RNG: fake tensors draw no random numbers, so generators only need to remember seeds ------
-class _Seeds:
-    initial = 0
-
-
-def manual_seed(seed: int) -> None:
-    _Seeds.initial = int(seed)
-
-
-def manual_seed_all(seed: int) -> None:
-    _Seeds.initial = int(seed)
-
-
-def seed() -> None:
-    _Seeds.initial = 67280421310721
-
-
-def initial_seed() -> int:
-    return _Seeds.initial
-
-
-def get_rng_state(device: Any = "cuda") -> torch.Tensor:
-    with _real_cpu():
-        return torch.zeros(16, dtype=torch.uint8)
-
-
-def get_rng_state_all() -> list[torch.Tensor]:
-    return [get_rng_state(i) for i in range(device_count())]
-
-
-def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
-    return None
-
-
-def set_rng_state_all(new_states: Any) -> None:
-    return None
-
-
-@contextlib.contextmanager
-def _real_cpu() -> Iterator[None]:
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily():
-        yield
-
-
 # --- memory: the torch._C bindings torch.cuda.memory calls ---------------------------------
 def _nested(flat: dict[str, int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -453,7 +409,6 @@ def _tensor_on_current_device(original: Any) -> Any:
 def install_cuda_api() -> None:
     import torch.cuda.memory as cmem
     import torch.cuda.nvtx as nvtx
-    import torch.cuda.random as crandom
 
     for name, fn in _C_BINDINGS.items():
         setattr(torch._C, name, fn)
@@ -468,9 +423,6 @@ def install_cuda_api() -> None:
         get_arch_list=get_arch_list, is_bf16_supported=is_bf16_supported, is_tf32_supported=is_tf32_supported,
         mem_get_info=mem_get_info, _lazy_init=_lazy_init, init=_lazy_init,
         is_initialized=lambda: True,
-        manual_seed=manual_seed, manual_seed_all=manual_seed_all, seed=seed, seed_all=seed,
-        initial_seed=initial_seed, get_rng_state=get_rng_state, get_rng_state_all=get_rng_state_all,
-        set_rng_state=set_rng_state, set_rng_state_all=set_rng_state_all,
         is_current_stream_capturing=lambda: False,
         CUDAGraph=_unsupported("CUDA graphs (torch.cuda.CUDAGraph)", "run the script without CUDA graph capture"),
         graph=_unsupported("CUDA graphs (torch.cuda.graph)", "run the script without CUDA graph capture"),
@@ -486,11 +438,10 @@ def install_cuda_api() -> None:
     cuda._tls.is_initializing = False
     for name, value in replacements.items():
         setattr(cuda, name, value)
-    for mod, names in ((cmem, ("mem_get_info", "empty_cache")), (crandom, (
-            "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
-            "get_rng_state_all", "set_rng_state", "set_rng_state_all"))):
-        for name in names:
-            setattr(mod, name, replacements[name])
+    for name in ("mem_get_info", "empty_cache"):
+        setattr(cmem, name, replacements[name])
+    cfg = _rt().config
+    install_cuda_rng(cfg.device_count, current_device, device_count, cfg.gpu.sm_count, cfg.gpu.max_threads_per_sm)
     cuda.streams.Stream = Stream  # type: ignore[attr-defined]
     cuda.streams.Event = Event  # type: ignore[attr-defined]
     nvtx.range_push = _range_push

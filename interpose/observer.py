@@ -19,7 +19,7 @@ from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from interpose import hops
+from interpose import cuda_rng, hops
 from interpose import runtime as rt_mod
 from interpose import values
 from interpose.python_events import op_flags
@@ -84,10 +84,13 @@ class OpObserver(TorchDispatchMode):
             return out
         internal = _is_internal_detach(func)
         out = func(*args, **kwargs)
+        if func in cuda_rng.RANDOM_OPS:
+            cuda_rng.note_random_op(func, args, kwargs, out)
         if not any_tensor and not wants_cuda:
             out = _make_small_cpu_factory_real(func, args, kwargs, out)
         values.note_result(func, args, out)
         values.note_shadow(func, args, kwargs, out, _is_fake, unset_fake_temporarily)
+        out = values.host_copy(func, args, kwargs, out, unset_fake_temporarily)
         if not internal:
             self._report(func, args, kwargs, out)
         return out

@@ -140,6 +140,21 @@ def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Any, re
             _shadows.drop(o)
 
 
+def host_copy(func: Any, args: tuple, kwargs: dict, out: Any, real_mode: Any) -> Any:
+    """A copy to the host (`.cpu()`, `.to("cpu")`) of a virtual-GPU tensor that keeps a shadow
+    reads the shadow, as a GPU's copy reads its memory: the result is a real CPU tensor. (The
+    CUDA RNG state that DTensor moves to the GPU and back, for one, must come back as data.)"""
+    if func is not aten._to_copy.default or not isinstance(out, torch.Tensor) or out.device.type != "cpu":
+        return out
+    shadow = _shadows.get(args[0]) if isinstance(args[0], torch.Tensor) else None
+    if shadow is None:
+        return out
+    ckwargs = {k: v for k, v in kwargs.items() if k != "pin_memory"}
+    ckwargs["device"] = torch.device("cpu")
+    with real_mode():
+        return func(shadow, *args[1:], **ckwargs)
+
+
 _TRUE_SOURCES = {aten.isfinite.default}
 _FALSE_SOURCES = {aten.isnan.default, aten.isinf.default, aten.isposinf.default, aten.isneginf.default}
 _NEGATE = {aten.logical_not.default, aten.bitwise_not.default}

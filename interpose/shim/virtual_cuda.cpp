@@ -10,6 +10,9 @@
 //    and torch.accelerator then pick CUDA) and pinned memory comes from the CPU allocator.
 //  * the CUDA entry of _fused_sdp_choice_stub, so F.scaled_dot_product_attention takes the
 //    fused backend a real GPU would take instead of the math path (see choose_sdp_backend).
+//  * one default Philox random number generator per device and new ones on request (the
+//    hooks' getDefaultGenerator / getNewGenerator), holding the state a real CUDA generator
+//    holds: seed and offset, 16 bytes (see the RNG section).
 //
 // On a CUDA build of torch the real CUDA guard, hooks and SDPA chooser exist too; they need a
 // driver and a GPU. The shim is then linked against libc10_cuda and libtorch_cuda (see
@@ -27,6 +30,9 @@
 //   PHANTORA_SDPA_MAX_HEADDIM  per-backend head-dim limits "flash=256,cudnn=128,efficient=1024"
 
 #include <ATen/Context.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Generator.h>
+#include <c10/core/GeneratorImpl.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/native/DispatchStub.h>
@@ -41,6 +47,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <dlfcn.h>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -121,9 +130,137 @@ struct VirtualCudaGuard final : public c10::impl::DeviceGuardImplInterface {
   double elapsedTime(void*, void*, const c10::DeviceIndex) const override { return 0.0; }
 };
 
+// ==== CUDA random number generators (phantora's RNG section) ================================
+// A virtual GPU draws no random numbers (tensors are FakeTensors), but programs treat the
+// generator state as data: they save, restore, compare and broadcast it (torch.random.fork_rng,
+// activation checkpointing, Megatron's CudaRNGStatesTracker, DTensor's OffsetBasedRNGTracker
+// rewrites the offset bytes). So each device gets a generator with a real CUDA generator's
+// state and rules (ATen/cuda/CUDAGeneratorImpl.cpp): a seed and a Philox offset that is a
+// multiple of 4, serialised as 16 bytes (seed as uint64, then offset as int64); setting the
+// seed zeroes the offset; graphsafe_get_state shares the state object, clone copies it. The
+// offset advances for random ops from Python (interpose/cuda_rng.py), which sees every op.
+struct PhiloxState final : public c10::intrusive_ptr_target {
+  uint64_t seed = c10::default_rng_seed_val;
+  uint64_t offset = 0;
+};
+
+struct VirtualCudaGenerator final : public c10::GeneratorImpl {
+  static constexpr size_t kSeedBytes = sizeof(uint64_t), kOffsetBytes = sizeof(int64_t);
+
+  explicit VirtualCudaGenerator(c10::DeviceIndex index,
+                                c10::intrusive_ptr<PhiloxState> state = c10::make_intrusive<PhiloxState>())
+      : c10::GeneratorImpl(c10::Device(c10::DeviceType::CUDA, index), c10::DispatchKeySet(c10::DispatchKey::CUDA)),
+        state_(std::move(state)) {}
+
+  void set_current_seed(uint64_t seed) override {
+    state_->seed = seed;
+    state_->offset = 0;
+  }
+  void set_offset(uint64_t offset) override {
+    TORCH_CHECK(offset % 4 == 0, "offset must be a multiple of 4");
+    state_->offset = offset;
+  }
+  uint64_t get_offset() const override { return state_->offset; }
+  uint64_t current_seed() const override { return state_->seed; }
+  uint64_t seed() override {
+    auto random = c10::detail::getNonDeterministicRandom(true);
+    set_current_seed(random);
+    return random;
+  }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    auto t = at::detail::empty_cpu({static_cast<int64_t>(kSeedBytes + kOffsetBytes)}, c10::ScalarType::Byte,
+                                   std::nullopt, std::nullopt, std::nullopt, std::nullopt);
+    auto* bytes = static_cast<uint8_t*>(t.mutable_data_ptr());
+    const uint64_t seed = state_->seed;
+    const int64_t offset = static_cast<int64_t>(state_->offset);
+    std::memcpy(bytes, &seed, kSeedBytes);
+    std::memcpy(bytes + kSeedBytes, &offset, kOffsetBytes);
+    return t.getIntrusivePtr();
+  }
+  void set_state(const c10::TensorImpl& new_state) override {
+    at::detail::check_rng_state(new_state);
+    const auto n = static_cast<size_t>(new_state.numel());
+    TORCH_CHECK(n == kSeedBytes || n == kSeedBytes + kOffsetBytes, "RNG state is wrong size");
+    const auto* bytes = static_cast<const uint8_t*>(new_state.data());
+    TORCH_CHECK(bytes != nullptr, "RNG state must be a torch.ByteTensor with data (phantora: got a tensor "
+                "without storage, e.g. a FakeTensor; pass the tensor torch.cuda.get_rng_state() returned)");
+    uint64_t seed = 0;
+    int64_t offset = 0;
+    std::memcpy(&seed, bytes, kSeedBytes);
+    if (n > kSeedBytes) std::memcpy(&offset, bytes + kSeedBytes, kOffsetBytes);
+    set_current_seed(seed);
+    set_offset(static_cast<uint64_t>(offset));
+  }
+  void graphsafe_set_state(const c10::intrusive_ptr<c10::GeneratorImpl>& gen) override {
+    auto* other = dynamic_cast<VirtualCudaGenerator*>(gen.get());
+    TORCH_CHECK(other != nullptr, "Expected a CUDA Generator");
+    state_ = other->state_;
+  }
+  c10::intrusive_ptr<c10::GeneratorImpl> graphsafe_get_state() const override {
+    return c10::make_intrusive<VirtualCudaGenerator>(device().index(), state_);
+  }
+
+ private:
+  VirtualCudaGenerator* clone_impl() const override {
+    return new VirtualCudaGenerator(device().index(), c10::make_intrusive<PhiloxState>(*state_));
+  }
+
+  c10::intrusive_ptr<PhiloxState> state_;
+};
+
+c10::DeviceIndex generator_device(c10::DeviceIndex index) {
+  const int i = index < 0 ? tl_device : index;
+  TORCH_CHECK(i >= 0 && i < device_count(), "The device_index is invalid. (phantora simulates ", device_count(),
+              " GPUs per node; cuda:", i, " does not exist)");
+  return static_cast<c10::DeviceIndex>(i);
+}
+
+// As at::cuda::detail::getDefaultCUDAGenerator: created on first use, seeded nondeterministically.
+const at::Generator& default_cuda_generator(c10::DeviceIndex index) {
+  static std::deque<std::once_flag> once(kMaxDevices);
+  static std::vector<at::Generator> generators(kMaxDevices);
+  const auto i = generator_device(index);
+  std::call_once(once[i], [i] {
+    generators[i] = at::make_generator<VirtualCudaGenerator>(i);
+    generators[i].seed();
+  });
+  return generators[i];
+}
+
+// As at::cuda::detail::createCUDAGenerator (torch.Generator(device="cuda")): the default seed.
+at::Generator new_cuda_generator(c10::DeviceIndex index) {
+  return at::make_generator<VirtualCudaGenerator>(generator_device(index));
+}
+}  // namespace
+
+// torch.cuda.default_generators[i] as torch's own CUDA init builds it (THCPModule_initExtension):
+// the Python object that wraps the device's default generator. THPGenerator_initDefaultGenerator
+// lives in libtorch_python, which is loaded only once torch is imported, after the shim; it is
+// looked up then. Returns nullptr when it cannot be found (the caller raises).
+extern "C" void* phantora_cuda_default_generator(int index) {
+  using InitDefault = void* (*)(const at::Generator&);
+  void* lib = dlopen("libtorch_python.so", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) return nullptr;
+  auto init = reinterpret_cast<InitDefault>(dlsym(lib, "_Z33THPGenerator_initDefaultGeneratorRKN2at9GeneratorE"));
+  dlclose(lib);  // drops the reference RTLD_NOLOAD took; torch._C keeps the library loaded
+  if (init == nullptr) return nullptr;
+  try {
+    return init(default_cuda_generator(static_cast<c10::DeviceIndex>(index)));
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+namespace {
+// ==== end of the RNG section =================================================================
+
 struct VirtualCudaHooks final : public at::CUDAHooksInterface {
   explicit VirtualCudaHooks(at::CUDAHooksArgs) {}
   void init() const override {}
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex i = -1) const override {
+    return default_cuda_generator(i);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex i = -1) const override { return new_cuda_generator(i); }
   bool hasCUDA() const override { return true; }
   bool isAvailable() const override { return true; }
   bool isBuilt() const override { return true; }
