@@ -75,6 +75,8 @@ p2 = list(m2.parameters())
 fins2 = [weakref.finalize(p, lambda: None) for p in p2]
 m2.cuda()
 assert all(a is b and a.device == torch.device("cuda:0") for a, b in zip(m2.parameters(), p2))
+m2.to("cuda")  # already there: .to() returns each parameter itself
+assert all(a is b and a.device == torch.device("cuda:0") for a, b in zip(m2.parameters(), p2))
 m2.cpu()
 assert all(a is b and a.device.type == "cpu" for a, b in zip(m2.parameters(), p2))
 m2.to_empty(device="cuda")
