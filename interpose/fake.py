@@ -4,6 +4,8 @@ FakeTensor needs for that (each one is a trap documented in notes/torch-interpos
 
 from __future__ import annotations
 
+import builtins
+import types
 from typing import Any
 
 import torch
@@ -44,6 +46,80 @@ def _set_data(self: torch.Tensor, new: torch.Tensor) -> None:
     _tensor_data.__set__(self, new)
     if isinstance(self, FakeTensor) and isinstance(new, FakeTensor):
         self.fake_device = new.fake_device
+
+
+# --- Module.to() / .cuda() / .half(): the path real device tensors take ------------------------
+#
+# On a real GPU, `module.to("cuda")` converts each parameter with `param.data = converted` (and
+# `param.grad.data = ...`): the Parameter objects stay the same, so an optimizer built earlier,
+# attributes set on a parameter, and weakrefs / weakref.finalize on it (DeepSpeed puts one on
+# every parameter) all keep working. torch's Module._apply sends FakeTensor parameters down
+# `torch.utils.swap_tensors` instead, because a stock FakeTensor's `.data =` would keep its old
+# fake_device; swap_tensors refuses any tensor with a weakref ("Couldn't swap Linear.weight"), and
+# where it succeeds it also trades the parameter's __dict__ away. phantora's `.data` setter
+# (`_set_data`) carries fake_device, so its FakeTensors take the real-tensor path.
+
+_orig_compatible_shallow_copy = torch._has_compatible_shallow_copy_type
+
+
+def _has_compatible_shallow_copy_type(input: torch.Tensor, from_: torch.Tensor) -> bool:
+    """`input.data = from_` is only sound between two FakeTensors or two plain tensors: a plain
+    Tensor object holding a FakeTensor's TensorImpl would dispatch as a plain tensor. A real CPU
+    parameter (`nn.Parameter(torch.from_numpy(a))`) moved to a virtual GPU therefore becomes a new
+    Parameter, as torch does for any FakeTensor result of a real parameter."""
+    if isinstance(input, FakeTensor) != isinstance(from_, FakeTensor):
+        return False
+    return _orig_compatible_shallow_copy(input, from_)
+
+
+class _NoTensorIsThis:
+    """Stands for FakeTensor in torch's Module._apply: no tensor is an instance of it."""
+
+
+class _FakeTensorModuleSeenFromApply:
+    """torch._subclasses.fake_tensor as Module._apply imports it: FakeTensor is _NoTensorIsThis."""
+
+    FakeTensor = _NoTensorIsThis
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def _import_for_module_apply(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (),
+                             level: int = 0) -> Any:
+    module = builtins.__import__(name, globals, locals, fromlist, level)
+    if name == "torch._subclasses.fake_tensor" and fromlist and "FakeTensor" in fromlist:
+        return _FakeTensorModuleSeenFromApply(module)
+    return module
+
+
+def _module_apply_as_for_device_tensors() -> Any:
+    """torch's own Module._apply (whatever this torch version's is), with its FakeTensor special
+    cases off: `_apply` imports FakeTensor inside the function, so a copy of the function whose
+    builtins resolve that import to _NoTensorIsThis decides set_data / swap / overwrite exactly as
+    for real device tensors (the __future__ flags included). The copy keeps the module's live
+    globals; a function's builtins are fixed when it is created, hence the brief swap."""
+    original = torch.nn.Module._apply
+    module_globals = original.__globals__
+    saved = module_globals["__builtins__"]
+    module_globals["__builtins__"] = dict(vars(builtins), __import__=_import_for_module_apply)
+    try:
+        clone = types.FunctionType(original.__code__, module_globals, original.__name__,
+                                   original.__defaults__, original.__closure__)
+    finally:
+        module_globals["__builtins__"] = saved
+    clone.__qualname__ = original.__qualname__
+    clone.__doc__ = original.__doc__
+    clone.__kwdefaults__ = original.__kwdefaults__
+    return clone
+
+
+def _install_module_conversion() -> None:
+    torch._has_compatible_shallow_copy_type = _has_compatible_shallow_copy_type
+    torch.nn.Module._apply = _module_apply_as_for_device_tensors()  # type: ignore[method-assign]
 
 
 def _fake_tolist(self: torch.Tensor) -> Any:
@@ -178,6 +254,7 @@ def install_fake_fixes() -> None:
     _count_fake_tensors_as_foreach_capable()
     _ft.FakeTensorConverter.from_meta_and_device = _from_meta_and_device
     FakeTensor.data = property(_get_data, _set_data)  # type: ignore[assignment]
+    _install_module_conversion()
     FakeTensor.__repr__ = _fake_repr  # type: ignore[method-assign]
     FakeTensor.__str__ = _fake_repr  # type: ignore[method-assign]
     torch.Tensor.tolist = _fake_tolist  # type: ignore[method-assign]

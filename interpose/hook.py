@@ -58,7 +58,7 @@ def after_torch_import() -> None:
     install_fake_fixes()
     install_value_hints()
     install_cuda_api()
-    clock = VirtualClock(rt.client)
+    clock = VirtualClock(rt.client, rt.host_thread)
     install_clock(clock)
 
     from interpose.fake import VirtualCudaFakeMode

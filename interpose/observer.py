@@ -112,6 +112,7 @@ class OpObserver(TorchDispatchMode):
             flags = op_flags(args, rt.in_optimizer > 0) if device >= 0 else 0
             rt.client.record([P.R_OP, sig_id, stream, flags])
             if device >= 0:
+                rt.host_thread.launched_gpu_work()
                 self._account_outputs(func, out, stream)
 
     def _account_outputs(self, func: Any, out: Any, stream: int) -> None:

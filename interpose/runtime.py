@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interpose.client import SimClient
+from interpose.clock import HostThread
 from phantora import protocol as P
 from phantora.engine.memory import CachingAllocator
 from phantora.hardware import DEFAULT_GPU, GPUSpec, lookup_gpu
@@ -87,6 +88,7 @@ class Runtime:
         # (torch preserves a storage's Python object, so the weakref dies with the storage).
         self._pinned: dict[int, weakref.ref] = {}
         self.lock = threading.RLock()
+        self.host_thread = HostThread(self.lock)  # whose sleeps move the simulated host clock (clock.py)
         self.dispatch_lock = threading.RLock()  # serialises ops through FakeTensorMode (observer.py)
         self._storage_refs: dict[int, weakref.ref] = {}
         self.next_event_id = 0
