@@ -526,7 +526,7 @@ class Engine:
             self.sink.slice(pid, s.track, est.kernel_name, b, e - b, cat, {
                 "op": sig.full_name, "shapes": shapes, "dtypes": dtypes, "flops": est.flops, "bytes": est.bytes,
                 "kernels": est.kernels, "estimator": estimator, "device": a.device, "stream": s.stream_id,
-                "graph": a.graph_id, "graph replay": a.replay,
+                "graph": a.graph_id, "graph replay": a.replay, "correlation": a.flow,
                 **({"slowed by concurrent communication ns": slowed} if slowed else {}),
             })
         return True
