@@ -78,3 +78,10 @@ def test_cuda_graph_recipe(tmp_path: Path, user_python: str) -> None:
                 if e.get("ph") == "C" and e["name"] == "cuda:0 memory"]
     first_launch, last_launch = min(s["ts"] for s in launches), max(s["ts"] for s in launches)
     assert not [c for c in counters if first_launch <= c["ts"] <= last_launch]
+
+
+@BUILDS
+def test_collective_inside_capture_is_refused_at_the_call(tmp_path: Path, user_python: str) -> None:
+    proc, _ = run_traced(tmp_path, user_python, "cuda_graphs_collective.py", options=("--nproc-per-node", "2"))
+    assert_ran(proc, "collective after the refused capture")
+    assert proc.stdout.count("ok collective in a capture refused") == 2, proc.stdout
