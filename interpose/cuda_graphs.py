@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import threading
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -40,7 +39,6 @@ _MODES = ("global", "thread_local", "relaxed")
 _graph_ids = itertools.count(1)
 _pool_uids = itertools.count(1)  # graph_pool_handle(): (0, n), as in c10 (0 is "not set")
 _private_ids = itertools.count(1)  # a capture's own pool: (n, 0)
-_lock = threading.Lock()
 
 
 def _accelerator_error(message: str) -> Exception:
@@ -277,6 +275,10 @@ class _CUDAGraph:
         if not (cap.debug or cap.keep_graph):
             warnings.warn("CUDA Graphs debug not enabled, set with [graph].enable_debug_mode()", stacklevel=2)
             return
+        self._phantora_dump_dot(debug_path)
+
+    def _phantora_dump_dot(self, debug_path: str) -> None:
+        cap: _Capture = self._phantora_capture
         lines = [f'digraph "phantora CUDA graph {cap.graph_id}" {{']
         for i, op in enumerate(cap.ops):
             lines.append(f'  n{i} [label="{op}"];')
@@ -311,6 +313,12 @@ def note_captured_op(cap: Any, name: str) -> None:
     cap.ops.append(name)
 
 
+def _dump_graph_dot(cuda_graph: Any, path: str, *, verbose: bool = True) -> None:
+    """torch 2.14's torch.cuda.graphs._dump_graph_dot (debug_dump, export_dot) prints the template
+    through cuda-bindings' cudaGraphDebugDotPrint; there is no driver graph behind ours."""
+    cuda_graph._phantora_dump_dot(path)
+
+
 def install_cuda_graphs() -> None:
     """Replace the C++ graph bindings and re-run torch/cuda/graphs.py on top of them."""
     C = torch._C
@@ -325,6 +333,8 @@ def install_cuda_graphs() -> None:
     # this re-run, so graphs.py imports the bindings set above instead of defining dummies.
     assert hasattr(C, "_CudaStreamBase")
     graphs = importlib.reload(graphs)
+    if hasattr(graphs, "_dump_graph_dot"):
+        graphs._dump_graph_dot = _dump_graph_dot
     for name in ("CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing",
                  "make_graphed_callables", "export_dot", "export_graph_data"):
         if hasattr(graphs, name):

@@ -31,7 +31,8 @@ def test_cuda_graph_recipe(tmp_path: Path, user_python: str) -> None:
     assert_ran(proc, "import-time annotation and subclass", "is_current_stream_capturing during capture only",
                "graph pool stays reserved through empty_cache", "host time per replay is a small fraction of an eager step's",
                "launch-bound step is faster with CUDA graphs", "replays allocate nothing", "capture errors as on CUDA",
-               "reset releases the graph pool", "make_graphed_callables forward and backward")
+               "reset releases the graph pool", "make_graphed_callables forward and backward",
+               "shared pool and debug_dump")
     slices = _slices(trace)
 
     # The training step's graph is the one replayed REPLAYS times.

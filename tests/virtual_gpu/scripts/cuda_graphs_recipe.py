@@ -2,9 +2,8 @@
 launch-bound MLP: annotations and subclasses at import, the whole-network capture recipe
 (forward, backward, optimizer step), replays against eager steps, and the graph's memory pool."""
 
-import json
 import os
-import sys
+import tempfile
 import time
 import warnings
 
@@ -158,3 +157,22 @@ out = graphed(torch.randn(8, 64, device="cuda", requires_grad=True))
 out.sum().backward()
 torch.cuda.synchronize()
 print("ok make_graphed_callables forward and backward")
+
+# Sharing a pool between captures, and debug_dump (a DOT file of the captured ops).
+d = torch.cuda.CUDAGraph()
+d.enable_debug_mode()
+shared = torch.cuda.graph_pool_handle()
+with torch.cuda.graph(d, pool=shared):
+    doubled = static_input * 2
+e = torch.cuda.CUDAGraph()
+with torch.cuda.graph(e, pool=d.pool()):
+    tripled = static_input * 3
+assert d.pool() == e.pool() == shared, (d.pool(), e.pool(), shared)
+d.replay()
+e.replay()
+path = os.path.join(tempfile.mkdtemp(), "graph.dot")
+d.debug_dump(path)
+with open(path) as f:
+    dot = f.read()
+assert dot.startswith("digraph") and "aten.mul" in dot, dot
+print("ok shared pool and debug_dump")
