@@ -947,7 +947,8 @@ class Engine:
             if graph is not None:  # recorded into the graph: no GPU work now (graphs.py)
                 graph.nodes.append(GraphNode(sig, est))
                 self.sink.slice(pid, HOST_TRACK, sig.name, begin, tl.host_ns - begin, "cpu_op",
-                                {"captured into CUDA graph": graph.graph_id, "python_overhead_ns": overhead})
+                                {"captured into CUDA graph": graph.graph_id, "stream": stream_id,
+                                 "python_overhead_ns": overhead})
                 return
         stream = self._stream(st, device, stream_id)
         slows = bool(self.timing.comm_slowdown) and est.kind not in (COPY_D2H, COPY_H2D)

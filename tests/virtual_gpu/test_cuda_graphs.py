@@ -32,7 +32,7 @@ def test_cuda_graph_recipe(tmp_path: Path, user_python: str) -> None:
                "graph pool stays reserved through empty_cache", "host time per replay is a small fraction of an eager step's",
                "launch-bound step is faster with CUDA graphs", "replays allocate nothing", "capture errors as on CUDA",
                "reset releases the graph pool", "make_graphed_callables forward and backward",
-               "shared pool and debug_dump")
+               "shared pool and debug_dump", "fork and join inside a capture")
     slices = _slices(trace)
 
     # The training step's graph is the one replayed REPLAYS times.
@@ -73,6 +73,14 @@ def test_cuda_graph_recipe(tmp_path: Path, user_python: str) -> None:
     assert max(s["dur"] for s in launches) <= 5.0  # us: one cudaGraphLaunch
     eager_steps = [s["dur"] for s in slices if s["name"].startswith("ProfilerStep#")][1:]
     assert eager_steps and max(s["dur"] for s in launches) * 100 < statistics.median(eager_steps)
+
+    # The fork-join capture recorded the side stream's op too: 3 ops, replayed on one stream.
+    streams = defaultdict(set)
+    for s in slices:
+        if "captured into CUDA graph" in s.get("args", {}):
+            streams[s["args"]["captured into CUDA graph"]].add(s["args"]["stream"])
+    fork_join = [g for g, seen in streams.items() if len(seen) == 2]
+    assert len(fork_join) == 1 and ends[fork_join[0]]["ops"] == 3 and per_graph[fork_join[0]] == 1, (streams, ends)
 
     # Replays allocate and free nothing: no memory counter changes between the first and last one.
     counters = [e for e in json.loads(trace.read_text())["traceEvents"]

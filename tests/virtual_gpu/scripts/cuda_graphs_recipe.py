@@ -158,6 +158,24 @@ out.sum().backward()
 torch.cuda.synchronize()
 print("ok make_graphed_callables forward and backward")
 
+# Fork and join inside a capture: a stream that waits on the capturing stream joins the capture
+# (cudaStreamWaitEvent), so its work is recorded too, and it stops capturing with the capture.
+side = torch.cuda.Stream()
+fj = torch.cuda.CUDAGraph()
+with torch.cuda.graph(fj):
+    a = static_input * 2
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        side_capturing = torch.cuda.is_current_stream_capturing()
+        b = static_input + 1
+    torch.cuda.current_stream().wait_stream(side)
+    c = a + b
+assert side_capturing, "a stream that waited on a capturing stream captures too"
+with torch.cuda.stream(side):
+    assert not torch.cuda.is_current_stream_capturing()
+fj.replay()
+print("ok fork and join inside a capture")
+
 # Sharing a pool between captures, and debug_dump (a DOT file of the captured ops).
 d = torch.cuda.CUDAGraph()
 d.enable_debug_mode()
