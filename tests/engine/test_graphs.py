@@ -147,3 +147,25 @@ def test_uncaptured_flagged_op_runs_eagerly():
     h.kernel(10_000, stream=0, flags=P.OP_CAPTURED)
     assert h.tail(0) == LAT + 10_000
     assert h.tl.host_ns == HOST
+
+
+def test_graph_pool_stays_reserved_until_released():
+    from phantora.engine.memory import MiB, CachingAllocator
+
+    a = CachingAllocator(80 << 30)
+    pool = (1, 0)
+    key = a.retain_graph_pool(pool)
+    x = a.malloc(4 * MiB, key)  # allocated during capture: from the pool
+    a.free(x)  # freed during capture: back to the pool, not to the stream's blocks
+    assert a.memory_allocated() == 0 and a.memory_reserved() == 20 * MiB
+    y = a.malloc(4 * MiB, 0)  # an eager allocation does not reuse the pool's block
+    assert a.memory_reserved() == 40 * MiB
+    a.free(y)
+    a.empty_cache()  # the pool's segment stays while a graph holds it
+    assert a.memory_reserved() == 20 * MiB
+    assert a.malloc(4 * MiB, key) == x  # the pool reuses its own block
+    a.free(x)
+    a.release_graph_pool(pool)  # the graph was destroyed
+    a.empty_cache()
+    assert a.memory_reserved() == 0
+    a.check_invariants()
