@@ -27,7 +27,8 @@ def _slices(trace: Path) -> list[dict[str, Any]]:
 
 @BUILDS
 def test_cuda_graph_recipe(tmp_path: Path, user_python: str) -> None:
-    proc, trace = run_traced(tmp_path, user_python, "cuda_graphs_recipe.py")
+    proc, trace = run_traced(tmp_path, user_python, "cuda_graphs_recipe.py",
+                             options=("--export-kineto", str(tmp_path / "kineto")))
     assert_ran(proc, "import-time annotation and subclass", "is_current_stream_capturing during capture only",
                "graph pool stays reserved through empty_cache", "host time per replay is a small fraction of an eager step's",
                "launch-bound step is faster with CUDA graphs", "replays allocate nothing", "capture errors as on CUDA",
@@ -87,6 +88,19 @@ def test_cuda_graph_recipe(tmp_path: Path, user_python: str) -> None:
                 if e.get("ph") == "C" and e["name"] == "cuda:0 memory"]
     first_launch, last_launch = min(s["ts"] for s in launches), max(s["ts"] for s in launches)
     assert not [c for c in counters if first_launch <= c["ts"] <= last_launch]
+
+    # Kineto (HTA) export: as torch.profiler writes graphs, no event for the graph itself; its
+    # kernels carry the correlation of the host's cudaGraphLaunch, with one arrow to the first.
+    kineto = json.loads((tmp_path / "kineto" / "rank-0.pt.trace.json").read_text())["traceEvents"]
+    assert not [e for e in kineto if e.get("name") == "graph replay"]
+    k_launches = [e for e in kineto if e.get("name") == "cudaGraphLaunch" and e["args"]["graph"] == step_graph]
+    assert len(k_launches) == REPLAYS
+    for launch in k_launches:
+        corr = launch["args"]["correlation"]
+        assert [e["ph"] for e in kineto if e.get("cat") == "ac2g" and e.get("id") == corr] == ["s", "f"]
+        graph_kernels = [e for e in kineto if e.get("ph") == "X" and e.get("pid") != launch["pid"]
+                         and e.get("args", {}).get("External id") == corr]
+        assert len(graph_kernels) == ops
 
 
 @BUILDS
