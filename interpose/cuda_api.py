@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from interpose import cuda_graphs
 from interpose import runtime as rt_mod
 from interpose.cuda_rng import install_cuda_rng
 from phantora import protocol as P
@@ -134,6 +135,7 @@ class Stream(torch.Stream):
         return bool(_rt().client.call(P.C_QUERY_STREAM, self.device_index, self.stream_id))
 
     def synchronize(self) -> None:
+        cuda_graphs.check_sync_allowed("stream.synchronize()", self.device_index, self.stream_id)
         _host_sync([P.R_SYNC_STREAM, self.device_index, self.stream_id])
 
     def __repr__(self) -> str:
@@ -169,10 +171,13 @@ class Event(torch.Event):
         s = _as_stream(stream) if stream is not None else current_stream()
         self.recorded = True
         self._device = s.device_index
+        self._phantora_capture = cuda_graphs.capture_of(s.device_index, s.stream_id)  # joins waiters to it
         _rt().client.record([P.R_EVENT_RECORD, self.phantora_id, s.device_index, s.stream_id])
 
     def wait(self, stream: Any = None) -> None:
         s = _as_stream(stream) if stream is not None else current_stream()
+        if getattr(self, "_phantora_capture", None) is not None:
+            cuda_graphs.join_capture(self._phantora_capture, s.device_index, s.stream_id)
         _rt().client.record([P.R_EVENT_WAIT, self.phantora_id, s.device_index, s.stream_id])
 
     def query(self) -> bool:
@@ -248,6 +253,7 @@ def stream(stream: torch.Stream | None) -> StreamContext:
 
 
 def synchronize(device: Any = None) -> None:
+    cuda_graphs.check_sync_allowed("torch.cuda.synchronize()", _device_index(device))
     _host_sync([P.R_SYNC_DEVICE, _check_device(_device_index(device))])
 
 
@@ -423,10 +429,6 @@ def install_cuda_api() -> None:
         get_arch_list=get_arch_list, is_bf16_supported=is_bf16_supported, is_tf32_supported=is_tf32_supported,
         mem_get_info=mem_get_info, _lazy_init=_lazy_init, init=_lazy_init,
         is_initialized=lambda: True,
-        is_current_stream_capturing=lambda: False,
-        CUDAGraph=_unsupported("CUDA graphs (torch.cuda.CUDAGraph)", "run the script without CUDA graph capture"),
-        graph=_unsupported("CUDA graphs (torch.cuda.graph)", "run the script without CUDA graph capture"),
-        make_graphed_callables=_unsupported("CUDA graphs (make_graphed_callables)", "run eagerly instead"),
         utilization=_unsupported("GPU utilization queries", "read utilization from the trace instead"),
         temperature=_unsupported("GPU temperature queries", "remove the call"),
         power_draw=_unsupported("GPU power queries", "remove the call"),
@@ -449,6 +451,9 @@ def install_cuda_api() -> None:
     nvtx.mark = lambda msg: 0
     nvtx._nvtx = types.SimpleNamespace(rangePushA=_range_push, rangePop=_range_pop, markA=lambda m: 0,
                                        rangeStartA=lambda m: 0, rangeEnd=lambda r: None)
+
+    # CUDA graphs: torch's own torch/cuda/graphs.py over a simulated torch._C._CUDAGraph
+    cuda_graphs.install_cuda_graphs()
 
     torch.tensor = _tensor_on_current_device(torch.tensor)
     torch.version.cuda = "13.0"  # type: ignore[misc]

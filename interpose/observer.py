@@ -19,7 +19,7 @@ from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from interpose import cuda_rng, hops
+from interpose import cuda_graphs, cuda_rng, hops
 from interpose import runtime as rt_mod
 from interpose import values
 from interpose.python_events import op_flags
@@ -110,6 +110,11 @@ class OpObserver(TorchDispatchMode):
                 rt.client.record([P.R_SIG, sig_id, sig.to_wire()])
             stream = current_stream_id(device) if device >= 0 else 0
             flags = op_flags(args, rt.in_optimizer > 0) if device >= 0 else 0
+            if rt.capturing and device >= 0:
+                capture = rt.capturing.get((device, stream))
+                if capture is not None:  # recorded into a CUDA graph, not run (interpose/cuda_graphs.py)
+                    flags |= P.OP_CAPTURED
+                    capture.ops.append(str(func))
             rt.client.record([P.R_OP, sig_id, stream, flags])
             if device >= 0:
                 rt.host_thread.launched_gpu_work()
@@ -284,6 +289,10 @@ def _local_scalar_dense(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -
     if not _is_fake(t):
         with unset_fake_temporarily():
             return func(*args, **kwargs)
+    if obs.rt.capturing and t.device.type == "cuda":
+        device = t.device.index or 0
+        cuda_graphs.check_sync_allowed("reading a value (.item(), float(t), bool(t))", device,
+                                       current_stream_id(device))
     obs._report(func, args, kwargs, None)
     return values.scalar_value(t)
 

@@ -95,6 +95,10 @@ class Runtime:
         self.active = True  # False in DataLoader workers and forked children
         self.in_optimizer = 0  # depth of Optimizer.step calls (python_events.py)
         self.observer: Any = None  # the OpObserver, once installed (benchmarks read its op count)
+        # (device, stream) -> allocator key of the CUDA-graph private pool its allocations go to
+        # while it captures (interpose/cuda_graphs.py; phantora/engine/memory.py graph pools)
+        self.pool_routes: dict[tuple[int, int], int] = {}
+        self.capturing: dict[tuple[int, int], Any] = {}  # (device, stream) -> the CUDA graph capture on it
 
     # --- memory ----------------------------------------------------------------------------
     def check_device(self, index: int) -> int:
@@ -123,7 +127,7 @@ class Runtime:
         dm = self.device_memory(device)
         if key in dm.blocks:
             return
-        handle = dm.allocator.malloc(storage.nbytes(), stream)
+        handle = dm.allocator.malloc(storage.nbytes(), self.pool_routes.get((device, stream), stream) if self.pool_routes else stream)
         dm.blocks[key] = handle
         self._storage_refs[key] = weakref.ref(storage, lambda _r, key=key, device=device: self._storage_freed(key, device))
         self._report_memory(device, dm)

@@ -37,12 +37,21 @@ R_OOM = 13  # [R_OOM, device, requested_bytes, message]: an allocation failed in
 R_HOST = 14  # [R_HOST, kind, count]: Python-level work with modelled host time (cost/host.py)
 R_WORK_WAIT = 15  # [R_WORK_WAIT, work_id, device, stream_id, host_blocks]: Work.wait() on a collective
 R_STEP = 16  # [R_STEP]: the script's (first) optimizer finished a step: a training-step marker
+# CUDA graphs (phantora/engine/graphs.py). Between R_GRAPH_BEGIN and R_GRAPH_END, ops on the
+# capturing streams come as R_OP with OP_CAPTURED: recorded into the graph, not run.
+R_GRAPH_BEGIN = 30  # [R_GRAPH_BEGIN, graph_id, device, stream_id]: cudaStreamBeginCapture on this stream
+R_GRAPH_JOIN = 31  # [R_GRAPH_JOIN, graph_id, device, stream_id]: a stream joined the capture (event wait)
+R_GRAPH_END = 32  # [R_GRAPH_END, graph_id]: cudaStreamEndCapture
+R_GRAPH_INSTANTIATE = 33  # [R_GRAPH_INSTANTIATE, graph_id]: cudaGraphInstantiate
+R_GRAPH_REPLAY = 34  # [R_GRAPH_REPLAY, graph_id, device, stream_id]: cudaGraphLaunch on this stream
+R_GRAPH_RESET = 35  # [R_GRAPH_RESET, graph_id]: the graph was destroyed (reset() or garbage collected)
 
 # R_OP flags: the op's context, for the host-time model (phantora/cost/host.py)
 OP_BACKWARD = 1  # run by the autograd engine (backward pass, checkpoint recomputation)
 OP_RECORDS_GRAD = 2  # forward op whose output requires grad: an autograd node is recorded
 OP_IN_OPTIMIZER = 4  # inside Optimizer.step
 OP_IN_MODULE = 8  # forward op inside an nn.Module's forward (model code, not a bare loop)
+OP_CAPTURED = 32  # launched on a stream that is capturing a CUDA graph: recorded, not run
 
 # --- calls (reply expected) --------------------------------------------------------------------
 C_HELLO = 0  # [id, C_HELLO, info dict] -> config dict

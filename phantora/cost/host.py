@@ -26,6 +26,14 @@ class HostCosts:
     # c10d + ProcessGroupNCCL enqueue of one collective (work object, CUDA events, stream
     # waits, the kernel launch). Not measured yet: NCCL's own figure for a launch is ~5-10 us.
     collective_ns: int = 12_000
+    # CUDA graphs. Not measured yet: NVIDIA gives ~2.5 us for cudaGraphLaunch of a straight-line
+    # graph, independent of its node count since CUDA 12 ("constant time launch"); instantiation
+    # grows with the node count. Capturing an op costs what launching it eagerly costs (the
+    # Python, the dispatcher and the launch call all run; the launch is recorded, not run).
+    graph_capture_ns: int = 3_000  # cudaStreamBeginCapture / cudaStreamEndCapture, each
+    graph_instantiate_ns: int = 20_000  # cudaGraphInstantiate, plus graph_node_ns per kernel
+    graph_node_ns: int = 2_000
+    graph_launch_ns: int = 2_500  # cudaGraphLaunch, whatever the graph holds
 
 
 HOST_COSTS = HostCosts()

@@ -43,6 +43,21 @@ class OpWork(Action):
         self.end_ns: int | None = None
 
 
+class GraphReplay(Action):
+    """One cudaGraphLaunch (phantora/engine/graphs.py): the captured kernels, back to back."""
+
+    __slots__ = ("graph_id", "nodes", "replay", "launch_ns", "flow", "device", "slows", "end_ns", "duration_ns")
+
+    def __init__(self, seq: int, stream: Stream, graph_id: int, nodes: list[Any], replay: int, launch_ns: int,
+                 flow: int, device: int, slows: bool) -> None:
+        super().__init__(seq, stream)
+        self.graph_id, self.replay = graph_id, replay
+        self.nodes = list(nodes)  # a later reset or recapture must not change a launched replay
+        self.launch_ns, self.flow, self.device, self.slows = launch_ns, flow, device, slows
+        self.duration_ns = sum(n.est.duration_ns for n in self.nodes)
+        self.end_ns: int | None = None
+
+
 class EventRecord(Action):
     """cudaEventRecord: the event completes when the stream reaches it."""
 
@@ -123,6 +138,9 @@ def replay_lower_bounds(actions: list[Action], launch_latency_ns: int,
         s = a.stream
         if isinstance(a, OpWork):
             end = max(a.launch_ns + launch_latency_ns, tail(s)) + a.est.duration_ns
+            tails[id(s)] = times[id(a)] = end
+        elif isinstance(a, GraphReplay):  # its kernels back to back
+            end = max(a.launch_ns + launch_latency_ns, tail(s)) + a.duration_ns
             tails[id(s)] = times[id(a)] = end
         elif isinstance(a, EventRecord):
             times[id(a)] = max(a.host_ns + launch_latency_ns, tail(s))

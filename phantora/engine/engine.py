@@ -32,7 +32,9 @@ from phantora import protocol as P
 from phantora.cost import COPY_D2H, COPY_H2D, NO_GPU_WORK, Estimator, KernelEstimate
 from phantora.cost.host import HOST_COSTS, host_event_ns, python_overhead_ns
 from phantora.engine.collectives import CollectiveCall, CollectiveMatcher, CollectiveMismatch, PendingCollective
-from phantora.engine.deferred import Action, Arrive, EventRecord, EventWait, LowerBounds, OpWork, WorkWait, replay_lower_bounds
+from phantora.engine.deferred import (Action, Arrive, EventRecord, EventWait, GraphReplay, LowerBounds, OpWork, WorkWait,
+                                      replay_lower_bounds)
+from phantora.engine.graphs import GraphError, GraphNode, RankGraphs
 from phantora.engine.timeline import RankTimeline, Stream, TimingConfig
 from phantora.hardware import GPUSpec
 from phantora.net.network import Network
@@ -131,6 +133,7 @@ class RankState:
     comm_log: dict[int, list[Arrive]] = field(default_factory=dict)  # device -> its collectives, program order
     blocked: "_HostWait | None" = None  # the host waits for a time not known yet
     blocked_call: "_Target | None" = None  # a call waits for a time not known yet
+    graphs: RankGraphs = field(default_factory=RankGraphs)  # CUDA graphs (phantora/engine/graphs.py)
 
 
 @dataclass
@@ -324,12 +327,16 @@ class Engine:
             elif kind == P.R_EVENT_RECORD:
                 stream = self._stream(st, rec[2], rec[3])
                 tl.advance_host(self.timing.event_record_host_ns)
+                if st.graphs.capture_on(rec[2], rec[3]) is not None:
+                    continue  # a node of the graph being captured: nothing happens on the GPU now
                 record = EventRecord(self._next_seq(), stream, rec[1], tl.host_ns)
                 st.event_src[rec[1]] = record
                 self._enqueue(st, record)
             elif kind == P.R_EVENT_WAIT:
                 stream = self._stream(st, rec[2], rec[3])
                 tl.advance_host(self.timing.event_record_host_ns)
+                if st.graphs.capture_on(rec[2], rec[3]) is not None:
+                    continue
                 # waiting on an event that was never recorded is a no-op, as in CUDA
                 self._enqueue(st, EventWait(self._next_seq(), stream, st.event_src.get(rec[1])))
             elif kind == P.R_SYNC_DEVICE:
@@ -359,6 +366,8 @@ class Engine:
                 self._stream(st, rec[1], rec[2])
             elif kind == P.R_WARN:
                 self._warn_once(str(rec[1]))
+            elif P.R_GRAPH_BEGIN <= kind <= P.R_GRAPH_RESET:
+                self._graph_record(st, rec)
             elif kind == P.R_OOM:
                 st.ooms.append(str(rec[3]))
                 self.sink.instant(st.info.trace_pid, HOST_TRACK, "CUDA out of memory", tl.host_ns, "memory",
@@ -413,6 +422,8 @@ class Engine:
         s = a.stream
         if isinstance(a, OpWork):
             return self._place_op(st, a, force)
+        if isinstance(a, GraphReplay):
+            return self._place_replay(st, a, force)
         if isinstance(a, EventRecord):
             a.time_ns = max(a.host_ns + self.timing.launch_latency_ns, s.tail_ns)
             st.timeline.events[a.event_id] = a.time_ns
@@ -479,6 +490,45 @@ class Engine:
             "device": a.device, "stream": s.stream_id, "correlation": a.flow,
             **({"slowed by concurrent communication ns": slowed} if slowed else {}),
         }, flow_in=a.flow)
+        return True
+
+    def _place_replay(self, st: RankState, a: GraphReplay, force: bool) -> bool:
+        """A CUDA graph replay: its kernels back to back from a launch latency after the launch,
+        each slowed by concurrent communication as an eager kernel would be. Computed in full
+        before anything is written, so a placement that must wait leaves no partial trace."""
+        s = a.stream
+        start = max(a.launch_ns + self.timing.launch_latency_ns, s.tail_ns)
+        spans = []
+        t = start
+        for node in a.nodes:
+            raw_end = t + node.est.duration_ns
+            slowed = 0
+            if a.slows and node.est.kind not in (COPY_D2H, COPY_H2D):
+                overlap = self._comm_overlap(st, a.device, a.seq, t, raw_end, force)
+                if overlap is None:
+                    return False
+                slowed = int(self.timing.comm_slowdown * overlap)
+            spans.append((t, raw_end + slowed, slowed))
+            t = raw_end + slowed
+        a.end_ns = s.tail_ns = t
+        pid = st.info.trace_pid
+        kernels = sum(n.est.kernels for n in a.nodes)
+        self.sink.slice(pid, s.track, "graph replay", start, t - start, "cuda_graph", {
+            "graph": a.graph_id, "replay": a.replay, "kernels": kernels, "ops": len(a.nodes),
+            "device": a.device, "stream": s.stream_id, "correlation": a.flow,
+        }, flow_in=a.flow)
+        for node, (b, e, slowed) in zip(a.nodes, spans):
+            est, sig = node.est, node.sig
+            st.gpu_busy_ns += e - b
+            shapes, dtypes = _shape_args(sig)
+            estimator = est.estimator if est.known else f"{est.estimator} (unknown op: generic)"
+            cat = "kernel" if est.kind not in (COPY_D2H, COPY_H2D) else "gpu_memcpy"
+            self.sink.slice(pid, s.track, est.kernel_name, b, e - b, cat, {
+                "op": sig.full_name, "shapes": shapes, "dtypes": dtypes, "flops": est.flops, "bytes": est.bytes,
+                "kernels": est.kernels, "estimator": estimator, "device": a.device, "stream": s.stream_id,
+                "graph": a.graph_id, "graph replay": a.replay, "correlation": a.flow,
+                **({"slowed by concurrent communication ns": slowed} if slowed else {}),
+            })
         return True
 
     def _comm_overlap(self, st: RankState, device: int, seq: int, start: int, end: int, force: bool) -> int | None:
@@ -892,6 +942,14 @@ class Engine:
             self.sink.slice(pid, HOST_TRACK, sig.name, begin, tl.host_ns - begin, "cpu_op",
                             {"python_overhead_ns": overhead} if overhead else None)
             return
+        if flags & P.OP_CAPTURED:
+            graph = st.graphs.capture_on(device, stream_id)
+            if graph is not None:  # recorded into the graph: no GPU work now (graphs.py)
+                graph.nodes.append(GraphNode(sig, est))
+                self.sink.slice(pid, HOST_TRACK, sig.name, begin, tl.host_ns - begin, "cpu_op",
+                                {"captured into CUDA graph": graph.graph_id, "stream": stream_id,
+                                 "python_overhead_ns": overhead})
+                return
         stream = self._stream(st, device, stream_id)
         slows = bool(self.timing.comm_slowdown) and est.kind not in (COPY_D2H, COPY_H2D)
         st.kernels += est.kernels
@@ -908,6 +966,56 @@ class Engine:
             self._host_wait(st, "", _Target("op", action=work), (sig.name, begin, args, flow))
             return
         self.sink.slice(pid, HOST_TRACK, sig.name, begin, tl.host_ns - begin, "cpu_op", args, flow_out=flow)
+
+    def _graph_record(self, st: RankState, rec: list[Any]) -> None:
+        """Capture, instantiation, replay and destruction of a CUDA graph (graphs.py)."""
+        kind, graph_id = rec[0], int(rec[1])
+        tl, pid, graphs = st.timeline, st.info.trace_pid, st.graphs
+        begin = tl.host_ns
+        try:
+            if kind == P.R_GRAPH_BEGIN:
+                graphs.begin(graph_id, int(rec[2]), int(rec[3]))
+                tl.advance_host(HOST_COSTS.graph_capture_ns)
+                self.sink.slice(pid, HOST_TRACK, "cudaStreamBeginCapture", begin, tl.host_ns - begin, "cuda_runtime",
+                                {"graph": graph_id, "device": rec[2], "stream": rec[3]})
+            elif kind == P.R_GRAPH_JOIN:
+                graphs.join(graph_id, int(rec[2]), int(rec[3]))
+            elif kind == P.R_GRAPH_END:
+                g = graphs.end(graph_id)
+                tl.advance_host(HOST_COSTS.graph_capture_ns)
+                self.sink.slice(pid, HOST_TRACK, "cudaStreamEndCapture", begin, tl.host_ns - begin, "cuda_runtime",
+                                {"graph": graph_id, "ops": len(g.nodes), "kernels": g.kernels})
+            elif kind == P.R_GRAPH_INSTANTIATE:
+                g = graphs.replayable(graph_id)
+                tl.advance_host(HOST_COSTS.graph_instantiate_ns + HOST_COSTS.graph_node_ns * g.kernels)
+                self.sink.slice(pid, HOST_TRACK, "cudaGraphInstantiate", begin, tl.host_ns - begin, "cuda_runtime",
+                                {"graph": graph_id, "kernels": g.kernels})
+            elif kind == P.R_GRAPH_REPLAY:
+                self._graph_replay(st, graphs.replayable(graph_id), int(rec[2]), int(rec[3]))
+            elif kind == P.R_GRAPH_RESET:
+                graphs.reset(graph_id)
+        except GraphError as e:
+            raise CallError(f"rank {st.info.rank}: {e}") from None
+
+    def _graph_replay(self, st: RankState, g: Any, device: int, stream_id: int) -> None:
+        """cudaGraphLaunch: one host launch; the kernels are placed by _place_replay."""
+        tl = st.timeline
+        begin = tl.host_ns
+        tl.advance_host(HOST_COSTS.graph_launch_ns)
+        stream = self._stream(st, device, stream_id)
+        flow = self._next_flow()
+        replay = GraphReplay(self._next_seq(), stream, g.graph_id, g.nodes, g.replays, begin, flow, device,
+                             bool(self.timing.comm_slowdown))
+        g.replays += 1
+        for node in g.nodes:
+            est = node.est
+            st.kernels += est.kernels
+            st.flops += est.flops
+            self.kernels_by_estimator[est.estimator if est.known else f"{est.estimator} (unknown op: generic)"] += est.kernels
+        self.sink.slice(st.info.trace_pid, HOST_TRACK, "cudaGraphLaunch", begin, tl.host_ns - begin, "cuda_runtime",
+                        {"graph": g.graph_id, "replay": replay.replay, "kernels": g.kernels, "ops": len(g.nodes),
+                         "correlation": flow}, flow_out=flow)
+        self._enqueue(st, replay)
 
     def _host_event(self, st: RankState, kind: str, count: int) -> None:
         tl = st.timeline
@@ -983,6 +1091,13 @@ class Engine:
             call = CollectiveCall.from_wire(rank, wire)
         except (KeyError, ValueError, TypeError) as e:
             raise CallError(f"malformed collective call from rank {rank}: {e}") from None
+        graph = st.graphs.capture_on(call.device, call.stream)
+        if graph is not None:
+            raise CallError(
+                f"rank {rank}: {call.describe()} was called while stream {call.stream} of cuda:{call.device} is "
+                f"capturing CUDA graph {graph.graph_id}; phantora does not simulate NCCL collectives inside CUDA "
+                f"graphs. Capture only the compute (e.g. make_graphed_callables on modules without collectives) "
+                f"or run this part eagerly. (Called at {call.site}.)")
         try:
             p = self.matcher.join(call)
         except CollectiveMismatch:

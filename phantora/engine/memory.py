@@ -34,9 +34,16 @@ rest of phantora must model outside this file:
     the process with 32 MiB reserved by PyTorch (~684 MiB non-PyTorch), while cudaMemGetInfo
     counted another ~5-15 MiB as used (see `driver_reserved_bytes`).
 
+CUDA-graph private pools (beginAllocateToPool / releasePool): while a stream captures a graph,
+its allocations come from the graph's private pool. Here a pool is a pseudo-stream key
+(`graph_pool_key`): its blocks sit in the same BlockPools under that key, so only allocations
+routed to the pool reuse them, as with the C++ PrivatePool's own block pools. Its segments count
+as reserved, and neither empty_cache nor the free-and-retry path releases them while a graph
+holds the pool (use count > 0, `retain_graph_pool` / `release_graph_pool`); once released, its
+entirely free segments go at the next empty_cache, as the C++ graph_pools_freeable path does.
+
 Not modelled (defaults of a stock install, or irrelevant here): expandable_segments,
-roundup_power2_divisions, garbage_collection_threshold, CUDA-graph private pools, the
-free-memory callback registry, IPC, and the exact virtual addresses cudaMalloc returns
+roundup_power2_divisions, garbage_collection_threshold, the free-memory callback registry, IPC, and the exact virtual addresses cudaMalloc returns
 (segments get increasing, never reused, 2 MiB-aligned addresses; addresses only break ties
 between free blocks of equal size).
 """
@@ -61,6 +68,9 @@ kMinLargeAlloc = 10 * MiB  # allocations between 1 and 10 MiB may use kLargeBuff
 kRoundLarge = 2 * MiB  # round up large allocations to 2 MiB
 ONE_EXABYTE = 1 << 60  # NativeCachingAllocator::allocate refuses sizes >= this
 UNLIMITED = (1 << 64) - 1  # max_split_size default: SIZE_MAX
+
+# Keys of CUDA-graph private pools in the per-stream free lists: far below any stream id.
+_GRAPH_POOL_KEY_BASE = -(1 << 62)
 
 # The segment base of the first cudaMalloc; any nonzero value works (0 is the null pointer).
 _FIRST_SEGMENT_ADDRESS = 0x7F0000000000
@@ -350,6 +360,8 @@ class CachingAllocator:
         self._allocated: dict[int, Block] = {}  # address -> allocated block
         self._events: dict[int, deque[tuple[Callable[[], bool], Block]]] = {}  # per stream
         self._next_segment_address = _FIRST_SEGMENT_ADDRESS
+        self._graph_pools: dict[tuple[int, int], int] = {}  # CUDA graph pool id -> its stream key
+        self._graph_pool_uses: dict[int, int] = {}  # stream key -> graphs holding the pool
 
     # ---------------------------------------------------------------- public API
 
@@ -407,6 +419,33 @@ class CachingAllocator:
             raise ValueError(f"invalid device pointer: {handle:#x}")
         if stream != block.stream:  # uses on the allocation stream need no synchronization
             block.stream_uses.add(stream)
+
+    # ---------------------------------------------------------------- CUDA graph pools
+
+    def graph_pool_key(self, pool_id: tuple[int, int]) -> int:
+        """The pseudo-stream under which the private pool `pool_id` keeps its blocks: pass it as
+        malloc's stream while a capture routes allocations to the pool."""
+        key = self._graph_pools.get(pool_id)
+        if key is None:
+            key = self._graph_pools[pool_id] = _GRAPH_POOL_KEY_BASE - len(self._graph_pools)
+        return key
+
+    def retain_graph_pool(self, pool_id: tuple[int, int]) -> int:
+        """A graph captures into the pool (beginAllocateToPool): its segments are kept while any
+        graph holds it. Returns the pool's key."""
+        key = self.graph_pool_key(pool_id)
+        self._graph_pool_uses[key] = self._graph_pool_uses.get(key, 0) + 1
+        return key
+
+    def release_graph_pool(self, pool_id: tuple[int, int]) -> None:
+        """A graph holding the pool was destroyed (releasePool)."""
+        key = self._graph_pools.get(pool_id)
+        if key is not None and self._graph_pool_uses.get(key, 0) > 0:
+            self._graph_pool_uses[key] -= 1
+
+    def _releasable(self, stream: int) -> bool:
+        """May cached segments on this free list go back to the driver?"""
+        return self._graph_pool_uses.get(stream, 0) == 0
 
     def empty_cache(self) -> None:
         """DeviceCachingAllocator::emptyCache: release every cached segment that is entirely free."""
@@ -645,7 +684,7 @@ class CachingAllocator:
         if self.max_split_size == UNLIMITED:
             return False
         free = pool.free_by_stream.get(stream)
-        if not free:
+        if not free or not self._releasable(stream):
             return False
         key_size = max(size, self.max_split_size)
         i = bisect_left(free, (key_size,))
@@ -666,6 +705,8 @@ class CachingAllocator:
         self._synchronize_and_free_events()
         for pool in (self.large_blocks, self.small_blocks):  # release_blocks
             for stream in sorted(pool.free_by_stream):
+                if not self._releasable(stream):
+                    continue
                 kept = []
                 for entry in pool.free_by_stream[stream]:
                     if entry[2].is_split:

@@ -194,7 +194,7 @@ class KinetoSink:
         pass  # complete ("X") events are written once the slice ends
 
     def _host_slice(self, r: _Rank, name: str, ts_ns: int, dur_ns: int, cat: str, args: dict[str, Any]) -> None:
-        out = {k: v for k, v in args.items() if k != "correlation"}
+        out = {k: v for k, v in args.items() if k != "correlation" or cat == "cuda_runtime"}
         correlation = args.get("correlation")
         if correlation is not None:
             out["External id"] = correlation
@@ -203,9 +203,20 @@ class KinetoSink:
             self._launches[correlation] = _Launch(r, ts_ns + overhead, dur_ns - overhead)
         self._emit(r, {"ph": "X", "cat": _HOST_CATEGORIES.get(cat, cat), "name": name, "pid": r.host_pid,
                        "tid": r.host_pid, "ts": _us(ts_ns), "dur": _us(dur_ns), "args": out})
+        if correlation is not None and cat == "cuda_runtime":  # cudaGraphLaunch: it is its own launch call
+            self._emit(r, {"ph": "s", "id": correlation, "pid": r.host_pid, "tid": r.host_pid, "ts": _us(ts_ns),
+                           "cat": "ac2g", "name": "ac2g"})
 
     def _gpu_slice(self, r: _Rank, device: int, tid: int, name: str, ts_ns: int, dur_ns: int, cat: str,
                    args: dict[str, Any]) -> None:
+        if cat == "cuda_graph":
+            # A CUDA graph replay: Kineto shows no event for the graph itself, only its kernels,
+            # which carry the correlation of the host's cudaGraphLaunch (already written).
+            correlation = args.get("correlation")
+            if self._launches.pop(correlation, None) is not None:  # the arrow ends at the first kernel
+                self._emit(r, {"ph": "f", "id": correlation, "pid": device, "tid": tid, "ts": _us(ts_ns),
+                               "cat": "ac2g", "name": "ac2g", "bp": "e"})
+            return
         if cat == "kernel" and name.startswith(("Memcpy", "Memset")):
             # Device-to-device copies: the main trace files them with kernels; Kineto (and HTA's
             # memory kernel type) with copies.

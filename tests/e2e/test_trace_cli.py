@@ -211,7 +211,7 @@ def test_threads_and_dataloader_workers(tmp_path):
 def test_unsupported_feature_names_itself(tmp_path):
     proc, _ = trace_script(tmp_path, str(SCRIPTS / "unsupported.py"))
     assert proc.returncode == 1
-    assert "phantora does not simulate CUDA graphs" in proc.stderr
+    assert "phantora does not simulate GPU utilization queries" in proc.stderr
 
 
 def test_gzip_output(tmp_path):

@@ -1,3 +1,3 @@
 import torch
 torch.zeros(1, device="cuda")
-g = torch.cuda.CUDAGraph()
+torch.cuda.utilization()
