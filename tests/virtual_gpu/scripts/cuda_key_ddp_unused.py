@@ -33,7 +33,7 @@ for step in range(3):
     opt.step()
     opt.zero_grad(set_to_none=True)
 torch.cuda.synchronize()
-print(f"ok rank{rank}_ddp_find_unused_parameters", flush=True)
+print(f"ok rank{rank}_ddp_find_unused_parameters\n", end="", flush=True)  # one write: ranks share stdout
 
 # Host memory C++ allocates as pinned is pinned; pageable host memory is not.
 pinned = torch.empty(1024, dtype=torch.int32, pin_memory=True)
@@ -41,5 +41,7 @@ assert pinned.is_pinned(), "torch.empty(pin_memory=True) is not pinned"
 assert pinned[512:].is_pinned(), "a view into pinned memory is not pinned"
 assert not torch.empty(1024, dtype=torch.int32).is_pinned(), "pageable memory reads as pinned"
 assert torch.zeros(8, dtype=torch.int32).pin_memory().is_pinned()
-print(f"ok rank{rank}_pinned_host_memory", flush=True)
+big = torch.randn(512, 512)  # a virtual host tensor (no data): pinned only once pinned
+assert not big.is_pinned() and big.pin_memory().is_pinned()
+print(f"ok rank{rank}_pinned_host_memory\n", end="", flush=True)
 dist.destroy_process_group()
