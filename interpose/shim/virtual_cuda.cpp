@@ -396,12 +396,17 @@ struct SilentWarnings final : public c10::WarningHandler {
   void process(const c10::Warning&) override {}
 };
 
-// Only ops with a CUDA kernel of their own: composite kernels stay. FakeTensor itself runs them on
-// plain tensors that carry the CUDA key over meta storage (views' bases, detach() in
-// Tensor._make_subclass); handing those to the modes would recurse.
-bool has_real_cuda_kernel(const c10::OperatorHandle& op) {
+// Which ops get the kernel besides the fallback: those with a CUDA kernel of their own (CUDA
+// build) or a CompositeExplicitAutogradNonFunctional one (structured ops on a CPU build: the CUDA
+// build has real kernels for them, so both builds hand over the same op), and _to_copy, a
+// composite that moves data onto the device: handed over whole, the observer sees the copy (and
+// values.py shadows its result) rather than an allocation and a copy_ it never sees. Other
+// composite kernels stay: FakeTensor runs them on plain tensors that carry the CUDA key over meta
+// storage (views' bases, detach() in Tensor._make_subclass); handing those over would recurse.
+bool takes_virtual_cuda_kernel(const c10::OperatorHandle& op) {
   return op.hasKernelForDispatchKey(c10::DispatchKey::CUDA) ||
-         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+         op.operator_name() == c10::OperatorName("aten::_to_copy", "");
 }
 
 // Returns the number of ops given the kernel (the fallback counts as one).
@@ -423,7 +428,7 @@ int install_cuda_dispatch() {
   }
   for (const auto& name : dispatcher.getAllOpNames()) {
     auto op = dispatcher.findOp(name);
-    if (!op.has_value() || !has_real_cuda_kernel(*op)) continue;
+    if (!op.has_value() || !takes_virtual_cuda_kernel(*op)) continue;
     handles->push_back(dispatcher.registerImpl(
         name, c10::DispatchKey::CUDA, c10::KernelFunction::makeFromBoxedFunction<&reroute_to_simulation>(),
         std::nullopt, nullptr, "phantora virtual CUDA kernel"));

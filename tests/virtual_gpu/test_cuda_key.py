@@ -19,23 +19,26 @@ def _cpu_op_counts(trace: Path) -> collections.Counter:
 @BUILDS
 def test_ops_outside_the_dispatch_modes(tmp_path: Path, user_python: str) -> None:
     proc, trace = run_traced(tmp_path, user_python, "cuda_key_paths.py")
-    assert_ran(proc, "disabled_modes_to_cuda", "no_dispatch_record_stream", "tensor_from_cuda_scalars")
+    assert_ran(proc, "disabled_modes_to_cuda", "disabled_modes_value_reads", "no_dispatch_record_stream",
+               "tensor_from_cuda_scalars")
     ops = _cpu_op_counts(trace)
-    # Made under _disable_current_modes(): the GPU copy of the RNG state, torch.empty and
-    # torch.ones (a composite: its allocation is the op that reaches the CUDA key).
-    assert ops["aten::empty_strided"] >= 1, ops
+    # Host-to-device copies: the RNG state and torch.tensor(5, device="cuda") with the modes off,
+    # torch.tensor(3 / [x.sum(), x.sum()], device="cuda") with them on.
+    assert ops["aten::_to_copy"] == 4, ops
+    # Allocated with the modes off: torch.empty and torch.ones (a composite: its allocation is the
+    # op that reaches the CUDA key).
     assert ops["aten::empty"] == 2, ops
-    # Computed under no_dispatch(): x * 2 (the script's only multiplication of a float tensor by 2
-    # happens there; n * 2 is the other aten::mul).
+    # Computed under no_dispatch(): x * 2 (n * 2 is the script's other aten::mul).
     assert ops["aten::mul"] == 2, ops
-    # Each element torch.tensor reads in C++ is a device-to-host read, like .item(): 2 + 3 + 2 + 2
-    # of them, plus the script's two explicit .item() calls.
-    assert ops["aten::_local_scalar_dense"] == 11, ops
+    # Device-to-host reads, like .item(): with the modes off 1 + 16 + 1; each element torch.tensor
+    # reads in C++, 2 + 3 + 2 + 2; the script's own .item() calls, 2 + 1.
+    assert ops["aten::_local_scalar_dense"] == 30, ops
 
 
 @BUILDS
-def test_ddp_find_unused_parameters_on_two_ranks(tmp_path: Path, user_python: str) -> None:
-    """Issue 14, cause 9: DDP's reducer asserts is_pinned() on host memory it allocates pinned in C++."""
-    proc, _ = run_traced(tmp_path, user_python, "cuda_key_ddp_unused.py", options=("--nproc-per-node", "2"))
+def test_two_ranks_ddp_unused_parameters_and_dtensor_rng(tmp_path: Path, user_python: str) -> None:
+    """Cause 9: DDP's reducer asserts is_pinned() on host memory it allocates pinned in C++.
+    Cause 1: DTensor's RNG tracker makes CUDA tensors while the dispatch modes are stashed."""
+    proc, _ = run_traced(tmp_path, user_python, "cuda_key_two_ranks.py", options=("--nproc-per-node", "2"))
     assert_ran(proc, *(f"rank{r}_{check}" for r in (0, 1)
-                       for check in ("ddp_find_unused_parameters", "pinned_host_memory")))
+                       for check in ("ddp_find_unused_parameters", "pinned_host_memory", "dtensor_random_init")))

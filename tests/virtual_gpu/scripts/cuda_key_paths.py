@@ -29,6 +29,17 @@ y = (blank @ x).relu()
 assert y.shape == (3, 8) and y.device.type == "cuda"
 print("ok disabled_modes_to_cuda", flush=True)
 
+# Values read with the modes off (DTensor's tracker compares states with `all(a == b)` inside
+# DTensor's __torch_dispatch__, where the modes are stashed) read what they read elsewhere.
+with _disable_current_modes():
+    total = x.sum().item()
+    same = [bool(v) for v in state == state]
+    steps = torch.tensor(5, device="cuda").item()
+assert total == x.sum().item(), total
+assert len(same) == state.numel() and all(isinstance(v, bool) for v in same)
+assert steps == 5, steps
+print("ok disabled_modes_value_reads", flush=True)
+
 # FSDP1 (mixed precision): record_stream of a virtual CUDA tensor under no_dispatch().
 side = torch.cuda.Stream()
 with no_dispatch():
