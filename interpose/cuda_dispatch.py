@@ -57,7 +57,6 @@ def is_pinned_ptr(address: int) -> bool:
     return address != 0 and bool(_shim().phantora_is_pinned_ptr(address))
 
 
-
 # --- value reads with the mode stack empty ---------------------------------------------------
 # A tensor subclass's __torch_dispatch__ (DTensor's) runs with the simulation's modes stashed, and
 # _disable_current_modes() removes them: ops on virtual tensors there go to
