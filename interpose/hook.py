@@ -49,6 +49,7 @@ def after_torch_import() -> None:
     from interpose import runtime as rt_mod
     from interpose.clock import VirtualClock, install_clock, restore_real_clock
     from interpose.cuda_api import install_cuda_api
+    from interpose.cuda_dispatch import install_cuda_dispatch
     from interpose.fake import install_fake_fixes, make_fake_mode
     from interpose.observer import OpObserver
     from interpose.python_events import install_python_events
@@ -74,6 +75,7 @@ def after_torch_import() -> None:
     install_distributed(rt)
     fake_mode.__enter__()
     observer.__enter__()
+    install_cuda_dispatch()  # after entering the modes: it captures them (cuda_dispatch.py)
     _install_thread_inheritance(fake_mode, observer)
     _install_worker_exit(rt, clock, restore_real_clock)
 

@@ -169,7 +169,15 @@ class Runtime:
 
     def storage_is_pinned(self, storage: Any) -> bool:
         ref = self._pinned.get(storage._cdata)
-        return ref is not None and ref() is storage
+        if ref is not None and ref() is storage:
+            return True
+        # Real host memory that C++ allocated pinned (torch.empty(pin_memory=True), DDP's reducer)
+        # comes from the shim's pinned allocator, which knows it.
+        if storage.device.type != "cpu":
+            return False
+        from interpose.cuda_dispatch import is_pinned_ptr
+
+        return is_pinned_ptr(storage.data_ptr())
 
     def new_event_id(self) -> int:
         with self.lock:

@@ -7,7 +7,10 @@
 //    counter, event handles that are plain integers. No work ever runs: tensors are FakeTensors
 //    and timing is the simulator's job, so record/block/synchronize are no-ops here.
 //  * a CUDAHooksInterface registered under the key "CUDAHooks", so hasCUDA() is true (autograd
-//    and torch.accelerator then pick CUDA) and pinned memory comes from the CPU allocator.
+//    and torch.accelerator then pick CUDA), and a pinned-memory allocator: host memory that
+//    isPinnedPtr recognises, as C++ code (DDP's reducer) checks with is_pinned().
+//  * a kernel for the CUDA dispatch key (installed by phantora_install_cuda_dispatch) that hands
+//    ops arriving there outside phantora's dispatch modes back to them (see the section below).
 //  * the CUDA entry of _fused_sdp_choice_stub, so F.scaled_dot_product_attention takes the
 //    fused backend a real GPU would take instead of the math path (see choose_sdp_backend).
 //  * one default Philox random number generator per device and new ones on request (the
@@ -34,21 +37,27 @@
 #include <ATen/core/Generator.h>
 #include <c10/core/GeneratorImpl.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/core/impl/alloc_cpu.h>
 #ifdef PHANTORA_TORCH_CUDA_BUILD
 #include <torch/csrc/distributed/c10d/reducer_timer.hpp>
 #endif
 
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <dlfcn.h>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -130,7 +139,7 @@ struct VirtualCudaGuard final : public c10::impl::DeviceGuardImplInterface {
   double elapsedTime(void*, void*, const c10::DeviceIndex) const override { return 0.0; }
 };
 
-// ==== CUDA random number generators (phantora's RNG section) ================================
+// ==== CUDA random number generators (phantora's RNG section) =========================
 // A virtual GPU draws no random numbers (tensors are FakeTensors), but programs treat the
 // generator state as data: they save, restore, compare and broadcast it (torch.random.fork_rng,
 // activation checkpointing, Megatron's CudaRNGStatesTracker, DTensor's OffsetBasedRNGTracker
@@ -253,6 +262,57 @@ extern "C" void* phantora_cuda_default_generator(int index) {
 
 namespace {
 // ==== end of the RNG section =================================================================
+// --- pinned host memory ----------------------------------------------------------------------
+// Page-locked memory is plain host memory here; what matters is that C++ code asking
+// isPinnedPtr about it gets the answer a GPU build gives (DDP's reducer asserts is_pinned() on
+// the staging copy of its used-parameter map). Blocks are kept by start address, with sizes,
+// so a pointer into a block is pinned too, as cudaHostGetFlags says on a GPU.
+struct PinnedBlocks {
+  std::mutex mu;
+  std::map<const char*, size_t> blocks;
+};
+
+PinnedBlocks& pinned_blocks() {
+  static auto* p = new PinnedBlocks();  // leaked: deleters may run during static destruction
+  return *p;
+}
+
+bool is_pinned_ptr(const void* ptr) {
+  auto& pb = pinned_blocks();
+  const char* p = static_cast<const char*>(ptr);
+  std::lock_guard<std::mutex> lock(pb.mu);
+  auto it = pb.blocks.upper_bound(p);
+  if (it == pb.blocks.begin()) return false;
+  --it;
+  return p < it->first + std::max<size_t>(it->second, 1);
+}
+
+void free_pinned(void* ptr) {
+  {
+    auto& pb = pinned_blocks();
+    std::lock_guard<std::mutex> lock(pb.mu);
+    pb.blocks.erase(static_cast<const char*>(ptr));
+  }
+  c10::free_cpu(ptr);
+}
+
+struct VirtualPinnedAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* p = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+    if (p) {
+      auto& pb = pinned_blocks();
+      std::lock_guard<std::mutex> lock(pb.mu);
+      pb.blocks[static_cast<const char*>(p)] = nbytes;
+    }
+    return {p, p, &free_pinned, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+VirtualPinnedAllocator pinned_allocator;
 
 struct VirtualCudaHooks final : public at::CUDAHooksInterface {
   explicit VirtualCudaHooks(at::CUDAHooksArgs) {}
@@ -276,8 +336,8 @@ struct VirtualCudaHooks final : public at::CUDAHooksInterface {
     return old;
   }
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
-  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
-  bool isPinnedPtr(const void*) const override { return false; }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator; }
+  bool isPinnedPtr(const void* p) const override { return is_pinned_ptr(p); }
   void deviceSynchronize(c10::DeviceIndex) const override {}
 };
 
@@ -379,6 +439,141 @@ struct HostClockTimer final : public c10d::Timer {
 };
 #endif
 
+// --- ops that reach the CUDA dispatch key outside phantora's dispatch modes -----------------
+// Every op on a virtual GPU is meant to reach phantora's dispatch modes (the op observer, then
+// FakeTensorMode) through the Python dispatch key. Some code steps around them and lands on the
+// CUDA key, which has no kernels on a CPU build ("Could not run ... 'CUDA' backend") and real
+// ones needing a driver on a CUDA build:
+//  * no_dispatch() / C++ guards that exclude the Python key (FSDP1's record_stream;
+//    torch.tensor([0-dim CUDA tensors]) reading each element with item());
+//  * code that runs with the mode stack empty: _disable_current_modes(), or a tensor subclass's
+//    __torch_dispatch__ (DTensor's), which runs with the modes stashed; a factory there that
+//    asks for a CUDA tensor has no FakeTensor input to bring it back to Python.
+// The kernel below hands such an op back to the modes: it re-includes the Python key and, when
+// the stack is empty, puts the simulation's modes (captured at install) back for the call, then
+// calls the op again from the top. The observer reports it and FakeTensorMode computes it, so the
+// outputs are virtual CUDA tensors and values follow interpose/values.py (item() reads included).
+// It is installed as the CUDA fallback (ops with no CUDA kernel: all of them on a CPU build) and
+// as the CUDA kernel of every op that has a real one (CUDA build: they need a driver).
+const c10::impl::TorchDispatchModeTLS* simulation_modes = nullptr;  // leaked: holds Python objects
+thread_local int tl_reroute_depth = 0;
+constexpr int kMaxRerouteDepth = 8;
+
+[[noreturn]] void refuse(const c10::OperatorHandle& op, const std::string& why) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "Could not run '", op.schema().operator_name(),
+                              "' with arguments from the 'CUDA' backend. phantora: ", why);
+}
+
+// Sets one dispatch key's TLS exclusion for a scope.
+class KeyExclusion {
+ public:
+  KeyExclusion(c10::DispatchKey k, bool excluded)
+      : key_(k), prev_(c10::impl::tls_is_dispatch_key_excluded(k)) {
+    c10::impl::tls_set_dispatch_key_excluded(k, excluded);
+  }
+  ~KeyExclusion() { c10::impl::tls_set_dispatch_key_excluded(key_, prev_); }
+  KeyExclusion(const KeyExclusion&) = delete;
+  KeyExclusion& operator=(const KeyExclusion&) = delete;
+
+ private:
+  c10::DispatchKey key_;
+  bool prev_;
+};
+
+// Puts the simulation's modes on an empty mode stack for a scope.
+class SimulationModes {
+ public:
+  SimulationModes() : active_(c10::impl::TorchDispatchModeTLS::stack_len() == 0) {
+    if (active_) {
+      prev_ = c10::impl::TorchDispatchModeTLS::get_state();
+      c10::impl::TorchDispatchModeTLS::set_state(*simulation_modes);
+    }
+  }
+  ~SimulationModes() {
+    if (active_) c10::impl::TorchDispatchModeTLS::set_state(std::move(prev_));
+  }
+  SimulationModes(const SimulationModes&) = delete;
+  SimulationModes& operator=(const SimulationModes&) = delete;
+
+ private:
+  bool active_;
+  c10::impl::TorchDispatchModeTLS prev_;
+};
+
+void reroute_to_simulation(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  if (simulation_modes == nullptr) {
+    refuse(op, "this process has no virtual GPUs (phantora's interposition is not installed)");
+  }
+  const bool stack_empty = c10::impl::TorchDispatchModeTLS::stack_len() == 0;
+  const bool python_excluded = c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python);
+  if (stack_empty && python_excluded) {
+    // Only the modes themselves run like this: FakeTensorMode running an op's real kernel on the
+    // device because the op has no fake/meta implementation.
+    refuse(op, "the op has no fake (meta) implementation, so its output shapes on a virtual GPU are "
+               "unknown; register one with torch.library.register_fake");
+  }
+  TORCH_CHECK(tl_reroute_depth < kMaxRerouteDepth, "phantora: '", op.schema().operator_name(),
+              "' keeps returning to the CUDA backend of a virtual GPU (", kMaxRerouteDepth,
+              " nested attempts to hand it to phantora's dispatch modes)");
+  ++tl_reroute_depth;
+  struct Depth {
+    ~Depth() { --tl_reroute_depth; }
+  } depth;
+  SimulationModes modes;
+  KeyExclusion python(c10::DispatchKey::Python, false);
+  KeyExclusion snapshot(c10::DispatchKey::PythonTLSSnapshot, false);
+  op.callBoxed(stack);
+}
+
+// The dispatcher warns once when a kernel replaces another; replacing torch's CUDA kernels is the
+// point here.
+struct SilentWarnings final : public c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+// Which ops get the kernel besides the fallback: those with a CUDA kernel of their own (CUDA
+// build) or a CompositeExplicitAutogradNonFunctional one (structured ops on a CPU build: the CUDA
+// build has real kernels for them, so both builds hand over the same op), and _to_copy, a
+// composite that moves data onto the device: handed over whole, the observer sees the copy (and
+// values.py shadows its result) rather than an allocation and a copy_ it never sees. Other
+// composite kernels stay: FakeTensor runs them on plain tensors that carry the CUDA key over meta
+// storage (views' bases, detach() in Tensor._make_subclass); handing those over would recurse.
+bool takes_virtual_cuda_kernel(const c10::OperatorHandle& op) {
+  return op.hasKernelForDispatchKey(c10::DispatchKey::CUDA) ||
+         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+         op.operator_name() == c10::OperatorName("aten::_to_copy", "");
+}
+
+// Returns the number of ops given the kernel (the fallback counts as one).
+int install_cuda_dispatch() {
+  static std::mutex mu;
+  static std::vector<c10::RegistrationHandleRAII>* handles = nullptr;  // leaked: kept for the process
+  std::lock_guard<std::mutex> lock(mu);
+  auto* state = new c10::impl::TorchDispatchModeTLS(c10::impl::TorchDispatchModeTLS::get_state());
+  simulation_modes = state;  // the latest capture wins; an old one stays valid for readers
+  if (handles != nullptr) return static_cast<int>(handles->size());
+  handles = new std::vector<c10::RegistrationHandleRAII>();
+  auto& dispatcher = c10::Dispatcher::singleton();
+  SilentWarnings silent;
+  c10::WarningUtils::WarningHandlerGuard quiet(&silent);
+  if (!dispatcher.hasBackendFallbackForDispatchKey(c10::DispatchKey::CUDA)) {
+    handles->push_back(dispatcher.registerFallback(
+        c10::DispatchKey::CUDA, c10::KernelFunction::makeFromBoxedFunction<&reroute_to_simulation>(),
+        "phantora virtual CUDA fallback"));
+  }
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    auto op = dispatcher.findOp(name);
+    if (!op.has_value() || !takes_virtual_cuda_kernel(*op)) continue;
+    handles->push_back(dispatcher.registerImpl(
+        name, c10::DispatchKey::CUDA, c10::KernelFunction::makeFromBoxedFunction<&reroute_to_simulation>(),
+        std::nullopt, nullptr, "phantora virtual CUDA kernel"));
+  }
+  // C++ asks isPinnedPtr only of an initialised device (Context::isPinnedPtr); torch's own CUDA
+  // initialisation, which would do this, is replaced by interpose/cuda_api.py.
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+  return static_cast<int>(handles->size());
+}
+
 }  // namespace
 
 namespace c10::impl {
@@ -397,3 +592,16 @@ C10_REGISTER_TYPED_CLASS_WITH_PRIORITY(TimerRegistry, c10::kCUDA, c10::REGISTRY_
 #endif
 
 extern "C" int phantora_shim_device_count() { return device_count(); }
+
+// Captures the calling thread's dispatch modes as the simulation's and installs the CUDA-key
+// kernel (see "ops that reach the CUDA dispatch key"). Call with the modes entered and the GIL held.
+extern "C" int phantora_install_cuda_dispatch() {
+  try {
+    return install_cuda_dispatch();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "phantora: installing the virtual CUDA kernel failed: %s\n", e.what());
+    return -1;
+  }
+}
+
+extern "C" int phantora_is_pinned_ptr(const void* p) { return is_pinned_ptr(p) ? 1 : 0; }

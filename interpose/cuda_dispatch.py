@@ -1,0 +1,87 @@
+"""Ops that reach the CUDA dispatch key outside phantora's dispatch modes, and pinned memory
+allocated in C++ (issue 14, causes 1 and 9).
+
+Framework code sometimes steps around Python dispatch: `no_dispatch()` (FSDP1's record_stream),
+C++ that excludes the Python key (`torch.tensor([0-dim CUDA tensors])` reads each element with
+item()), or code that runs with the mode stack empty (`_disable_current_modes()`, a tensor
+subclass's `__torch_dispatch__` such as DTensor's, where the RNG tracker copies the CUDA RNG
+state to the GPU). Such ops land on the CUDA dispatch key. The native shim's kernel for that key
+hands them back to the simulation's dispatch modes, so they are reported and computed like every
+other op (interpose/shim/virtual_cuda.cpp, section "ops that reach the CUDA dispatch key").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+from interpose import runtime as rt_mod
+
+
+class CudaDispatchError(RuntimeError):
+    pass
+
+
+@functools.cache
+def _shim() -> ctypes.PyDLL:
+    # The shim was loaded with RTLD_GLOBAL before torch (interpose/hook.py), so its symbols are
+    # in the process's global namespace. PyDLL keeps the GIL held during the calls: installing
+    # copies the Python mode objects' handles.
+    lib = ctypes.PyDLL(None)
+    lib.phantora_install_cuda_dispatch.restype = ctypes.c_int
+    lib.phantora_install_cuda_dispatch.argtypes = []
+    lib.phantora_is_pinned_ptr.restype = ctypes.c_int
+    lib.phantora_is_pinned_ptr.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def install_cuda_dispatch() -> int:
+    """Capture the current thread's dispatch modes (FakeTensorMode + the op observer, entered just
+    before) as the simulation's, install the CUDA-key kernel, and route value reads made with the
+    mode stack empty to the observer. Returns the number of ops (and fallbacks) given the kernel."""
+    _route_value_reads_outside_modes()
+    n = _shim().phantora_install_cuda_dispatch()
+    if n < 0:
+        raise CudaDispatchError("phantora: the virtual CUDA dispatch kernel could not be installed (see stderr)")
+    return n
+
+
+def is_pinned_ptr(address: int) -> bool:
+    """Whether host memory at `address` came from the pinned allocator (C++ `pin_memory=True`
+    allocations, e.g. DDP's reducer, and real CPU tensors' .pin_memory())."""
+    return address != 0 and bool(_shim().phantora_is_pinned_ptr(address))
+
+
+# --- value reads with the mode stack empty ---------------------------------------------------
+# A tensor subclass's __torch_dispatch__ (DTensor's) runs with the simulation's modes stashed, and
+# _disable_current_modes() removes them: ops on virtual tensors there go to
+# FakeTensor.__torch_dispatch__, which enters FakeTensorMode alone. That computes shapes, but a
+# value read (DTensor's RNG tracker compares the ranks' states with `all(a == b)`) raises
+# DataDependentOutputException. Reads go through the op observer instead, which reports them and
+# answers them as everywhere else (interpose/values.py). Other ops keep FakeTensor's own path: the
+# observer already reported the subclass op they implement.
+_VALUE_READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
+                torch.ops.aten.equal.default}
+
+
+def _route_value_reads_outside_modes() -> None:
+    stock = FakeTensor.__dict__["__torch_dispatch__"].__func__
+    if getattr(stock, "_phantora_routes_reads", False):
+        return
+
+    def __torch_dispatch__(cls: type, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func in _VALUE_READS and not _get_current_dispatch_mode_stack():
+            observer = rt_mod.get().observer
+            fake_mode = next((a.fake_mode for a in args if isinstance(a, FakeTensor)), None)
+            if observer is not None and fake_mode is not None:
+                with fake_mode, observer:
+                    return func(*args, **(kwargs or {}))
+        return stock(cls, func, types, args, kwargs)
+
+    __torch_dispatch__._phantora_routes_reads = True  # type: ignore[attr-defined]
+    FakeTensor.__torch_dispatch__ = classmethod(__torch_dispatch__)  # type: ignore[assignment]
