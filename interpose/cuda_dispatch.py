@@ -63,10 +63,21 @@ def is_pinned_ptr(address: int) -> bool:
 # FakeTensor.__torch_dispatch__, which enters FakeTensorMode alone. That computes shapes, but a
 # value read (DTensor's RNG tracker compares the ranks' states with `all(a == b)`) raises
 # DataDependentOutputException. Reads go through the op observer instead, which reports them and
-# answers them as everywhere else (interpose/values.py). Other ops keep FakeTensor's own path: the
-# observer already reported the subclass op they implement.
+# answers them as everywhere else (interpose/values.py). A copy from a virtual GPU to the host is
+# a value read too (DTensor's tracker moves the RNG state back to the CPU before handing it to the
+# generator, which needs its bytes). Other ops keep FakeTensor's own path: the observer already
+# reported the subclass op they implement.
 _VALUE_READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
                 torch.ops.aten.equal.default}
+
+
+def _is_value_read(func: Any, args: tuple, kwargs: dict) -> bool:
+    if func in _VALUE_READS:
+        return True
+    if func is torch.ops.aten._to_copy.default and args and isinstance(args[0], FakeTensor):
+        target = kwargs.get("device")
+        return args[0].device.type == "cuda" and target is not None and torch.device(target).type == "cpu"
+    return False
 
 
 def _route_value_reads_outside_modes() -> None:
@@ -75,7 +86,7 @@ def _route_value_reads_outside_modes() -> None:
         return
 
     def __torch_dispatch__(cls: type, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if func in _VALUE_READS and not _get_current_dispatch_mode_stack():
+        if _is_value_read(func, args, kwargs or {}) and not _get_current_dispatch_mode_stack():
             observer = rt_mod.get().observer
             fake_mode = next((a.fake_mode for a in args if isinstance(a, FakeTensor)), None)
             if observer is not None and fake_mode is not None:

@@ -19,20 +19,9 @@ def test_cuda_generators_keep_seed_and_offset_like_a_gpu(tmp_path, user_python):
                "fork_rng", "graphsafe_state", "megatron_rng_tracker", "checkpoint_replays_rng")
 
 
-class NeedsCudaKeyFallback(AssertionError):
-    """DTensor's tracker copies the RNG state to cuda with the dispatch modes off, which reaches
-    the real CUDA dispatch key; the CUDA-key fallback for that is another part of issue 14."""
-
-
 @BUILDS
-@pytest.mark.xfail(strict=True, raises=NeedsCudaKeyFallback,
-                   reason="PHANTORA-CUDAKEY: OffsetBasedRNGTracker._get_device_state's .to('cuda') needs the "
-                          "CUDA-key fallback (helper cudakey); remove this mark once it is merged")
 def test_dtensor_offset_based_rng_tracker(tmp_path, user_python):
+    # DTensor's tracker copies the RNG state to cuda with the dispatch modes off
+    # (OffsetBasedRNGTracker._get_device_state): that reaches the CUDA dispatch key.
     proc, _ = run_traced(tmp_path, user_python, "cuda_rng_dtensor.py", options=("--nproc-per-node", "2"))
-    assert "ok dtensor_random_factories" in proc.stdout and "ok dtensor_manual_seed" in proc.stdout, \
-        proc.stderr[-4000:]
-    cuda_key_missing = ("Could not run 'aten::" in proc.stderr or "cudaErrorInsufficientDriver" in proc.stderr)
-    if proc.returncode != 0 and "_get_device_state" in proc.stderr and cuda_key_missing:
-        raise NeedsCudaKeyFallback(proc.stderr[-2000:])
     assert_ran(proc, "dtensor_random_factories", "dtensor_manual_seed", "dtensor_random_op_offsets")
