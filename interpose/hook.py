@@ -51,7 +51,7 @@ def after_torch_import() -> None:
     from interpose.cuda_api import install_cuda_api
     from interpose.cuda_dispatch import install_cuda_dispatch
     from interpose.fake import install_fake_fixes, make_fake_mode
-    from interpose.observer import OpObserver
+    from interpose.observer import OpObserver, install_metadata_only_regions
     from interpose.python_events import install_python_events
     from interpose.values import install_value_hints
 
@@ -68,6 +68,7 @@ def after_torch_import() -> None:
     install_hops(VirtualCudaFakeMode, OpObserver)
     fake_mode = make_fake_mode()
     observer = OpObserver(rt)
+    install_metadata_only_regions()
     rt.observer = observer
     install_python_events(rt)
     from interpose.distributed import install_distributed

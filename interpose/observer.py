@@ -12,7 +12,10 @@ It is a TorchDispatchMode entered after FakeTensorMode, so it runs first for eve
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import threading
+
+from typing import Any, Iterator
 
 import torch
 from torch._ops import HigherOrderOperator
@@ -58,6 +61,13 @@ class OpObserver(TorchDispatchMode):
         self.ops_seen = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if _wraps_other_tensors(types):
+            # A tensor subclass that wraps other tensors (DTensor, FSDP2's sharded parameters,
+            # TwoTensor...) decides what runs: its own __torch_dispatch__ turns the op into ops on
+            # its inner (virtual) tensors and into collectives, which come back through this mode.
+            # Those are what the GPU runs, with local shapes; the wrapper op itself launches
+            # nothing. (Reporting the wrapper op timed DTensor work at its global shape.)
+            return NotImplemented
         # FakeTensorMode is not thread-safe (its in-kernel flag is shared, the matching
         # dispatch-key state is thread-local), so ops from several threads (pin-memory thread,
         # user threads, the autograd thread) go through the modes one at a time.
@@ -73,6 +83,8 @@ class OpObserver(TorchDispatchMode):
         if special is not None:
             return special(self, func, args, kwargs)
         if not self.rt.active:
+            return func(*args, **kwargs)
+        if getattr(_metadata_only, "depth", 0):
             return func(*args, **kwargs)
         any_fake, any_tensor, wants_cuda = _scan(args, kwargs)
         if not any_fake and any_tensor and not wants_cuda:
@@ -139,6 +151,46 @@ class OpObserver(TorchDispatchMode):
                 f"(FSDP), or a GPU with more memory (--gpu, --vram)."
             )
             raise torch.OutOfMemoryError(str(e) + hint) from None
+
+
+_metadata_only = threading.local()  # .depth: inside code torch runs only to learn shapes
+
+
+@contextlib.contextmanager
+def _not_observed() -> Iterator[None]:
+    _metadata_only.depth = getattr(_metadata_only, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _metadata_only.depth -= 1
+
+
+def install_metadata_only_regions() -> None:
+    """torch marks the code it runs only to derive metadata, not as part of the computation,
+    with `disable_proxy_modes_tracing()` (DTensor's sharding propagation runs each op on fake
+    copies of its global-shape arguments there, so a tracer records nothing). Nothing of it
+    runs on a GPU either: the observer lets such ops through without reporting them, drawing
+    random numbers or tracking values."""
+    from torch.fx.experimental import proxy_tensor
+
+    stock = proxy_tensor.disable_proxy_modes_tracing
+    if getattr(stock, "_phantora_not_observed", False):
+        return
+
+    @contextlib.contextmanager
+    def disable_proxy_modes_tracing() -> Iterator[Any]:
+        with stock() as modes, _not_observed():
+            yield modes
+
+    disable_proxy_modes_tracing._phantora_not_observed = True  # type: ignore[attr-defined]
+    proxy_tensor.disable_proxy_modes_tracing = disable_proxy_modes_tracing
+
+
+def _wraps_other_tensors(types: Any) -> bool:
+    """Whether a tensor subclass among the op's argument types wraps inner tensors (a traceable
+    wrapper subclass, as torch defines it) and is not phantora's own FakeTensor."""
+    return any(t is not FakeTensor and not issubclass(t, FakeTensor) and hasattr(t, "__tensor_flatten__")
+               for t in types)
 
 
 def _is_internal_detach(func: Any) -> bool:

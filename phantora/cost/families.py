@@ -139,7 +139,8 @@ OP_FAMILIES: dict[str, Family] = {
         _fake_quantize_learnable_per_tensor_affine_backward
         _fake_quantize_learnable_per_channel_affine_backward linalg_cross
         _transform_bias_rescale_qkv isin
-        __irshift__ __ilshift__ __lshift__ __rshift__ abs add sub mul div rsub remainder
+        __irshift__ __ilshift__ __lshift__ __rshift__ __or__ __ior__ __and__ __iand__ __xor__ __ixor__
+        abs add sub mul div rsub remainder
         floor_divide copysign gcd lcm heaviside xlogy bitwise_and bitwise_or bitwise_xor
         bitwise_left_shift bitwise_right_shift eq ne lt le gt ge isinf isnan where relu
         threshold threshold_backward gelu gelu_backward celu elu leaky_relu hardtanh
