@@ -27,6 +27,7 @@ from phantora.cost.roofline import (
     bytes_read,
     bytes_written,
     clamp_to_min,
+    context_for,
     streaming_kernel,
 )
 from phantora.hardware import GPUSpec
@@ -107,7 +108,7 @@ class AnalyticalEstimator:
         if family.model is None:
             return OpCost((), NO_GPU_WORK), True
         try:
-            return family.model(sig, self.ctx), True
+            return family.model(sig, context_for(self.ctx, sig.tags)), True
         except (IndexError, KeyError, TypeError, AttributeError, ValueError, ZeroDivisionError, StopIteration):
             # A signature shape the model does not expect (a new overload, say): time it with the
             # fallback and let the caller report it rather than stop the simulation.

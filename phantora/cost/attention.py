@@ -50,6 +50,12 @@ EXP_EXPOSED_FRACTION = 0.5
 # Prologue + epilogue of one query block (load Q, rescale, write O and the log-sum-exp) and the
 # tail of unequal causal blocks, in units of (query block, key block) pairs.
 BLOCK_OVERHEAD_PAIRS = 4.0
+# fp32 inputs (only the CUTLASS memory-efficient backend takes them) run on tensor cores as
+# 3xTF32, whatever torch.backends.cuda.matmul.allow_tf32 says: torch's mem_eff_attention
+# gemm_kernel_utils.h DefaultGemmType<ArchTag >= 80, float> is OpClassTensorOp with
+# OpMultiplyAddFastF32, which splits each operand into a big and a small TF32 part and issues
+# three TF32 MMAs per product (big*big + big*small + small*big) for fp32 accuracy.
+FAST_F32_MMA_PASSES = 3
 # Backward main loop sustains this fraction of the forward's matrix-product rate (more
 # operands in flight, atomics on dQ).
 BACKWARD_RATE_FACTOR = 0.7
@@ -128,6 +134,8 @@ def main_loop_ns(shape: AttentionShape, backend: str, ctx: CostContext, dtype: s
     gpu = ctx.gpu
     efficiency = _efficiency(gpu, backend, backward)
     rate_per_sm = peak_flops(gpu, matmul_compute_type(dtype, True)) * efficiency / gpu.sm_count
+    if dtype == "float32":
+        rate_per_sm /= FAST_F32_MMA_PASSES
     if backward:
         rate_per_sm *= BACKWARD_RATE_FACTOR
     matmuls = 2.5 if backward else 1.0  # backward: 5 products per pair vs 2

@@ -53,6 +53,7 @@ from phantora.cost import NO_GPU_WORK, KernelEstimate
 from phantora.cost.analytical import AnalyticalEstimator
 from phantora.cost.attention import parse_attention
 from phantora.cost.host import HOST_COSTS
+from phantora.cost.roofline import context_for
 from phantora.cost.measurements import CalibrationFile, Measurement, floor_dominated
 from phantora.hardware import GPUSpec
 from phantora.ops import OpSignature, TensorMeta
@@ -356,7 +357,7 @@ class CalibratedEstimator:
         if keyed is None or keyed[0] not in self.table.points:
             return dataclasses.replace(est, estimator=NOT_CALIBRATED)
         key, shape = keyed
-        if key[0] == "mm" and key[1] == "float32" and self.analytical.ctx.allow_tf32:
+        if key[0] == "mm" and key[1] == "float32" and context_for(self.analytical.ctx, sig.tags).allow_tf32:
             return dataclasses.replace(est, estimator=TF32_NOT_CALIBRATED)
         r = interpolate_residual(self.table.points[key], shape)
         if r is None:

@@ -31,6 +31,7 @@ from phantora.cost.roofline import (
     OpCost,
     footprint_bytes,
     memory_ns,
+    peak_flops,
     prod,
     simt_ns,
     streaming_kernel,
@@ -63,6 +64,13 @@ DEPTHWISE_SIMT_EFFICIENCY = 0.3  # per-channel stencils: little reuse, many pred
 # they remain underestimated.
 VECTOR_BYTES = 16
 UNALIGNED_CONV_BANDWIDTH_FRACTION = 0.35
+# The same gather forward is also compute-bound once the window is large: ResNet-50's 7x7
+# stride-2 RGB stem (shared/groundtruth/h100_resnet50_b128, 128x3x224^2 bf16 -> 64x112^2,
+# 15.1 GFLOP) runs a CUTLASS Ampere-style fprop (cutlass_tensorop_bf16_s16816fprop_optimized,
+# channels padded to 8) in 777 us: 19.4 TFLOP/s of useful work, 3.9% of the bf16 dense peak,
+# where its 244 MB would stream in 232 us at the gather bandwidth above. The examples' 3x3 RGB
+# stems stay bandwidth-bound at that rate (3.6 GFLOP: 186 us of compute under 265 us measured).
+UNALIGNED_CONV_PEAK_FRACTION = 0.039
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,14 +192,18 @@ def has_unaligned_channels(shape: ConvShape, x: TensorMeta) -> bool:
 
 
 def _conv_gemm(shape: GemmShape, dtype: str, out_dtype: str, nbytes: float, ctx: CostContext, name: str,
-               unaligned: bool = False) -> Kernel:
+               unaligned: bool = False, gather_compute: bool = False) -> Kernel:
     """One cuDNN implicit-GEMM kernel: the GEMM model's time without its ramp, plus the fixed
-    cost of a cuDNN kernel; a gather kernel's slower memory roofline for unaligned channels."""
+    cost of a cuDNN kernel; a gather kernel's slower memory roofline for unaligned channels
+    (and, for the forward, its low compute rate)."""
     k = gemm_kernel(shape, dtype, out_dtype, nbytes, ctx, tf32=ctx.cudnn_allow_tf32)
     work = k.duration_ns - ctx.gpu.kernel_ramp_ns
     if unaligned:
         bandwidth = ctx.gpu.hbm_bandwidth * ctx.gpu.memory_efficiency * UNALIGNED_CONV_BANDWIDTH_FRACTION
         work = max(work, nbytes / bandwidth * 1e9)
+        if gather_compute:
+            rate = peak_flops(ctx.gpu, matmul_compute_type(dtype, ctx.cudnn_allow_tf32)) * UNALIGNED_CONV_PEAK_FRACTION
+            work = max(work, shape.flops / rate * 1e9)
     return Kernel(name, CUDNN_KERNEL_FIXED_NS + work, k.flops, k.bytes)
 
 
@@ -254,8 +266,9 @@ def convolution(sig: OpSignature, ctx: CostContext) -> OpCost:
     if shape.is_depthwise:
         return OpCost((_depthwise(shape, "conv_depthwise2d_forward_kernel", nbytes, ctx),))
     name = "cudnn_convolution_fwd_implicit_gemm" if not shape.transposed else "cudnn_convolution_dgrad_implicit_gemm"
+    unaligned = has_unaligned_channels(shape, x)
     main = _conv_gemm(shape.forward_gemm(), x.dtype, out.dtype, nbytes, ctx, name,
-                      unaligned=has_unaligned_channels(shape, x))
+                      unaligned=unaligned, gather_compute=unaligned)
     return OpCost(_layout_transposes(x, out, ctx) + (main,))
 
 

@@ -201,15 +201,17 @@ OP_FAMILIES: dict[str, Family] = {
         _upsample_bicubic2d_aa _upsample_lanczos2d_aa pixel_shuffle pixel_unshuffle
         channel_shuffle native_channel_shuffle im2col col2im diag_embed rot90 narrow_copy
         _reshape_copy block_diag _convert_weight_to_int4pack affine_grid_generator
-        grid_sampler_2d grid_sampler_3d max_pool2d_with_indices max_pool3d_with_indices
+        grid_sampler_2d grid_sampler_3d
         avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d _adaptive_avg_pool2d
         _adaptive_avg_pool3d adaptive_avg_pool2d adaptive_avg_pool3d adaptive_max_pool2d
         adaptive_max_pool3d fractional_max_pool2d fractional_max_pool3d max_unpool2d
         max_unpool3d _jagged_to_padded_dense_forward _padded_dense_to_jagged_forward
         cudnn_affine_grid_generator cudnn_grid_sampler
         _compute_linear_combination"""),
+    **_table("movement", movement.max_pool, "max_pool2d_with_indices max_pool3d_with_indices"),
+    **_table("movement", movement.max_pool_backward,
+             "max_pool2d_with_indices_backward max_pool3d_with_indices_backward"),
     **_table("movement", movement.pool_backward, """
-        max_pool2d_with_indices_backward max_pool3d_with_indices_backward
         adaptive_max_pool2d_backward adaptive_max_pool3d_backward fractional_max_pool2d_backward
         fractional_max_pool3d_backward avg_pool2d_backward avg_pool3d_backward
         _adaptive_avg_pool2d_backward _adaptive_avg_pool3d_backward adaptive_avg_pool3d_backward

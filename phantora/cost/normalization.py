@@ -24,6 +24,7 @@ from phantora.cost.roofline import (
     OpCost,
     bytes_written,
     footprint_bytes,
+    memory_ns,
     single,
     streaming_kernel,
 )
@@ -83,6 +84,51 @@ def _batch_norm_training(sig: OpSignature) -> bool:
     return next((a for a in sig.args if isinstance(a, bool)), True)
 
 
+# torch runs training-mode batch norm through cuDNN (one fused kernel pair, near streaming
+# bandwidth) unless the input is bf16 or fp16 with fp16 weights (at::_batch_norm_impl_index);
+# autocast leaves BatchNorm's weights fp32, so fp16 autocast takes cuDNN and bf16 autocast
+# takes torch's native kernels. On a channels_last input those are the *_channels_last kernels,
+# which are much slower than streaming. H100 profile, ResNet-50 batch 128 bf16
+# (shared/groundtruth/h100_resnet50_b128, 53 BatchNorms from 128x64x112^2 down to 128x512x7^2):
+# - batch_norm_collect_statistics_channels_last: Welford updates (a division per element),
+#   compute-bound at 2.3 elements/ns per SM (median over the 53 layers 2.26, 1.7-2.7):
+#   290 us for 128x256x56^2, 0.7 TB/s where a streaming read would take 70 us;
+# - transform_input and backward_elemt: 0.77 of streaming bandwidth (least squares 0.73 and 0.81);
+# - backward_reduce: 0.65 of streaming bandwidth plus ~4.4 us beyond the ramp for its grid-wide
+#   two-pass reduction (least squares over the 53 layers: 5.9 us fixed, 0.65).
+# The fp16 cuDNN path keeps the streaming model: examples/cnn_train.py's cudnn_batch_norm at
+# 128x64x128^2 fp16 takes 283 us for 805 MB (2.8 TB/s; tests/cost/test_conv_profile.py).
+WELFORD_ELEMENTS_PER_NS_PER_SM = 2.3
+CHANNELS_LAST_BN_BANDWIDTH_FRACTION = 0.77
+CHANNELS_LAST_BN_REDUCE_BANDWIDTH_FRACTION = 0.65
+CHANNELS_LAST_BN_REDUCE_EXTRA_NS = 4_400
+
+
+def _batch_norm_uses_cudnn(x: TensorMeta, weight: TensorMeta | None) -> bool:
+    """at::_batch_norm_impl_index's choice, on what the signature shows (dtypes, weight)."""
+    if weight is None or x.dtype == "bfloat16" or weight.dtype == "bfloat16":
+        return False
+    return x.dtype != "float16" or weight.dtype == "float32"
+
+
+def _is_channels_last(x: TensorMeta) -> bool:
+    return len(x.shape) >= 4 and x.stride[1] == 1 and x.shape[1] > 1
+
+
+def _native_channels_last(x: TensorMeta, sig: OpSignature) -> bool:
+    if sig.short_name.startswith("cudnn_"):
+        return False
+    weight = sig.args[1] if len(sig.args) > 1 and isinstance(sig.args[1], TensorMeta) else None
+    return _is_channels_last(x) and not _batch_norm_uses_cudnn(x, weight)
+
+
+def _welford_kernel(name: str, x: TensorMeta, ctx: CostContext) -> Kernel:
+    gpu = ctx.gpu
+    compute = x.numel / (WELFORD_ELEMENTS_PER_NS_PER_SM * gpu.sm_count)
+    memory = memory_ns(footprint_bytes(x), gpu) - gpu.kernel_ramp_ns
+    return Kernel(name, gpu.kernel_ramp_ns + max(compute, memory), 3.0 * x.numel, footprint_bytes(x))
+
+
 def batch_norm(sig: OpSignature, ctx: CostContext) -> OpCost:
     """native_batch_norm / _native_batch_norm_legit* / cudnn_batch_norm / _batch_norm_with_update.
 
@@ -92,6 +138,17 @@ def batch_norm(sig: OpSignature, ctx: CostContext) -> OpCost:
     x = sig.args[0]
     y = sig.tensors_out()[0]
     kernels = []
+    if _native_channels_last(x, sig):
+        if _batch_norm_training(sig):
+            kernels.append(_welford_kernel("batch_norm_collect_statistics_channels_last_kernel", x, ctx))
+            running = sig.args[3] if len(sig.args) > 3 and isinstance(sig.args[3], TensorMeta) else None
+            if running is not None:  # running mean/var update: its own small elementwise kernel
+                kernels.append(streaming_kernel("unrolled_elementwise_kernel_for_multi_outputs", ctx.gpu,
+                                                4.0 * footprint_bytes(running)))
+        kernels.append(streaming_kernel("batch_norm_transform_input_channels_last_kernel", ctx.gpu,
+                                        footprint_bytes(x) + footprint_bytes(y), 2.0 * x.numel,
+                                        efficiency=CHANNELS_LAST_BN_BANDWIDTH_FRACTION))
+        return OpCost(tuple(kernels))
     if _batch_norm_training(sig):
         kernels.append(streaming_kernel("batch_norm_collect_statistics_kernel", ctx.gpu, footprint_bytes(x),
                                         3.0 * x.numel))
@@ -105,9 +162,18 @@ def batch_norm_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
     per-channel reduction over (dy, x), then dx elementwise over (dy, x)."""
     dy, x = sig.args[0], sig.args[1]
     dy_x = footprint_bytes(dy) + footprint_bytes(x)
+    elemt_bytes = footprint_bytes(dy) + 2 * footprint_bytes(x)
+    weight = sig.args[2] if len(sig.args) > 2 and isinstance(sig.args[2], TensorMeta) else None
+    if (not sig.short_name.startswith("cudnn_") and _is_channels_last(x)
+            and not _batch_norm_uses_cudnn(x, weight)):
+        reduce = streaming_kernel("batch_norm_backward_reduce_channels_last_kernel", ctx.gpu, dy_x, 4.0 * x.numel,
+                                  efficiency=CHANNELS_LAST_BN_REDUCE_BANDWIDTH_FRACTION,
+                                  extra_ns=CHANNELS_LAST_BN_REDUCE_EXTRA_NS)
+        elemt = streaming_kernel("batch_norm_backward_elemt_channels_last_kernel", ctx.gpu, elemt_bytes,
+                                 4.0 * x.numel, efficiency=CHANNELS_LAST_BN_BANDWIDTH_FRACTION)
+        return OpCost((reduce, elemt))
     reduce = streaming_kernel("batch_norm_backward_reduce_kernel", ctx.gpu, dy_x, 4.0 * x.numel)
-    elemt = streaming_kernel("batch_norm_backward_elemt_kernel", ctx.gpu,
-                             footprint_bytes(dy) + 2 * footprint_bytes(x), 4.0 * x.numel)
+    elemt = streaming_kernel("batch_norm_backward_elemt_kernel", ctx.gpu, elemt_bytes, 4.0 * x.numel)
     return OpCost((reduce, elemt))
 
 

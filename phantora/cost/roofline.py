@@ -50,6 +50,24 @@ class CostContext:
     cudnn_allow_tf32: bool = True
 
 
+# Tags a signature carries when the user's program changed torch's fp32 math settings from their
+# defaults at the time of the call (interpose/signature.py adds them to ops with fp32 tensors):
+# torch.backends.cuda.matmul.allow_tf32 = True (or set_float32_matmul_precision("high"/"medium"))
+# and torch.backends.cudnn.allow_tf32 = False. A signature without them follows the estimator's
+# CostContext (torch's defaults unless the estimator was built otherwise).
+TF32_MATMUL_TAG = "tf32_matmul"
+NO_TF32_CUDNN_TAG = "no_tf32_cudnn"
+
+
+def context_for(ctx: CostContext, tags: frozenset[str]) -> CostContext:
+    """The CostContext one call runs under: the settings its signature's tags record."""
+    allow_tf32 = ctx.allow_tf32 or TF32_MATMUL_TAG in tags
+    cudnn_allow_tf32 = ctx.cudnn_allow_tf32 and NO_TF32_CUDNN_TAG not in tags
+    if (allow_tf32, cudnn_allow_tf32) == (ctx.allow_tf32, ctx.cudnn_allow_tf32):
+        return ctx
+    return CostContext(ctx.gpu, allow_tf32=allow_tf32, cudnn_allow_tf32=cudnn_allow_tf32)
+
+
 # --- compute types -------------------------------------------------------------------------
 
 # dtype name -> key of GPUSpec.peak_flops for matrix math in that dtype.
