@@ -118,4 +118,20 @@ def signature_of(
         outs = tuple(flat)
     else:
         outs = ()
-    return OpSignature(schema_name, overload, in_args, outs, op_tags(func))
+    tags = op_tags(func)
+    if any(isinstance(a, TensorMeta) and a.dtype == "float32" for a in in_args):
+        tags = tags | _fp32_math_tags()
+    return OpSignature(schema_name, overload, in_args, outs, tags)
+
+
+def _fp32_math_tags() -> frozenset[str]:
+    """The program's fp32 math settings where they differ from torch's defaults, read at the
+    op's first call with this signature (phantora/cost/roofline.py: TF32_MATMUL_TAG,
+    NO_TF32_CUDNN_TAG). A program that changes them between calls of the same shapes keeps the
+    first setting for those shapes."""
+    tags = set()
+    if torch._C._get_cublas_allow_tf32():  # allow_tf32 / set_float32_matmul_precision("high")
+        tags.add("tf32_matmul")
+    if not torch._C._get_cudnn_allow_tf32():
+        tags.add("no_tf32_cudnn")
+    return frozenset(tags)
