@@ -23,8 +23,8 @@ wall time without progress is answered optimistically, with a warning, rather th
 from __future__ import annotations
 
 import sys
-from collections import Counter, deque
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import orjson
@@ -34,7 +34,9 @@ from phantora.cost.host import HOST_COSTS, host_event_ns, python_overhead_ns
 from phantora.engine.collectives import CollectiveCall, CollectiveMatcher, CollectiveMismatch, PendingCollective
 from phantora.engine.deferred import (Action, Arrive, EventRecord, EventWait, GraphReplay, LowerBounds, OpWork, WorkWait,
                                       replay_lower_bounds)
-from phantora.engine.graphs import GraphError, GraphNode, RankGraphs
+from phantora.engine.graphs import GraphError, GraphNode
+from phantora.engine.ranks import CallError, DeviceMemory, RankInfo, RankState
+from phantora.engine.summary import EngineSummary, summarize
 from phantora.engine.timeline import RankTimeline, Stream, TimingConfig
 from phantora.hardware import GPUSpec
 from phantora.net.network import Network
@@ -87,55 +89,6 @@ def _union_ns(spans: list[tuple[int, int]]) -> int:
     return total
 
 
-class CallError(Exception):
-    """A call the user's script made cannot be answered; the message is raised there."""
-
-
-@dataclass
-class RankInfo:
-    rank: int
-    node: int
-    local_rank: int
-    pid: int  # OS pid of the rank process (for messages only; the trace uses `trace_pid`)
-
-    @property
-    def trace_pid(self) -> int:
-        return self.rank + 1
-
-
-@dataclass
-class DeviceMemory:
-    allocated: int = 0
-    reserved: int = 0
-    peak_allocated: int = 0
-    peak_reserved: int = 0
-
-
-@dataclass
-class RankState:
-    info: RankInfo
-    timeline: RankTimeline
-    sigs: dict[int, tuple[OpSignature, KernelEstimate]] = field(default_factory=dict)
-    nvtx: list[tuple[str, int]] = field(default_factory=list)
-    memory: dict[int, DeviceMemory] = field(default_factory=dict)
-    kernels: int = 0
-    ops: int = 0
-    gpu_busy_ns: int = 0
-    flops: float = 0.0
-    ooms: list[str] = field(default_factory=list)
-    finished: bool = False
-    comm_streams: dict[tuple[int, str, tuple[int, ...], bool], int] = field(default_factory=dict)  # -> stream id
-    collectives: int = 0
-    steps: int = 0
-    step_end_ns: int = 0
-    actions: deque[Action] = field(default_factory=deque)  # GPU work in program order, until placed
-    event_src: dict[int, EventRecord] = field(default_factory=dict)  # event id -> its latest record
-    comm_log: dict[int, list[Arrive]] = field(default_factory=dict)  # device -> its collectives, program order
-    blocked: "_HostWait | None" = None  # the host waits for a time not known yet
-    blocked_call: "_Target | None" = None  # a call waits for a time not known yet
-    graphs: RankGraphs = field(default_factory=RankGraphs)  # CUDA graphs (phantora/engine/graphs.py)
-
-
 @dataclass
 class _Target:
     """What a host wait or a call waits for: a stream's or a device's tail, an event, an op's
@@ -162,28 +115,6 @@ class _NotYet:
 
 
 NOT_YET = _NotYet()
-
-
-@dataclass
-class EngineSummary:
-    simulated_ns: int
-    ranks: int
-    ops: int
-    kernels: int
-    gpu_busy_ns: int
-    flops: float
-    peak_allocated: dict[tuple[int, int], int]  # (rank, device) -> bytes
-    peak_reserved: dict[tuple[int, int], int]
-    unknown_ops: dict[str, int]
-    warnings: list[str]
-    ooms: int = 0
-    collectives: int = 0
-    comm_busy_ns: int = 0
-    rollbacks: int = 0
-    stale_replies: int = 0
-    largest_stale_error_ns: int = 0
-    early_reads: int = 0  # collective ends a host waited for before they were final
-    kernels_by_estimator: dict[str, int] = field(default_factory=dict)  # args.estimator label -> kernels
 
 
 @dataclass
@@ -1316,31 +1247,8 @@ class Engine:
 
     def summary(self) -> EngineSummary:
         self.read_all_collectives()
-        peak_alloc, peak_res = {}, {}
-        for r, st in self.ranks.items():
-            for d, m in st.memory.items():
-                peak_alloc[(r, d)] = m.peak_allocated
-                peak_res[(r, d)] = m.peak_reserved
-        return EngineSummary(
-            simulated_ns=max((max(st.timeline.host_ns, st.timeline.gpu_end_ns()) for st in self.ranks.values()), default=0),
-            ranks=len(self.ranks),
-            ops=sum(st.ops for st in self.ranks.values()),
-            kernels=sum(st.kernels for st in self.ranks.values()),
-            gpu_busy_ns=sum(st.gpu_busy_ns for st in self.ranks.values()),
-            flops=sum(st.flops for st in self.ranks.values()),
-            peak_allocated=peak_alloc,
-            peak_reserved=peak_res,
-            unknown_ops=dict(self.unknown_ops),
-            warnings=list(self.warnings),
-            ooms=sum(len(st.ooms) for st in self.ranks.values()),
-            collectives=sum(st.collectives for st in self.ranks.values()),
-            comm_busy_ns=self.comm_busy_ns,
-            rollbacks=self._rollbacks_written,
-            stale_replies=self.stale_replies,
-            largest_stale_error_ns=self.largest_stale_error_ns,
-            early_reads=self.early_reads,
-            kernels_by_estimator=dict(self.kernels_by_estimator),
-        )
+        return summarize(self.ranks, self.unknown_ops, self.warnings, self.kernels_by_estimator, self.comm_busy_ns,
+                         self._rollbacks_written, self.stale_replies, self.largest_stale_error_ns, self.early_reads)
 
     def _write_link_counters(self) -> None:
         """Each link's load over the run as counters. Written at the end, when rollbacks can no
