@@ -17,7 +17,7 @@ from phantora.engine.timeline import RankTimeline
 from phantora.ops import OpSignature
 
 if TYPE_CHECKING:
-    from phantora.engine.engine import _HostWait as HostWait, _Target as WaitTarget
+    from phantora.engine.host_waits import HostWait, WaitTarget
 
 
 class CallError(Exception):
