@@ -8,7 +8,7 @@ times it would have got had the final ends been known at launch.
 
 `replay_lower_bounds` runs a rank's waiting work with lower bounds in place of the unknown
 ends. It tells the engine how early the rank could still start a collective, which is what
-proves an end final (`Engine._advance_final`). Pure: no torch, no engine state.
+proves an end final (finality.py). Pure: no torch, no engine state.
 """
 
 from __future__ import annotations

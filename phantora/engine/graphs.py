@@ -13,12 +13,12 @@ The model (a real GPU does the same in these respects):
   * Branches of a capture that forked to other streams (an event wait joins a stream to the
     capture) are replayed on the replay stream too, serialised in capture order: phantora
     does not model the concurrency inside a graph.
-  * Collectives inside a capture are refused (Engine.join_collective): NCCL kernels in a
+  * Collectives inside a capture are refused (CollectiveLifecycle.join): NCCL kernels in a
     graph would need matching replays across ranks, which phantora does not simulate.
 
 Pure bookkeeping: no torch, no trace, no timeline placement. Records: phantora/protocol.py
-R_GRAPH_* and OP_CAPTURED; the engine applies them (Engine._graph_record, the OP_CAPTURED branch
-of Engine._op) and places a replay (deferred.GraphReplay, Engine._place_replay). In the trace a
+R_GRAPH_* and OP_CAPTURED; the engine applies them (HostRecords.graph, the OP_CAPTURED branch
+of HostRecords.op) and places a replay (deferred.GraphReplay, Placement._place_replay). In the trace a
 replay is a "cudaGraphLaunch" slice on the host track with an arrow to a "graph replay" slice
 (args: graph, replay, ops, kernels) on the stream, which encloses the replayed kernels (args:
 graph, graph replay); a captured op's host slice has args "captured into CUDA graph".

@@ -33,7 +33,7 @@ class Stream:
     track: int  # trace thread id of this stream's track
     tail_ns: int = 0  # when the last work placed on this stream finishes
     # GPU work launched on this stream but not placed yet: it waits (in stream order) for a
-    # collective end the engine cannot read yet (Engine._place_stream).
+    # collective end the engine cannot read yet (Placement.place_stream).
     queue: deque[Any] = field(default_factory=deque)
     inflight: int | None = None  # collective work placed on it whose end is not read yet
 

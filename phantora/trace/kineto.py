@@ -198,7 +198,7 @@ class KinetoSink:
         correlation = args.get("correlation")
         if correlation is not None:
             out["External id"] = correlation
-            # The launch call is the part of the op after its Python overhead (engine.py _op).
+            # The launch call is the part of the op after its Python overhead (HostRecords.op in phantora/engine/host_records.py).
             overhead = int(args.get("python_overhead_ns") or 0)
             self._launches[correlation] = _Launch(r, ts_ns + overhead, dur_ns - overhead)
         self._emit(r, {"ph": "X", "cat": _HOST_CATEGORIES.get(cat, cat), "name": name, "pid": r.host_pid,

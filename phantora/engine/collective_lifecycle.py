@@ -1,0 +1,348 @@
+"""A collective's life in the engine, from each member's call to its end on every member's stream.
+
+1. join: a rank calls it (`join`); it gets its work id at once and runs ahead, as with NCCL. Its
+   call is matched with the other members' (collectives.py) and queued on the rank's
+   communication stream as an Arrive (placement.py places it).
+2. reached: a member's communication stream reaches it (its ready time). When every member's
+   has, it is submitted to the network, starting when the last one is ready.
+3. read: its end is read from the network once it is final (no collective submitted later can
+   start before it: `final_ns`, proven by finality.py), or earlier when a host must wait for it
+   (`end(work, force=True)`, counted in `early_reads`). Reading places its NCCL kernel on every
+   member's stream and writes them to the trace.
+4. failures: a collective some member never joins (it exited, or the timeout passed) is dropped:
+   the waiting members fail, and waits on it are no-ops.
+
+A network rollback can change an end after it was read: such a correction is written to the
+trace and counted as a stale reply (what was placed from the old end stays).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from phantora.cost.host import HOST_COSTS
+from phantora.engine.collectives import CollectiveCall, CollectiveMatcher, CollectiveMismatch, PendingCollective
+from phantora.engine.deferred import Arrive
+from phantora.engine.placement import Placement
+from phantora.engine.ranks import CallError, RankState
+from phantora.engine.timeline import Stream
+from phantora.engine.trace_events import TraceEvents, nccl_kernel_name
+from phantora.net.network import Network
+from phantora.net.records import CollectiveSpec
+
+
+@dataclass
+class SubmittedCollective:
+    """A collective every member joined, whose end has not been read yet."""
+
+    pending: PendingCollective
+    start_ns: int  # when its last member's communication stream reaches it
+    handle: int | None  # in the network; None: a single GPU (or no network), it ends at its start
+
+
+class CollectiveLifecycle:
+    def __init__(self, ranks: dict[int, RankState], network: Network | None, trace: TraceEvents,
+                 placement: Placement) -> None:
+        self.ranks = ranks
+        self.network = network
+        self.gpus_per_node = network.cluster.gpus_per_node if network is not None else 8
+        self.trace = trace
+        self.placement = placement
+        self.matcher = CollectiveMatcher()
+        self.final_ns = 0  # proven: no collective submitted from now on starts before this (finality.py)
+        self.work_end_ns: dict[int, int] = {}  # collective work id -> completion time
+        self.unresolved_works: set[int] = set()  # joined by some members, not all
+        self.joined: dict[int, PendingCollective] = {}  # work -> joined, not submitted yet
+        self.arrivals: dict[tuple[int, int], Arrive] = {}  # (work, rank) -> that member's call, until placed
+        self.unread: dict[int, SubmittedCollective] = {}  # work id -> all joined, end not read yet
+        self.dropped: set[int] = set()  # collectives that never ran (a member never joined)
+        self._handle_works: dict[int, int] = {}  # network handle -> work id (names corrections)
+        self._key_works: dict[Any, int] = {}  # collective key -> its work id, until it runs
+        self._work_ids = 0
+        # (collective key, rank) -> host begin and end of that rank's call, until the collective runs
+        self._launches: dict[tuple[Any, int], tuple[int, int, CollectiveCall]] = {}
+        self.comm_busy_ns = 0
+        self.early_reads = 0  # ends read before they were final (a host had to wait for them)
+        self.rollbacks = 0
+        self.stale_replies = 0
+        self.largest_stale_error_ns = 0
+        self._stale_errors: dict[int, int] = {}  # work -> its final end minus the end that was used
+
+    def handed_out(self, work: int) -> bool:
+        """Is `work` a work id this engine handed out?"""
+        return 0 < work <= self._work_ids
+
+    def global_gpu(self, rank: int) -> int:
+        info = self.ranks[rank].info
+        return info.node * self.gpus_per_node + info.local_rank
+
+    # --- join ---------------------------------------------------------------------------------
+    def join(self, st: RankState, wire: dict[str, Any]) -> int:
+        """One rank calls a collective: its work id, at once (the rank's communication stream
+        reaches it later, see Arrive). CollectiveMismatch once the members disagree."""
+        rank = st.info.rank
+        try:
+            call = CollectiveCall.from_wire(rank, wire)
+        except (KeyError, ValueError, TypeError) as e:
+            raise CallError(f"malformed collective call from rank {rank}: {e}") from None
+        graph = st.graphs.capture_on(call.device, call.stream)
+        if graph is not None:
+            raise CallError(
+                f"rank {rank}: {call.describe()} was called while stream {call.stream} of cuda:{call.device} is "
+                f"capturing CUDA graph {graph.graph_id}; phantora does not simulate NCCL collectives inside CUDA "
+                f"graphs. Capture only the compute (e.g. make_graphed_callables on modules without collectives) "
+                f"or run this part eagerly. (Called at {call.site}.)")
+        try:
+            p = self.matcher.join(call)
+        except CollectiveMismatch:
+            work = self._key_works.pop(call.key, None)
+            if work is not None:  # the members that joined never get to run it
+                self.dropped.add(work)
+                self.joined.pop(work, None)
+                self.unresolved_works.discard(work)
+            raise
+        comm = self.comm_stream(st, call)
+        tl = st.timeline
+        launch_begin = tl.host_ns
+        tl.advance_host(HOST_COSTS.collective_ns)
+        self._launches[(call.key, rank)] = (launch_begin, tl.host_ns, call)
+        self.trace.collective_call_open(st.info.trace_pid, call, launch_begin, tl.host_ns)
+        current = self.placement.stream(st, call.device, call.stream)
+        work = self._key_works.get(call.key)
+        if work is None:
+            self._work_ids += 1
+            work = self._key_works[call.key] = self._work_ids
+            self.unresolved_works.add(work)
+            self.joined[work] = p
+        if not p.missing():  # every member has joined
+            self._key_works.pop(call.key, None)
+            self.unresolved_works.discard(work)
+        arrive = Arrive(self.placement.next_seq(), comm, call, work, current, tl.host_ns)
+        self.arrivals[(work, rank)] = arrive
+        st.comm_log.setdefault(call.device, []).append(arrive)
+        self.placement.enqueue(st, arrive)
+        return work
+
+    def comm_stream(self, st: RankState, call: CollectiveCall) -> Stream:
+        """The communication stream `call` runs on (one per device and communicator)."""
+        # Send and receive of a pair get a stream each: NCCL runs a batch_isend_irecv group's
+        # send and receive to one peer concurrently.
+        key = (call.device, call.group_name, call.group, call.net_op == "send_recv")
+        sid = st.comm_streams.get(key)
+        if sid is None:
+            sid = st.comm_streams[key] = -1 - len(st.comm_streams)
+        stream, new = st.timeline.stream(call.device, sid)
+        if new:
+            what = "p2p " + "->".join(map(str, call.group)) if call.net_op == "send_recv" else f"group {list(call.group)}"
+            if any(k[0] == call.device and k[2:] == key[2:] and k != key for k in st.comm_streams):
+                what += f" (process group {call.group_name!r})"  # another group has the same ranks
+            self.trace.comm_track(st.info.trace_pid, stream, what)
+        return stream
+
+    # --- reached, submitted -------------------------------------------------------------------
+    def reached(self, rank: int, a: Arrive) -> None:
+        """Member `rank`'s communication stream reached the collective (a.ready_ns is set): it
+        is in flight there until its end is read; submitted once every member's is."""
+        self.arrivals.pop((a.work, rank), None)
+        p = self.joined.get(a.work)
+        if p is None:  # dropped
+            return
+        a.stream.inflight = a.work
+        p.ready_ns[rank] = a.ready_ns  # type: ignore[assignment]
+        if p.missing() or len(p.ready_ns) < len(p.members):
+            return
+        del self.joined[a.work]
+        self._submit(p, a.work)
+
+    def _submit(self, p: PendingCollective, work: int) -> None:
+        """Every member's stream has reached it: hand the collective to the network; its end is
+        read later (`read`), when it is final or a host must wait for it."""
+        first = p.arrivals[p.members[0]]
+        start = max(p.ready_ns.values())
+        gpus = tuple(self.global_gpu(r) for r in p.members)
+        handle = None
+        if self.network is not None and len(set(gpus)) > 1:
+            spec = CollectiveSpec(first.net_op, max(first.nbytes, 1), gpus,
+                                  root=self.global_gpu(first.root) if first.root is not None else None,
+                                  label=f"{first.op} group {list(first.group)} #{first.seq}")
+            handle = self.network.submit(spec, start)
+            self._handle_works[handle] = work
+            self._record_corrections()  # a rollback can change ends already read
+        self.unread[work] = SubmittedCollective(p, start, handle)
+
+    # --- ends ---------------------------------------------------------------------------------
+    def end(self, work: int, force: bool) -> int | None:
+        """The end of collective `work`, read from the network if it is final (or `force`);
+        None if it cannot be read yet. 0 for a collective that never ran."""
+        end = self.work_end_ns.get(work)
+        if end is not None:
+            return end
+        if work in self.dropped:
+            return 0
+        if work not in self.unread and not (force and self._force_arrivals(work)):
+            return None
+        sub = self.unread.get(work)
+        if sub is None:
+            return self.work_end_ns.get(work)
+        if sub.handle is not None and not self._is_final(sub):
+            if not force:
+                return None
+            self.early_reads += 1
+        self.read(work)
+        return self.work_end_ns[work]
+
+    def clipped_end(self, work: int, t: int, force: bool) -> int | None:
+        """min(end of `work`, t): known once the end is, or once nothing can start before t."""
+        end = self.work_end_ns.get(work)
+        if end is not None:
+            return min(end, t)
+        if work in self.dropped:
+            return 0
+        if t <= self.final_ns and not force:
+            sub = self.unread.get(work)
+            if sub is None or sub.handle is None:  # submitted later, so it starts (and ends) after t
+                return t if sub is None else min(sub.start_ns, t)
+            if self.network.provisional_end(sub.handle) > t:  # type: ignore[union-attr, operator]
+                return t  # the network up to t is final: it still runs at t
+        end = self.end(work, force)
+        return None if end is None else min(end, t)
+
+    def provisional_end(self, sub: SubmittedCollective) -> int | None:
+        """Its end as the network has it now (a later submission may still move it)."""
+        assert self.network is not None and sub.handle is not None
+        return self.network.provisional_end(sub.handle)
+
+    def _is_final(self, sub: SubmittedCollective) -> bool:
+        end = self.provisional_end(sub)
+        return end is not None and end <= self.final_ns
+
+    def _force_arrivals(self, work: int) -> bool:
+        """Place every member's arrival at `work` (reading ends early); False if some member
+        has not joined it."""
+        p = self.joined.get(work)
+        if p is None or p.missing():
+            return False
+        for r in p.members:
+            a = self.arrivals.get((work, r))
+            if a is not None and not self.placement.place_stream(self.ranks[r], a.stream, a, True):
+                return False
+        return work in self.unread or work in self.work_end_ns
+
+    def read(self, work: int) -> None:
+        """Read a submitted collective's end from the network and place it: the NCCL kernel on
+        each member's communication stream, the stream tails, the trace. No-op if already read."""
+        sub = self.unread.pop(work, None)
+        if sub is None:
+            return
+        p, start = sub.pending, sub.start_ns
+        calls = [p.arrivals[r] for r in p.members]
+        first = calls[0]
+        info = None
+        if sub.handle is not None:
+            assert self.network is not None
+            end = self.network.finish_time(sub.handle)
+            info = self.network.collective_info(sub.handle)
+            self._record_corrections()
+        else:
+            end = start  # one member (or no network): nothing moves
+        self.work_end_ns[work] = end
+        algorithm = info.algorithm if info else "ring"
+        protocol = info.protocol if info else "simple"
+        name = nccl_kernel_name(first.net_op if first.op != "barrier" else "barrier", first.dtype, first.reduce_op,
+                                algorithm, protocol)
+        flow = self.trace.next_flow()
+        places = []
+        for call in calls:
+            st = self.ranks[call.rank]
+            stream = self.comm_stream(st, call)
+            ready = p.ready_ns[call.rank]
+            stream.tail_ns = max(stream.tail_ns, end)
+            if stream.inflight == work:
+                stream.inflight = None
+            st.collectives += 1
+            self.comm_busy_ns += end - ready
+            launch = self._write_launch(st, call)
+            self.trace.collective_kernel(st.info.trace_pid, stream, name, call, ready, start, end, algorithm,
+                                         protocol, info.busbw if info else None, work, launch)
+            places.append((st.info.trace_pid, stream.track, ready))
+        self.trace.collective_arrows(flow, f"{first.op} #{first.seq}", places)
+
+    def read_all(self) -> None:
+        for work in sorted(self.unread):
+            self.read(work)
+
+    def _write_launch(self, st: RankState, call: CollectiveCall, ran: bool = True) -> int | None:
+        """The host slice of `call`, written once the collective has run so that it links to its
+        kernel like an aten op does; the flow id, or None for a collective that never ran."""
+        span = self._launches.pop((call.key, call.rank), None)
+        if span is None:
+            return None
+        launch = self.trace.next_flow() if ran else None
+        self.trace.collective_call(st.info.trace_pid, call, span[0], span[1], launch)
+        return launch
+
+    def write_unrun_launches(self) -> None:
+        """The host slices of collectives still waiting when the run ends: they never ran."""
+        for (_, rank), (_, _, call) in list(self._launches.items()):
+            self._write_launch(self.ranks[rank], call, ran=False)
+
+    def _record_corrections(self) -> None:
+        """Rollbacks, and completion times the network changed after the engine read them:
+        written to the trace; the latter counted as stale replies (what was placed from the old
+        end stays: the engine reads an end only when something needs it)."""
+        net = self.network
+        assert net is not None
+        for rb in net.take_rollbacks():
+            self.rollbacks += 1
+            self.trace.rollback(rb)
+        for c in net.take_corrections():
+            work = self._handle_works.get(c.handle)
+            used = self.work_end_ns.get(work, c.old_end_ns) if work is not None else c.old_end_ns
+            error = c.new_end_ns - used  # against the end that was used, over all its corrections
+            self._stale_errors[work if work is not None else -c.handle] = error
+            self.trace.correction(c, work, error)
+        errors = [abs(e) for e in self._stale_errors.values() if e]
+        self.stale_replies = len(errors)  # replies whose end is not the final one
+        self.largest_stale_error_ns = max(errors, default=0)
+
+    # --- failures -----------------------------------------------------------------------------
+    def abandon(self, rank: int) -> list[tuple[list[int], str]]:
+        """`rank` ended: every collective it never joined fails for the members waiting in it."""
+        failed = []
+        for p in self.matcher.waiting_for(rank):
+            call = next(iter(p.arrivals.values()))
+            waiting = sorted(p.arrivals)
+            failed.append((waiting, f"rank {rank} exited without joining {call.describe()} (collective #{call.seq} "
+                                    f"of group {list(call.group)}) that rank(s) {waiting} are waiting in"))
+            self._drop(p)
+        return failed
+
+    def overdue(self, timeout_s: float) -> list[tuple[list[int], str]]:
+        """Collectives some member has not joined within `timeout_s` of wall time: they fail for
+        the members waiting in them."""
+        failed = []
+        for p in self.matcher.overdue(timeout_s):
+            call = next(iter(p.arrivals.values()))
+            waiting = sorted(p.arrivals)
+            failed.append((waiting, f"timed out after {timeout_s:.0f} s waiting for rank(s) {p.missing()} to join "
+                                    f"{call.describe()} (collective #{call.seq} of group {list(call.group)}, called at "
+                                    f"{call.site}); rank(s) {waiting} joined. A rank that skips a collective, or "
+                                    f"calls collectives in a different order, hangs a real job the same way."))
+            self._drop(p)
+        return failed
+
+    def drop_unjoined(self) -> None:
+        """The run is over: collectives some member never joined never run."""
+        for p in list(self.matcher.pending.values()):
+            self._drop(p)
+
+    def _drop(self, p: PendingCollective) -> None:
+        for call in p.arrivals.values():
+            self._write_launch(self.ranks[call.rank], call, ran=False)
+        self.matcher.drop(p.key)
+        work = self._key_works.pop(p.key, None)
+        if work is not None:
+            self.unresolved_works.discard(work)  # waits on it become no-ops; its members are failing
+            self.dropped.add(work)
+            self.joined.pop(work, None)

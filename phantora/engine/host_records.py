@@ -1,0 +1,211 @@
+"""The records of a rank's host that neither wait nor join a collective: aten ops (their host
+time and the GPU work they launch), CUDA graph capture and replay, event records and waits,
+NVTX ranges, optimizer steps, Python host work and memory counters.
+
+Each advances the rank's host clock by its modelled cost and writes its host slice; GPU work is
+handed to placement.py, which places it on its stream when the times it depends on are known.
+A copy the host must wait for, or .item(), becomes a host wait (host_waits.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable
+
+import orjson
+from phantora import protocol as P
+from phantora.cost import COPY_D2H, COPY_H2D, NO_GPU_WORK, Estimator, KernelEstimate
+from phantora.cost.host import HOST_COSTS, host_event_ns, python_overhead_ns
+from phantora.engine.deferred import EventRecord, EventWait, GraphReplay, OpWork
+from phantora.engine.graphs import CapturedGraph, GraphError, GraphNode
+from phantora.engine.host_waits import HostWaits, WaitTarget, host_waits_for_copy
+from phantora.engine.placement import Placement
+from phantora.engine.ranks import CallError, DeviceMemory, RankState
+from phantora.engine.timeline import TimingConfig
+from phantora.engine.trace_events import TraceEvents, estimator_label, shape_args
+from phantora.ops import OpSignature
+
+
+class HostRecords:
+    def __init__(self, timing: TimingConfig, estimator: Estimator, trace: TraceEvents, placement: Placement,
+                 waits: HostWaits, warn: Callable[[str], None]) -> None:
+        self.timing = timing
+        self.estimator = estimator
+        self.trace = trace
+        self.placement = placement
+        self.waits = waits
+        self._warn = warn
+        self._estimates: dict[bytes, KernelEstimate] = {}  # wire form of a signature -> its estimate
+        self.unknown_ops: Counter[str] = Counter()
+        self.kernels_by_estimator: Counter[str] = Counter()
+
+    # --- aten ops -----------------------------------------------------------------------------
+    def define_sig(self, st: RankState, sig_id: int, wire: list[Any]) -> None:
+        """A signature the rank's later ops refer to by id; estimated once per distinct one."""
+        key = orjson.dumps(wire)
+        sig = OpSignature.from_wire(wire)
+        est = self._estimates.get(key)
+        if est is None:
+            est = self._estimates[key] = self.estimator.estimate(sig)
+            if not est.known:
+                if self.unknown_ops[sig.full_name] == 0:
+                    self._warn(
+                        f"no cost model for {sig.full_name}; it is timed as a memory-bound kernel "
+                        f"({est.duration_ns / 1000:.1f} us for these shapes) and counted as unknown in the summary"
+                    )
+        st.sigs[sig_id] = (sig, est)
+
+    def op(self, st: RankState, sig_id: int, stream_id: int, flags: int) -> None:
+        sig, est = st.sigs[sig_id]
+        tl = st.timeline
+        st.ops += 1
+        if not est.known:
+            self.unknown_ops[sig.full_name] += 1
+        device = sig.cuda_device()
+        begin = tl.host_ns
+        # The Python and autograd code around a GPU op runs before it is dispatched; the op's
+        # host slice covers both, with the overhead in its args.
+        overhead = python_overhead_ns(flags, est.kernels > 0) if device is not None else 0
+        tl.advance_host(overhead)
+        launch = tl.host_ns
+        tl.advance_host(est.host_ns)
+        pid = st.info.trace_pid
+        if est.kind == NO_GPU_WORK or device is None or est.kernels == 0:
+            self.trace.host_slice(pid, sig.name, begin, tl.host_ns, "cpu_op",
+                                  {"python_overhead_ns": overhead} if overhead else None)
+            return
+        if flags & P.OP_CAPTURED:
+            graph = st.graphs.capture_on(device, stream_id)
+            if graph is not None:  # recorded into the graph: no GPU work now (graphs.py)
+                graph.nodes.append(GraphNode(sig, est))
+                self.trace.host_slice(pid, sig.name, begin, tl.host_ns, "cpu_op",
+                                      {"captured into CUDA graph": graph.graph_id, "stream": stream_id,
+                                       "python_overhead_ns": overhead})
+                return
+        stream = self.placement.stream(st, device, stream_id)
+        slows = bool(self.timing.comm_slowdown) and est.kind not in (COPY_D2H, COPY_H2D)
+        self._count_kernels(st, est)
+        flow = self.trace.next_flow()
+        work = OpWork(self.placement.next_seq(), stream, sig, est, launch, flow, device, slows)
+        shapes, _ = shape_args(sig)
+        args = {"Input Dims": shapes, "correlation": flow, "python_overhead_ns": overhead}
+        self.placement.enqueue(st, work)
+        if host_waits_for_copy(sig, est) or sig.name == "aten::_local_scalar_dense":
+            # the op's host slice lasts until the copy is done, so it is written then
+            self.waits.wait(st, "", WaitTarget("op", action=work), (sig.name, begin, args, flow))
+            return
+        self.trace.host_slice(pid, sig.name, begin, tl.host_ns, "cpu_op", args, flow_out=flow)
+
+    def _count_kernels(self, st: RankState, est: KernelEstimate) -> None:
+        st.kernels += est.kernels
+        self.kernels_by_estimator[estimator_label(est)] += est.kernels
+        st.flops += est.flops
+
+    # --- events -------------------------------------------------------------------------------
+    def event_record(self, st: RankState, event_id: int, device: int, stream_id: int) -> None:
+        stream = self.placement.stream(st, device, stream_id)
+        tl = st.timeline
+        tl.advance_host(self.timing.event_record_host_ns)
+        if st.graphs.capture_on(device, stream_id) is not None:
+            return  # a node of the graph being captured: nothing happens on the GPU now
+        record = EventRecord(self.placement.next_seq(), stream, event_id, tl.host_ns)
+        st.event_src[event_id] = record
+        self.placement.enqueue(st, record)
+
+    def event_wait(self, st: RankState, event_id: int, device: int, stream_id: int) -> None:
+        stream = self.placement.stream(st, device, stream_id)
+        st.timeline.advance_host(self.timing.event_record_host_ns)
+        if st.graphs.capture_on(device, stream_id) is not None:
+            return
+        # waiting on an event that was never recorded is a no-op, as in CUDA
+        self.placement.enqueue(st, EventWait(self.placement.next_seq(), stream, st.event_src.get(event_id)))
+
+    # --- CUDA graphs --------------------------------------------------------------------------
+    def graph(self, st: RankState, rec: list[Any]) -> None:
+        """Capture, instantiation, replay and destruction of a CUDA graph (graphs.py)."""
+        kind, graph_id = rec[0], int(rec[1])
+        tl, pid, graphs = st.timeline, st.info.trace_pid, st.graphs
+        begin = tl.host_ns
+        try:
+            if kind == P.R_GRAPH_BEGIN:
+                graphs.begin(graph_id, int(rec[2]), int(rec[3]))
+                tl.advance_host(HOST_COSTS.graph_capture_ns)
+                self.trace.host_slice(pid, "cudaStreamBeginCapture", begin, tl.host_ns, "cuda_runtime",
+                                      {"graph": graph_id, "device": rec[2], "stream": rec[3]})
+            elif kind == P.R_GRAPH_JOIN:
+                graphs.join(graph_id, int(rec[2]), int(rec[3]))
+            elif kind == P.R_GRAPH_END:
+                g = graphs.end(graph_id)
+                tl.advance_host(HOST_COSTS.graph_capture_ns)
+                self.trace.host_slice(pid, "cudaStreamEndCapture", begin, tl.host_ns, "cuda_runtime",
+                                      {"graph": graph_id, "ops": len(g.nodes), "kernels": g.kernels})
+            elif kind == P.R_GRAPH_INSTANTIATE:
+                g = graphs.replayable(graph_id)
+                tl.advance_host(HOST_COSTS.graph_instantiate_ns + HOST_COSTS.graph_node_ns * g.kernels)
+                self.trace.host_slice(pid, "cudaGraphInstantiate", begin, tl.host_ns, "cuda_runtime",
+                                      {"graph": graph_id, "kernels": g.kernels})
+            elif kind == P.R_GRAPH_REPLAY:
+                self._graph_replay(st, graphs.replayable(graph_id), int(rec[2]), int(rec[3]))
+            elif kind == P.R_GRAPH_RESET:
+                graphs.reset(graph_id)
+        except GraphError as e:
+            raise CallError(f"rank {st.info.rank}: {e}") from None
+
+    def _graph_replay(self, st: RankState, g: CapturedGraph, device: int, stream_id: int) -> None:
+        """cudaGraphLaunch: one host launch; the kernels are placed by Placement._place_replay."""
+        tl = st.timeline
+        begin = tl.host_ns
+        tl.advance_host(HOST_COSTS.graph_launch_ns)
+        stream = self.placement.stream(st, device, stream_id)
+        flow = self.trace.next_flow()
+        replay = GraphReplay(self.placement.next_seq(), stream, g.graph_id, g.nodes, g.replays, begin, flow, device,
+                             bool(self.timing.comm_slowdown))
+        g.replays += 1
+        for node in g.nodes:
+            self._count_kernels(st, node.est)
+        self.trace.host_slice(st.info.trace_pid, "cudaGraphLaunch", begin, tl.host_ns, "cuda_runtime",
+                              {"graph": g.graph_id, "replay": replay.replay, "kernels": g.kernels, "ops": len(g.nodes),
+                               "correlation": flow}, flow_out=flow)
+        self.placement.enqueue(st, replay)
+
+    # --- host-only records --------------------------------------------------------------------
+    def nvtx_push(self, st: RankState, name: str) -> None:
+        st.nvtx.append((name, st.timeline.host_ns))
+        self.trace.nvtx_open(st.info.trace_pid, name, st.timeline.host_ns)
+
+    def nvtx_pop(self, st: RankState) -> None:
+        if st.nvtx:
+            name, start = st.nvtx.pop()
+            self.trace.host_slice(st.info.trace_pid, name, start, st.timeline.host_ns, "nvtx")
+
+    def close_nvtx(self, st: RankState) -> None:
+        """Ranges still open when the rank's process ended."""
+        end = st.timeline.host_ns
+        while st.nvtx:
+            name, start = st.nvtx.pop()
+            self.trace.host_slice(st.info.trace_pid, name, start, end, "nvtx", {"unclosed": True})
+
+    def host_event(self, st: RankState, kind: str, count: int) -> None:
+        """Python work on the host the op stream does not show (module calls, hooks, ...)."""
+        tl = st.timeline
+        start = tl.host_ns
+        tl.advance_host(host_event_ns(kind, count))
+        if kind != "module_call":  # module calls are too many and too short to show one by one
+            self.trace.host_slice(st.info.trace_pid, f"python: {kind}", start, tl.host_ns, "python", {"count": count})
+
+    def step(self, st: RankState) -> None:
+        now = st.timeline.host_ns
+        self.trace.step(st.info.trace_pid, st.steps, st.step_end_ns, now)
+        st.steps += 1
+        st.step_end_ns = now
+
+    def memory(self, st: RankState, device: int, allocated: int, reserved: int) -> None:
+        mem = st.memory.setdefault(device, DeviceMemory())
+        mem.allocated, mem.reserved = allocated, reserved
+        mem.peak_allocated = max(mem.peak_allocated, allocated)
+        mem.peak_reserved = max(mem.peak_reserved, reserved)
+        self.trace.memory(st.info.trace_pid, device, st.timeline.host_ns, allocated, reserved)
+
+    def oom(self, st: RankState, device: int, requested: int, message: str) -> None:
+        st.ooms.append(str(message))
+        self.trace.oom(st.info.trace_pid, st.timeline.host_ns, device, requested, message)

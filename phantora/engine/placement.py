@@ -1,0 +1,223 @@
+"""Placing a rank's GPU work on its stream timelines, lazily (phantora/engine/deferred.py).
+
+Work is enqueued on its stream in program order and placed, in stream order, as soon as every
+time it depends on is known: the stream's tail, the event it waits on, and the ends of the
+collectives it depends on (a WorkWait, the next collective on a communication stream, a kernel
+that NCCL kernels may slow). A collective's end is asked of the collective lifecycle
+(collective_lifecycle.py), which answers only once the end is final unless `force` (a host
+must wait for it). Placing writes each kernel's slice (trace_events.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from phantora.cost import COPY_D2H, COPY_H2D
+from phantora.engine.deferred import Action, Arrive, EventRecord, EventWait, GraphReplay, OpWork, WorkWait
+from phantora.engine.ranks import RankState
+from phantora.engine.timeline import Stream, TimingConfig
+from phantora.engine.trace_events import TraceEvents
+
+if TYPE_CHECKING:
+    from phantora.engine.collective_lifecycle import CollectiveLifecycle
+
+
+def _union_ns(spans: list[tuple[int, int]]) -> int:
+    """Total length of the union of [begin, end) spans."""
+    total, reach = 0, None
+    for b, e in sorted(spans):
+        if reach is None or b > reach:
+            total += e - b
+            reach = e
+        elif e > reach:
+            total += e - reach
+            reach = e
+    return total
+
+
+class Placement:
+    def __init__(self, timing: TimingConfig, trace: TraceEvents) -> None:
+        self.timing = timing
+        self.trace = trace
+        # Set by the Engine once both exist: ends are read from it, and arrivals reported to it
+        # (which may in turn place other ranks' streams: the two call each other).
+        self.collectives: CollectiveLifecycle
+        self._seq = 0  # program order of GPU work, over all ranks
+        self._placing: set[int] = set()  # id() of the streams being placed
+        self.wanted: set[int] = set()  # times up to which a kernel needs the network to be final
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def stream(self, st: RankState, device: int, stream_id: int) -> Stream:
+        """The rank's stream, its track named when it is first used."""
+        stream, new = st.timeline.stream(device, stream_id)
+        if new:
+            self.trace.stream_track(st.info.trace_pid, stream)
+        return stream
+
+    def enqueue(self, st: RankState, action: Action) -> None:
+        st.actions.append(action)
+        action.stream.queue.append(action)
+        if len(action.stream.queue) == 1:
+            self.place_stream(st, action.stream, None, force=False)
+
+    def place_stream(self, st: RankState, stream: Stream, upto: Action | None, force: bool) -> bool:
+        """Place `stream`'s waiting work in order, through `upto` (all of it, and the end of the
+        collective in flight on it, if None). False when it needs an end that cannot be read yet
+        (force: read ends that are not final yet; False only for collectives some member has
+        not joined)."""
+        if upto is not None and upto.placed:
+            return True
+        if id(stream) in self._placing:  # the program waits on itself: a real GPU hangs too
+            return False
+        self._placing.add(id(stream))
+        try:
+            while True:
+                if stream.inflight is not None and (stream.queue or upto is None):
+                    if self.collectives.end(stream.inflight, force) is None:
+                        return False
+                    stream.inflight = None
+                if not stream.queue:
+                    return True
+                action = stream.queue[0]
+                if not self._place_action(st, action, force):
+                    return False
+                stream.queue.popleft()
+                action.placed = True
+                action.tail_ns = stream.tail_ns
+                if action is upto:
+                    return True
+        finally:
+            self._placing.discard(id(stream))
+
+    def place_waiting(self, ranks: dict[int, RankState], force: bool) -> None:
+        """Place what can be placed on every stream (force: reading ends not final yet)."""
+        for st in ranks.values():
+            for s in list(st.timeline.streams.values()):
+                if force or s.queue or s.inflight is not None:
+                    self.place_stream(st, s, None, force=force)
+            while st.actions and st.actions[0].placed:
+                st.actions.popleft()
+
+    def _place_action(self, st: RankState, a: Action, force: bool) -> bool:
+        s = a.stream
+        if isinstance(a, OpWork):
+            return self._place_op(st, a, force)
+        if isinstance(a, GraphReplay):
+            return self._place_replay(st, a, force)
+        if isinstance(a, EventRecord):
+            a.time_ns = max(a.host_ns + self.timing.launch_latency_ns, s.tail_ns)
+            st.timeline.events[a.event_id] = a.time_ns
+            return True
+        if isinstance(a, EventWait):
+            src = a.source
+            if src is not None:
+                if not src.placed and not self.place_stream(st, src.stream, src, force):
+                    return False
+                s.tail_ns = max(s.tail_ns, src.time_ns or 0)
+            return True
+        if isinstance(a, WorkWait):
+            end = self.collectives.end(a.work, force)
+            if end is None:
+                return False
+            s.tail_ns = max(s.tail_ns, end)
+            return True
+        assert isinstance(a, Arrive)
+        current = self._current_tail(st, a, force)
+        if current is None:
+            return False
+        a.ready_ns = max(a.host_ns + self.timing.launch_latency_ns, current, s.tail_ns)
+        self.collectives.reached(st.info.rank, a)
+        return True
+
+    def _current_tail(self, st: RankState, a: Arrive, force: bool) -> int | None:
+        """The tail of the caller's current stream as of the collective call (Arrive)."""
+        s = a.stream
+        if a.current is s:
+            return s.tail_ns
+        dep = a.current_dep
+        if dep is not None:
+            if not self.place_stream(st, a.current, dep, force):
+                return None
+            return dep.tail_ns
+        if a.current_inflight is None:
+            return a.current_tail
+        end = self.collectives.end(a.current_inflight, force)
+        return None if end is None else max(a.current_tail, end)
+
+    def _place_op(self, st: RankState, a: OpWork, force: bool) -> bool:
+        s, est = a.stream, a.est
+        start = max(a.launch_ns + self.timing.launch_latency_ns, s.tail_ns)
+        raw_end = start + est.duration_ns
+        slowed = 0
+        if a.slows:
+            overlap = self._comm_overlap(st, a.device, a.seq, start, raw_end, force)
+            if overlap is None:
+                return False
+            slowed = int(self.timing.comm_slowdown * overlap)
+        a.end_ns = s.tail_ns = raw_end + slowed
+        st.gpu_busy_ns += est.duration_ns + slowed
+        self.trace.op_kernels(st.info.trace_pid, a, start, slowed)
+        return True
+
+    def _place_replay(self, st: RankState, a: GraphReplay, force: bool) -> bool:
+        """A CUDA graph replay: its kernels back to back from a launch latency after the launch,
+        each slowed by concurrent communication as an eager kernel would be. Computed in full
+        before anything is written, so a placement that must wait leaves no partial trace."""
+        s = a.stream
+        start = max(a.launch_ns + self.timing.launch_latency_ns, s.tail_ns)
+        spans = []
+        t = start
+        for node in a.nodes:
+            raw_end = t + node.est.duration_ns
+            slowed = 0
+            if a.slows and node.est.kind not in (COPY_D2H, COPY_H2D):
+                overlap = self._comm_overlap(st, a.device, a.seq, t, raw_end, force)
+                if overlap is None:
+                    return False
+                slowed = int(self.timing.comm_slowdown * overlap)
+            spans.append((t, raw_end + slowed, slowed))
+            t = raw_end + slowed
+        a.end_ns = s.tail_ns = t
+        for b, e, _ in spans:
+            st.gpu_busy_ns += e - b
+        self.trace.graph_replay(st.info.trace_pid, a, start, t, spans)
+        return True
+
+    def _comm_overlap(self, st: RankState, device: int, seq: int, start: int, end: int, force: bool) -> int | None:
+        """How much of [start, end) the NCCL kernels of collectives this rank called on `device`
+        before program position `seq` cover; None if an end it needs cannot be read yet."""
+        log = st.comm_log.get(device)
+        if not log:
+            return 0
+        spans = []
+        for a in log:
+            if a.seq > seq:
+                break
+            if not a.placed and a.host_ns + self.timing.launch_latency_ns >= end:
+                continue  # its NCCL kernel cannot start before `end`
+            if not a.placed and not self.place_stream(st, a.stream, a, force):
+                # It queues behind the collective in flight on its communicator (NCCL runs them
+                # in order): if that one still runs at `end`, this one starts after.
+                inflight = a.stream.inflight
+                if inflight is not None and self.collectives.clipped_end(inflight, end, force) == end:
+                    continue
+                self.wanted.add(end)
+                return None
+            ready = a.ready_ns
+            assert ready is not None
+            if ready >= end:
+                continue
+            done = self.collectives.clipped_end(a.work, end, force)
+            if done is None:
+                self.wanted.add(end)
+                return None
+            if done > max(ready, start):
+                spans.append((max(ready, start), done))
+        if len(log) > 64:  # forget collectives that ended before anything still to be placed can start
+            floor = min([st.timeline.host_ns] + [x.tail_ns for x in st.timeline.streams.values() if x.device == device])
+            ends = self.collectives.work_end_ns
+            log[:] = [a for a in log if not (a.placed and ends.get(a.work, floor) < floor)]
+        return _union_ns(spans)

@@ -1,0 +1,69 @@
+"""What the engine knows about each rank: who it is, and the state its records built up.
+
+A rank's records only ever touch its own RankState, which is why ranks can be fed to the engine
+in any interleaving (phantora/engine/engine.py). Pure data: no trace, no placement.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from phantora.cost import KernelEstimate
+from phantora.engine.deferred import Action, Arrive, EventRecord
+from phantora.engine.graphs import RankGraphs
+from phantora.engine.timeline import RankTimeline
+from phantora.ops import OpSignature
+
+if TYPE_CHECKING:
+    from phantora.engine.host_waits import HostWait, WaitTarget
+
+
+class CallError(Exception):
+    """A call the user's script made cannot be answered; the message is raised there."""
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    node: int
+    local_rank: int
+    pid: int  # OS pid of the rank process (for messages only; the trace uses `trace_pid`)
+
+    @property
+    def trace_pid(self) -> int:
+        return self.rank + 1
+
+
+@dataclass
+class DeviceMemory:
+    allocated: int = 0
+    reserved: int = 0
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+
+
+@dataclass
+class RankState:
+    info: RankInfo
+    timeline: RankTimeline
+    sigs: dict[int, tuple[OpSignature, KernelEstimate]] = field(default_factory=dict)
+    nvtx: list[tuple[str, int]] = field(default_factory=list)
+    memory: dict[int, DeviceMemory] = field(default_factory=dict)
+    kernels: int = 0
+    ops: int = 0
+    gpu_busy_ns: int = 0
+    flops: float = 0.0
+    ooms: list[str] = field(default_factory=list)
+    finished: bool = False
+    comm_streams: dict[tuple[int, str, tuple[int, ...], bool], int] = field(default_factory=dict)  # -> stream id
+    collectives: int = 0
+    steps: int = 0
+    step_end_ns: int = 0
+    actions: deque[Action] = field(default_factory=deque)  # GPU work in program order, until placed
+    event_src: dict[int, EventRecord] = field(default_factory=dict)  # event id -> its latest record
+    comm_log: dict[int, list[Arrive]] = field(default_factory=dict)  # device -> its collectives, program order
+    blocked: HostWait | None = None  # the host waits for a time not known yet
+    blocked_call: WaitTarget | None = None  # a call waits for a time not known yet
+    graphs: RankGraphs = field(default_factory=RankGraphs)  # CUDA graphs (phantora/engine/graphs.py)

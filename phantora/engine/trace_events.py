@@ -1,0 +1,240 @@
+"""Everything the engine writes to the trace sink, and the names and tracks it writes them on.
+
+One method per kind of event, so a reader finds here what a slice's args hold and on which track
+it lies; the engine's other modules decide *when* (and with which times) to write it. Flow ids
+(the arrows from a launch to its kernel) are numbered here, in the order they are asked for.
+
+Tracks: each rank is a trace process (RankInfo.trace_pid) with a host track (HOST_TRACK), a step
+track (STEP_TRACK) and one track per CUDA stream (RankTimeline.stream numbers them); the
+simulator's own rollbacks and corrections are process SIMULATOR_PID; the network's link counters
+process NETWORK_PID.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phantora.cost import COPY_D2H, COPY_H2D, KernelEstimate
+from phantora.engine.collectives import CollectiveCall
+from phantora.engine.deferred import GraphReplay, OpWork
+from phantora.engine.ranks import RankInfo
+from phantora.engine.timeline import Stream
+from phantora.net.network import Network
+from phantora.net.records import Correction, RollbackRecord
+from phantora.ops import OpSignature
+from phantora.trace import TraceSink
+
+HOST_TRACK = 1
+STEP_TRACK = 2  # "ProfilerStep#N" slices, one per optimizer step (the name Kineto and HTA use)
+SIMULATOR_PID = 0  # trace process for rollback corrections and stale replies
+ROLLBACK_TRACK, CORRECTION_TRACK = 1, 2  # its threads
+_SIMULATOR_TRACKS = {ROLLBACK_TRACK: "network rollbacks", CORRECTION_TRACK: "corrections to ends already used"}
+NETWORK_PID = 1_000_000  # trace process for the network's link counters
+_MAX_ARG_SHAPES = 16
+_NCCL_OPS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
+             "broadcast": "Broadcast", "reduce": "Reduce", "all_to_all": "SendRecv", "send_recv": "SendRecv",
+             "barrier": "AllReduce"}
+_NCCL_DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64", "int64": "i64",
+                "int32": "i32", "int8": "i8", "uint8": "u8", "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2"}
+_NCCL_REDUCE = {"sum": "Sum", "avg": "Sum", "product": "Prod", "min": "MinMax", "max": "MinMax",
+                "premul_sum": "PreMulSum"}
+
+
+def nccl_kernel_name(op: str, dtype: str, reduce_op: str, algorithm: str, protocol: str) -> str:
+    """The kernel name NCCL 2.2x shows in profiles, e.g. ncclDevKernel_AllReduce_Sum_bf16_RING_LL."""
+    base = _NCCL_OPS[op]
+    if base == "SendRecv":
+        return "ncclDevKernel_SendRecv"
+    if op == "barrier":
+        dtype, reduce_op = "float32", "sum"
+    parts = ["ncclDevKernel", base]
+    if base in ("AllReduce", "ReduceScatter", "Reduce"):
+        parts.append(_NCCL_REDUCE.get(reduce_op, "Sum"))
+    parts += [_NCCL_DTYPES.get(dtype, dtype or "u8"), algorithm.upper(), protocol.upper().replace("SIMPLE", "SIMPLE")]
+    return "_".join(parts)
+
+
+def shape_args(sig: OpSignature) -> tuple[list[Any], list[str]]:
+    """The input shapes and dtypes of an op, as its slices show them (at most _MAX_ARG_SHAPES)."""
+    shapes, dtypes = [], []
+    for t in sig.tensors_in()[:_MAX_ARG_SHAPES]:
+        shapes.append(list(t.shape))
+        dtypes.append(t.dtype)
+    n = len(sig.tensors_in())
+    if n > _MAX_ARG_SHAPES:
+        shapes.append(f"... {n - _MAX_ARG_SHAPES} more tensors")
+    return shapes, dtypes
+
+
+def estimator_label(est: KernelEstimate) -> str:
+    """The args.estimator of a kernel slice (and the key of EngineSummary.kernels_by_estimator)."""
+    return est.estimator if est.known else f"{est.estimator} (unknown op: generic)"
+
+
+def _kernel_cat(est: KernelEstimate) -> str:
+    return "kernel" if est.kind not in (COPY_D2H, COPY_H2D) else "gpu_memcpy"
+
+
+class TraceEvents:
+    def __init__(self, sink: TraceSink) -> None:
+        self.sink = sink
+        self._flow_ids = 0
+        self._simulator_tracks: set[int] = set()
+
+    def next_flow(self) -> int:
+        self._flow_ids += 1
+        return self._flow_ids
+
+    # --- tracks -------------------------------------------------------------------------------
+    def rank(self, info: RankInfo, gpu_name: str) -> None:
+        pid = info.trace_pid
+        self.sink.process(pid, f"rank {info.rank} · node {info.node} · GPU {info.local_rank} · {gpu_name}", info.rank)
+        self.sink.thread(pid, HOST_TRACK, "host (aten op launches)", 0)
+
+    def stream_track(self, pid: int, stream: Stream) -> None:
+        label = "default stream" if stream.stream_id == 0 else f"stream {stream.stream_id}"
+        self.sink.thread(pid, stream.track, f"cuda:{stream.device} {label}", stream.track)
+
+    def comm_track(self, pid: int, stream: Stream, what: str) -> None:
+        self.sink.thread(pid, stream.track, f"cuda:{stream.device} nccl {what}", stream.track)
+
+    def _simulator_track(self, tid: int) -> int:
+        if not self._simulator_tracks:
+            self.sink.process(SIMULATOR_PID, "simulator (rollbacks, corrections)", -1)
+        if tid not in self._simulator_tracks:
+            self._simulator_tracks.add(tid)
+            self.sink.thread(SIMULATOR_PID, tid, _SIMULATOR_TRACKS[tid], tid)
+        return tid
+
+    # --- host track ---------------------------------------------------------------------------
+    def host_slice(self, pid: int, name: str, begin: int, end: int, cat: str, args: dict[str, Any] | None = None,
+                   flow_out: int | None = None) -> None:
+        """A slice on the host track: an aten op ("cpu_op"), a CUDA runtime call ("cuda_runtime"),
+        Python work ("python") or an NVTX range ("nvtx")."""
+        self.sink.slice(pid, HOST_TRACK, name, begin, end - begin, cat, args, flow_out=flow_out)
+
+    def nvtx_open(self, pid: int, name: str, begin: int) -> None:
+        """An NVTX range is written when it closes; announced at its start so sinks that write
+        begin events in time order can start it there."""
+        self.sink.open_slice(pid, HOST_TRACK, name, begin, "nvtx")
+
+    def oom(self, pid: int, t: int, device: int, requested: int, message: str) -> None:
+        self.sink.instant(pid, HOST_TRACK, "CUDA out of memory", t, "memory",
+                          {"device": device, "requested_bytes": requested, "message": message})
+
+    def memory(self, pid: int, device: int, t: int, allocated: int, reserved: int) -> None:
+        self.sink.counter(pid, f"cuda:{device} memory", t, {"allocated": allocated, "reserved": reserved})
+
+    def step(self, pid: int, step: int, begin: int, end: int) -> None:
+        if step == 0:
+            self.sink.thread(pid, STEP_TRACK, "steps (optimizer.step)", 1)
+        self.sink.slice(pid, STEP_TRACK, f"ProfilerStep#{step}", begin, end - begin, "user_annotation", {"step": step})
+
+    def collective_call_open(self, pid: int, call: CollectiveCall, begin: int, end: int) -> None:
+        """A collective's host slice, written by `collective_call` once the collective has run;
+        announced when the rank's host track reaches it."""
+        self.sink.open_slice(pid, HOST_TRACK, f"nccl:{call.op}", begin, "cpu_op", end_ns=end)
+
+    def collective_call(self, pid: int, call: CollectiveCall, begin: int, end: int, launch: int | None) -> None:
+        """The host slice of `call` (ProcessGroupNCCL enqueuing the NCCL kernel), linked to its
+        kernel by flow `launch`; None: the collective never ran."""
+        args: dict[str, Any] = {"group ranks": list(call.group), "seq": call.seq, "call site": call.site}
+        if launch is None:
+            args["never ran"] = True
+        else:
+            args["correlation"] = launch
+        self.sink.slice(pid, HOST_TRACK, f"nccl:{call.op}", begin, end - begin, "cpu_op", args, flow_out=launch)
+
+    # --- streams ------------------------------------------------------------------------------
+    def op_kernels(self, pid: int, a: OpWork, start: int, slowed: int) -> None:
+        """The kernels of one aten op, as one slice from `start` to the op's end."""
+        s, est, sig = a.stream, a.est, a.sig
+        assert a.end_ns is not None
+        shapes, dtypes = shape_args(sig)
+        self.sink.slice(pid, s.track, est.kernel_name, start, a.end_ns - start, _kernel_cat(est), {
+            "op": sig.full_name, "shapes": shapes, "dtypes": dtypes, "flops": est.flops, "bytes": est.bytes,
+            "kernels": est.kernels, "estimator": estimator_label(est),
+            "device": a.device, "stream": s.stream_id, "correlation": a.flow,
+            **({"slowed by concurrent communication ns": slowed} if slowed else {}),
+        }, flow_in=a.flow)
+
+    def graph_replay(self, pid: int, a: GraphReplay, start: int, end: int,
+                     spans: list[tuple[int, int, int]]) -> None:
+        """A replay's enclosing slice, then each replayed kernel (begin, end, slowed) inside it."""
+        s = a.stream
+        kernels = sum(n.est.kernels for n in a.nodes)
+        self.sink.slice(pid, s.track, "graph replay", start, end - start, "cuda_graph", {
+            "graph": a.graph_id, "replay": a.replay, "kernels": kernels, "ops": len(a.nodes),
+            "device": a.device, "stream": s.stream_id, "correlation": a.flow,
+        }, flow_in=a.flow)
+        for node, (b, e, slowed) in zip(a.nodes, spans):
+            est, sig = node.est, node.sig
+            shapes, dtypes = shape_args(sig)
+            self.sink.slice(pid, s.track, est.kernel_name, b, e - b, _kernel_cat(est), {
+                "op": sig.full_name, "shapes": shapes, "dtypes": dtypes, "flops": est.flops, "bytes": est.bytes,
+                "kernels": est.kernels, "estimator": estimator_label(est), "device": a.device,
+                "stream": s.stream_id, "graph": a.graph_id, "graph replay": a.replay, "correlation": a.flow,
+                **({"slowed by concurrent communication ns": slowed} if slowed else {}),
+            })
+
+    def collective_kernel(self, pid: int, stream: Stream, name: str, call: CollectiveCall, ready: int, start: int,
+                          end: int, algorithm: str, protocol: str, busbw: float | None, work: int,
+                          launch: int | None) -> None:
+        """One member's NCCL kernel: from when its stream reached the collective (`ready`) to the
+        collective's end; `start` is when the last member's stream reached it."""
+        self.sink.slice(pid, stream.track, name, ready, end - ready, "kernel", {
+            "op": call.op, "bytes": call.nbytes, "dtype": call.dtype, "group ranks": list(call.group),
+            "seq": call.seq, "root": call.root, "algorithm": algorithm, "protocol": protocol,
+            "bus bandwidth GB/s": round(busbw, 2) if busbw is not None else None,
+            "waited for peers ns": start - ready, "network ns": end - start, "call site": call.site,
+            "collective": work, "correlation": launch,
+        }, flow_in=launch)
+
+    def collective_arrows(self, flow: int, label: str, places: list[tuple[int, int, int]]) -> None:
+        """Arrows from the first member's NCCL kernel to each other member's; places: (pid,
+        track, ready) per member."""
+        src = places[0]
+        for i, (pid, track, ready) in enumerate(places[1:]):
+            # Perfetto meets flow events in time order and drops an arrow whose end it meets before
+            # its start (stat flow_end_without_start): a recv often waits from before its send.
+            # Each member's slice lasts from its ready time to `end`, so a point no earlier than
+            # the source's is still inside it.
+            self.sink.flow(flow * 1000 + i, label, src, (pid, track, max(ready, src[2])))
+
+    # --- simulator and network ----------------------------------------------------------------
+    def rollback(self, rb: RollbackRecord) -> None:
+        """A network rollback (phantora.net: a flow submitted in the past moved later ends)."""
+        tid = self._simulator_track(ROLLBACK_TRACK)
+        self.sink.instant(SIMULATOR_PID, tid, f"rollback: {rb.label}", rb.to_ns, "rollback", {
+            "network time ns": rb.network_time_ns, "rolled back from ns": rb.from_ns, "to ns": rb.to_ns,
+            "flows rolled back": rb.flows_rolled_back,
+            "corrections": [[c.label, c.old_end_ns, c.new_end_ns] for c in rb.corrections],
+        })
+
+    def correction(self, c: Correction, work: int | None, error: int) -> None:
+        """A completion time the network changed after the engine had read it."""
+        self.sink.instant(SIMULATOR_PID, self._simulator_track(CORRECTION_TRACK), f"correction: {c.label}",
+                          c.new_end_ns, "correction", {
+                              "collective": work, "old end ns": c.old_end_ns,
+                              "new end ns": c.new_end_ns, "error ns": error,
+                              "stale": "dependents were placed at the end used",
+                          })
+
+    def link_counters(self, network: Network, end: int) -> None:
+        """Each link's load over the run as counters. Written at the end, when rollbacks can no
+        longer change them."""
+        segments = network.link_utilization(0, end + 1)
+        if not segments:
+            return
+        names = {info.link: info.name for info in network.links()}
+        self.sink.process(NETWORK_PID, "network", 1_000_000)
+        for i, seg in enumerate(segments):  # sorted by link, then time
+            name = f"link {names[seg.link]}"
+            self.sink.counter(NETWORK_PID, name, seg.start_ns,
+                              {"utilization": round(seg.utilization, 6), "GB/s": round(seg.load, 3)})
+            nxt = segments[i + 1] if i + 1 < len(segments) else None
+            if nxt is None or nxt.link != seg.link or nxt.start_ns != seg.end_ns:
+                self.sink.counter(NETWORK_PID, name, seg.end_ns, {"utilization": 0.0, "GB/s": 0.0})
+
+    def close(self, metadata: dict[str, Any]) -> None:
+        self.sink.close(metadata)
