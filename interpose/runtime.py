@@ -126,6 +126,22 @@ class Runtime:
         self._storage_refs[key] = weakref.ref(storage, lambda _r, key=key, device=device: self._storage_freed(key, device))
         self._report_memory(device, dm)
 
+    def resize_storage(self, storage: Any, stream_of: Any) -> None:
+        """Account `UntypedStorage.resize_` of a device storage (FSDP2 frees its unsharded
+        parameters with resize_(0) and brings them back with resize_(n) while the storage
+        object lives on). As in resize_bytes_cuda, the new size is allocated on the current
+        stream before the old block is freed; size 0 holds no block."""
+        key = storage._cdata
+        with self.lock:
+            device = next((d for d, dm in self.devices.items() if key in dm.blocks), None)
+            if device is None:
+                return  # a host storage, or one no op has made on a device
+            dm = self.devices[device]
+            handle = dm.allocator.malloc(storage.nbytes(), stream_of(device))
+            dm.allocator.free(dm.blocks[key])
+            dm.blocks[key] = handle
+            self._report_memory(device, dm)
+
     def _storage_freed(self, key: int, device: int) -> None:
         with self.lock:
             self._storage_refs.pop(key, None)
