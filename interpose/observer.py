@@ -40,9 +40,9 @@ _SKIP = {
 _SKIP = {op for op in _SKIP if op is not None}
 
 # Ops that use cuBLAS (which allocates its workspace at the first call on a stream).
-_GEMMS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
-          aten._addmm_activation.default, aten.mv.default, aten.addmv.default, aten.dot.default,
-          aten.vdot.default, aten.addbmm.default}
+# By overload packet: the `out=` overloads call cuBLAS too.
+_GEMMS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten._addmm_activation, aten.mv, aten.addmv,
+          aten.dot, aten.vdot, aten.addbmm}
 
 _SMALL_REAL_NUMEL = 1 << 16  # integer/bool CPU factory results up to this size are made real
 
@@ -116,7 +116,7 @@ class OpObserver(TorchDispatchMode):
         try:
             for t in _cuda_tensors(out):
                 rt.track_storage(t.untyped_storage(), t.device.index or 0, stream)
-            if func in _GEMMS:
+            if getattr(func, "overloadpacket", None) in _GEMMS:
                 dev = _first_cuda_device(out)
                 if dev is not None:
                     rt.cublas_workspace(dev, stream)

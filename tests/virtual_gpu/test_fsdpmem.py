@@ -4,7 +4,8 @@ Two mechanisms made phantora count memory a real GPU does not hold:
   * a DTensor (FSDP2's sharded parameters, gradients and AdamW states) was accounted as memory
     of its own size on top of its local tensor;
   * UntypedStorage.resize_, with which FSDP2 frees (resize_(0)) and reallocates the unsharded
-    bf16 parameters of a block, is no aten op and was never seen.
+    bf16 parameters of a block, is no aten op and was never seen; nor was a storage an op
+    resized (an `out=` tensor of 0 elements).
 
 The count for tests/e2e/scripts/fsdp2_llama_memory.py (L layers, dim D, ffn F, H heads, KV
 heads Hkv, vocab V, T = batch x seq tokens, W ranks, P parameters, P_block per block):
@@ -85,7 +86,7 @@ def peak_printed(stdout: str) -> int:
 @BUILDS
 def test_fsdp_storage_and_dtensor_memory(tmp_path: Path, user_python: str) -> None:
     proc, _ = run_traced(tmp_path, user_python, "fsdpmem_storage.py", options=("--nproc-per-node", "1"))
-    assert_ran(proc, "resize", "dtensor", "fully_shard", "fsdp_step")
+    assert_ran(proc, "resize", "out_resize", "dtensor", "fully_shard", "fsdp_step")
 
 
 SMALL = Llama(layers=2, dim=1024, heads=8, kv_heads=8, ffn=2048, vocab=8192, batch=1, seq=1024)

@@ -5,10 +5,11 @@
 Checks torch.cuda.memory_allocated() against byte counts a real caching allocator gives (every
 size here is a multiple of 2 MiB, so no rounding or block splitting enters):
   resize        UntypedStorage.resize_ frees (size 0) and reallocates a tensor's memory
+  out_resize    an op's `out=` tensor of 0 elements grows to the result's size
   dtensor       a DTensor holds no memory beside its local tensor
   fully_shard   the original parameters are freed once fully_shard has copied them into shards
-  fsdp_step     after a step only the fp32 shards, AdamW's two states and cuBLAS's workspace
-                remain (FSDP2 freed the bf16 unsharded parameters with resize_(0))
+  fsdp_step     after a step only the fp32 shards and AdamW's two states remain (FSDP2 freed
+                the bf16 unsharded parameters with resize_(0))
 """
 
 from __future__ import annotations
@@ -41,6 +42,17 @@ def check_resize() -> None:
     del t, storage
     assert mem() == base - 4 * MiB, (base, mem())
     print("ok resize")
+
+
+def check_out_resize() -> None:
+    a = torch.ones(1024, 1024, device="cuda")
+    base = mem()
+    out = torch.empty(0, device="cuda")
+    torch.mm(a, a, out=out)
+    assert mem() == base + 4 * MiB + WORKSPACE, (base, mem())
+    del out
+    assert mem() == base + WORKSPACE, (base, mem())
+    print("ok out_resize")
 
 
 def check_dtensor() -> None:
@@ -77,7 +89,7 @@ def check_fsdp() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
         del x
-    assert mem() == base + 3 * param_bytes + WORKSPACE, (base, mem(), base + 3 * param_bytes + WORKSPACE)
+    assert mem() == base + 3 * param_bytes, (base, mem(), base + 3 * param_bytes)
     print("ok fsdp_step")
 
 
@@ -85,6 +97,7 @@ def main() -> None:
     torch.cuda.set_device(0)
     dist.init_process_group("nccl")
     check_resize()
+    check_out_resize()
     check_dtensor()
     check_fsdp()
     dist.destroy_process_group()
