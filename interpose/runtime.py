@@ -128,7 +128,8 @@ class Runtime:
             return
         handle = dm.allocator.malloc(nbytes, stream)
         if old is None:
-            self._storage_refs[key] = weakref.ref(storage, lambda _r, key=key, device=device: self._storage_freed(key, device))
+            self._storage_refs[key] = weakref.ref(
+                storage, lambda _r, key=key, device=device: self._storage_freed(key, device))
         else:
             dm.allocator.free(old)
         dm.blocks[key] = handle

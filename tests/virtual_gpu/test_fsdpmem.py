@@ -30,7 +30,9 @@ large blocks need no rounding.
 For the issue's program (8 layers, D 2048, 16 heads, F 5632, V 32000, 2 x 2048 tokens, W 1)
 this is 11.53e9 bytes; phantora now reports 11,530,917,376 (it reported 14.52e9 before). The
 real H200 figure for the hidden program of the issue is 10.99e9; its loss and norm code are
-not known here (a bf16 log_softmax alone saves 1.05e9 at the peak).
+not known here (a bf16 log_softmax alone, without `.float()`, holds 0.79e9 less at the peak).
+A Llama-3-8B shape on 8 ranks (32 layers, D 4096, 32 / 8 heads, F 14336, V 128256, 1 x 8192
+tokens): 80.11e9 by this count, phantora 80.14e9 (182.4e9 before); too slow for a test here.
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ ISSUE = Llama(layers=8, dim=2048, heads=16, kv_heads=16, ffn=5632, vocab=32000, 
 
 
 def test_fsdp2_llama_054b_single_rank_peak_matches_hand_count(tmp_path: Path) -> None:
-    proc, _ = run_traced(tmp_path, sys.executable, LLAMA, *ISSUE.args(), options=("--nproc-per-node", "1", "--gpu", "h200"))
+    proc, _ = run_traced(tmp_path, sys.executable, LLAMA, *ISSUE.args(),
+                         options=("--nproc-per-node", "1", "--gpu", "h200"))
     assert_ran(proc)
     expected = hand_count(ISSUE, world=1)
     assert abs(peak_printed(proc.stdout) - expected) <= 0.005 * expected, (peak_printed(proc.stdout), expected)
