@@ -29,8 +29,12 @@ large blocks need no rounding.
 
 For the issue's program (8 layers, D 2048, 16 heads, F 5632, V 32000, 2 x 2048 tokens, W 1)
 this is 11.53e9 bytes; phantora now reports 11,530,917,376 (it reported 14.52e9 before). The
-real H200 figure for the hidden program of the issue is 10.99e9; its loss and norm code are
-not known here (a bf16 log_softmax alone, without `.float()`, holds 0.79e9 less at the peak).
+real H200 figure for the hidden program of the issue is 10.99e9. With `--norm torch`
+(torch.nn.RMSNorm) phantora reported 14,806,873,088 before the fix, the issue's 14.81e9 to the
+byte, so the hidden program most likely uses nn.RMSNorm; after the fix it reports 10.96e9 on
+the CUDA build of torch (-0.3%), where rms_norm takes the fused path a GPU takes
+(_fused_rms_norm saves the bf16 input and rstd), and 11.82e9 on the CPU build, whose rms_norm
+takes the composite fp32 path (5 U saved per norm instead of 1 U; not fixed here).
 A Llama-3-8B shape on 8 ranks (32 layers, D 4096, 32 / 8 heads, F 14336, V 128256, 1 x 8192
 tokens): 80.11e9 by this count, phantora 80.14e9 (182.4e9 before); too slow for a test here.
 """

@@ -21,6 +21,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm written out in fp32, as many Llama ports do (--norm torch: torch.nn.RMSNorm)."""
+
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.eps = eps
@@ -31,16 +33,23 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
+NORM = "manual"
+
+
+def make_norm(dim: int) -> nn.Module:
+    return nn.RMSNorm(dim, eps=1e-5) if NORM == "torch" else RMSNorm(dim)
+
+
 class Block(nn.Module):
     def __init__(self, dim: int, heads: int, kv_heads: int, ffn: int) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.hd = heads, kv_heads, dim // heads
-        self.attn_norm = RMSNorm(dim)
+        self.attn_norm = make_norm(dim)
         self.wq = nn.Linear(dim, dim, bias=False)
         self.wk = nn.Linear(dim, kv_heads * self.hd, bias=False)
         self.wv = nn.Linear(dim, kv_heads * self.hd, bias=False)
         self.wo = nn.Linear(dim, dim, bias=False)
-        self.ffn_norm = RMSNorm(dim)
+        self.ffn_norm = make_norm(dim)
         self.w1 = nn.Linear(dim, ffn, bias=False)
         self.w3 = nn.Linear(dim, ffn, bias=False)
         self.w2 = nn.Linear(ffn, dim, bias=False)
@@ -62,7 +71,7 @@ class Llama(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.layers = nn.ModuleList(Block(dim, heads, kv_heads, ffn) for _ in range(layers))
-        self.norm = RMSNorm(dim)
+        self.norm = make_norm(dim)
         self.out = nn.Linear(dim, vocab, bias=False)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -84,7 +93,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--norm", choices=["manual", "torch"], default="manual")
     args = ap.parse_args()
+    global NORM
+    NORM = args.norm
 
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl")
