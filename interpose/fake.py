@@ -250,8 +250,34 @@ def _count_fake_tensors_as_foreach_capable() -> None:
             supported.append(FakeTensor)
 
 
+# Ops with a CUDA kernel in a CUDA build of torch and only a CompositeImplicitAutograd one in the
+# CPU build. Without a CUDA kernel the dispatcher decomposes them under autograd, so a virtual GPU
+# on the CPU build would save the decomposition's tensors for backward (nn.RMSNorm: the input in
+# fp32 and three more, 5x the bytes) instead of the op's own (the bf16 input and rstd), and run
+# its ops instead of the one kernel.
+_CUDA_ONLY_KERNELS = ("_fused_rms_norm", "_fused_rms_norm_backward")
+_cuda_kernels: list[Any] = []  # keeps the torch.library registrations alive
+
+
+def _register_cuda_kernels_of_fused_ops() -> None:
+    lib = torch.library.Library("aten", "IMPL")
+    for name in _CUDA_ONLY_KERNELS:
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "CUDA"):
+            lib.impl(name, _cuda_kernel_placeholder(name), "CUDA")
+    _cuda_kernels.append(lib)
+
+
+def _cuda_kernel_placeholder(name: str) -> Any:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        # FakeTensorMode answers these ops before the CUDA key; only a tensor that escaped it gets here.
+        raise RuntimeError(f"phantora: aten::{name} reached its CUDA kernel outside the virtual GPU")
+
+    return kernel
+
+
 def install_fake_fixes() -> None:
     _count_fake_tensors_as_foreach_capable()
+    _register_cuda_kernels_of_fused_ops()
     _ft.FakeTensorConverter.from_meta_and_device = _from_meta_and_device
     FakeTensor.data = property(_get_data, _set_data)  # type: ignore[assignment]
     _install_module_conversion()

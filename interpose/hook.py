@@ -71,6 +71,9 @@ def after_torch_import() -> None:
     install_metadata_only_regions()
     rt.observer = observer
     install_python_events(rt)
+    from interpose.observer import install_storage_resize
+
+    install_storage_resize(rt)
     from interpose.distributed import install_distributed
 
     install_distributed(rt)

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import torch
 from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from interpose import cuda_graphs, cuda_rng, hops
 from interpose import runtime as rt_mod
@@ -43,9 +43,9 @@ _SKIP = {
 _SKIP = {op for op in _SKIP if op is not None}
 
 # Ops that use cuBLAS (which allocates its workspace at the first call on a stream).
-_GEMMS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
-          aten._addmm_activation.default, aten.mv.default, aten.addmv.default, aten.dot.default,
-          aten.vdot.default, aten.addbmm.default}
+# By overload packet: the `out=` overloads call cuBLAS too.
+_GEMMS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten._addmm_activation, aten.mv, aten.addmv,
+          aten.dot, aten.vdot, aten.addbmm}
 
 _SMALL_REAL_NUMEL = 1 << 16  # integer/bool CPU factory results up to this size are made real
 
@@ -137,7 +137,7 @@ class OpObserver(TorchDispatchMode):
         try:
             for t in _cuda_tensors(out):
                 rt.track_storage(t.untyped_storage(), t.device.index or 0, stream)
-            if func in _GEMMS:
+            if getattr(func, "overloadpacket", None) in _GEMMS:
                 dev = _first_cuda_device(out)
                 if dev is not None:
                     rt.cublas_workspace(dev, stream)
@@ -210,7 +210,17 @@ def _is_internal_detach(func: Any) -> bool:
 
 
 def _cuda_tensors(out: Any) -> list[torch.Tensor]:
+    """The CUDA tensors among an op's outputs whose storages hold device memory.
+
+    A wrapper subclass (DTensor, as FSDP2 and tensor parallelism make them) has a storage of
+    its own size with no memory behind it: its data lives in its inner tensors, which the
+    subclass's __torch_dispatch__ made while this mode was off, so they are accounted here.
+    An inner tensor that views an input's storage finds that storage accounted already.
+    """
     if isinstance(out, torch.Tensor):
+        if is_traceable_wrapper_subclass(out):
+            attrs, _ = out.__tensor_flatten__()
+            return _cuda_tensors([getattr(out, a) for a in attrs])
         return [out] if out.device.type == "cuda" else []
     found: list[torch.Tensor] = []
     if isinstance(out, (tuple, list)):
@@ -389,6 +399,24 @@ def _record_stream(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any
     # Tensor.record_stream delays the reuse of a block until the other stream's work is done;
     # the allocator model treats such frees as immediate (documented in phantora/engine/memory.py).
     return None
+
+
+def install_storage_resize(rt: rt_mod.Runtime) -> None:
+    """UntypedStorage.resize_ is no aten op (a fake tensor's meta storage is resized in place
+    without dispatch), so the observer never sees it; wrap it to keep the allocator model's
+    block in step with the storage's size."""
+    resize = torch.UntypedStorage.resize_
+
+    def resize_(self: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
+        out = resize(self, size)
+        try:
+            rt.resize_storage(self, current_stream_id)
+        except OutOfMemory as e:
+            raise torch.OutOfMemoryError(str(e)) from None
+        return out
+
+    resize_.__doc__ = resize.__doc__
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
 
 
 _SPECIAL = {

@@ -67,6 +67,7 @@ class DeviceMemory:
 
     allocator: CachingAllocator
     blocks: dict[int, int] = field(default_factory=dict)  # storage cdata -> allocator handle
+    nbytes: dict[int, int] = field(default_factory=dict)  # storage cdata -> bytes accounted
     workspace_streams: set[int] = field(default_factory=set)
 
 
@@ -122,15 +123,35 @@ class Runtime:
         return dm
 
     def track_storage(self, storage: Any, device: int, stream: int) -> None:
-        """Account a new device storage; raises the allocator's OutOfMemory if it does not fit."""
+        """Account a device storage at its current size: a new one, or one an op resized (an
+        `out=` tensor grown from 0 elements); raises the allocator's OutOfMemory if it does
+        not fit. As in resize_bytes_cuda, a new size is allocated before the old block is freed."""
         key = storage._cdata
         dm = self.device_memory(device)
-        if key in dm.blocks:
+        nbytes = storage.nbytes()
+        old = dm.blocks.get(key)
+        if old is not None and dm.nbytes[key] == nbytes:
             return
-        handle = dm.allocator.malloc(storage.nbytes(), self.pool_routes.get((device, stream), stream) if self.pool_routes else stream)
+        pool = self.pool_routes.get((device, stream), stream) if self.pool_routes else stream
+        handle = dm.allocator.malloc(nbytes, pool)  # a capturing stream allocates from its graph's pool
+        if old is None:
+            self._storage_refs[key] = weakref.ref(
+                storage, lambda _r, key=key, device=device: self._storage_freed(key, device))
+        else:
+            dm.allocator.free(old)
         dm.blocks[key] = handle
-        self._storage_refs[key] = weakref.ref(storage, lambda _r, key=key, device=device: self._storage_freed(key, device))
+        dm.nbytes[key] = nbytes
         self._report_memory(device, dm)
+
+    def resize_storage(self, storage: Any, stream_of: Any) -> None:
+        """Account `UntypedStorage.resize_`, which is no aten op: FSDP2 frees its unsharded
+        parameters with resize_(0) and brings them back with resize_(n) while the storage
+        object lives on. Storages no op has made on a device (host ones) are left alone."""
+        key = storage._cdata
+        with self.lock:
+            device = next((d for d, dm in self.devices.items() if key in dm.blocks), None)
+            if device is not None:
+                self.track_storage(storage, device, stream_of(device))
 
     def _storage_freed(self, key: int, device: int) -> None:
         with self.lock:
@@ -139,6 +160,7 @@ class Runtime:
             if dm is None or not self.active:
                 return
             handle = dm.blocks.pop(key, None)
+            dm.nbytes.pop(key, None)
             if handle is None:
                 return
             dm.allocator.free(handle)
