@@ -282,6 +282,7 @@ class Engine:
         self.expected_ranks = 0  # WORLD_SIZE the ranks announced: nothing is final before all joined
         self.final_ns = 0  # proven: no collective submitted from now on starts before this
         self._collectives: dict[int, PendingCollective] = {}  # work -> joined, not submitted yet
+        self._network_failed = False  # the network raised: close() places the rest without it
         self._arrivals: dict[tuple[int, int], Arrive] = {}  # (work, rank) -> that member's call, until placed
         self._dropped: set[int] = set()  # collectives that never ran (a member never joined)
         self._placing: set[int] = set()  # id() of the streams being placed
@@ -574,8 +575,11 @@ class Engine:
         p = self._collectives.get(work)
         if p is None or p.missing() or len(p.ready_ns) < len(p.members):
             return
-        del self._collectives[work]
+        if self._network_failed:
+            self._never_ran(work, p)
+            return
         self._submit_collective(p, work)
+        del self._collectives[work]  # only now: if the network failed, close() still finds it
 
     # --- host waits ---------------------------------------------------------------------------
     def _host_wait(self, st: RankState, name: str, target: _Target,
@@ -1054,7 +1058,7 @@ class Engine:
     def _read_collective(self, work: int) -> None:
         """Read a submitted collective's end from the network and place it: the NCCL kernel on
         each member's communication stream, the stream tails, the trace. No-op if already read."""
-        sub = self._unread.pop(work, None)
+        sub = self._unread.get(work)
         if sub is None:
             return
         p, start = sub.pending, sub.start_ns
@@ -1068,6 +1072,7 @@ class Engine:
             self._record_corrections()
         else:
             end = start  # one member (or no network): nothing moves
+        del self._unread[work]  # only now: if the network failed, give_up_collectives() still finds it
         self.work_end_ns[work] = end
         algorithm = info.algorithm if info else "ring"
         protocol = info.protocol if info else "simple"
@@ -1176,6 +1181,24 @@ class Engine:
             self._dropped.add(work)
             self._collectives.pop(work, None)
 
+    def give_up_collectives(self) -> None:
+        """The simulator failed (the network raised, or anything that stopped the run): collectives
+        whose end was not read never ran, as if dropped, so that the GPU work queued behind them
+        is still placed and written when the run is closed (no kernel left out, no dangling flow)."""
+        self._network_failed = True  # from now on collectives are not submitted: they never run
+        stuck = {work: sub.pending for work, sub in self._unread.items()}
+        stuck.update((w, p) for w, p in self._collectives.items() if not p.missing() and w not in self._unread)
+        for work, p in stuck.items():
+            self._never_ran(work, p)
+
+    def _never_ran(self, work: int, p: PendingCollective) -> None:
+        self._unread.pop(work, None)
+        for call in p.arrivals.values():
+            self._write_collective_launch(self.ranks[call.rank], call, ran=False)
+        self.unresolved_works.discard(work)
+        self._dropped.add(work)
+        self._collectives.pop(work, None)
+
     def overdue_collectives(self, timeout_s: float) -> list[tuple[list[int], str]]:
         failed = []
         for p in self.matcher.overdue(timeout_s):
@@ -1251,6 +1274,11 @@ class Engine:
             self.read_all_collectives()
         except Exception as e:  # the trace must still close on every path
             self._warn(f"collectives not read from the network: {type(e).__name__}: {e}")
+            self.give_up_collectives()
+            try:  # what waited on them is placed as after a collective that never ran
+                self.read_all_collectives()
+            except Exception as e2:
+                self._warn(f"work left unplaced: {type(e2).__name__}: {e2}")
         for (_, rank), (_, _, call) in list(self._collective_launches.items()):  # collectives still waiting
             self._write_collective_launch(self.ranks[rank], call, ran=False)
         for r in list(self.ranks):
