@@ -30,6 +30,7 @@ from phantora.hardware import GPUSpec
 from phantora.net.cluster import Cluster
 from phantora.net.network import Network
 from phantora.simulator.failure import SimulatorFailure
+from phantora.simulator.progress import Progress
 from phantora.simulator.server import SimulatorServer
 from phantora.trace import TeeSink, TraceSink, open_sink
 from phantora.trace.kineto import KinetoExport, KinetoSink
@@ -57,6 +58,8 @@ class TraceRun:
     comm_slowdown: float = TimingConfig.comm_slowdown
     sync: str = "optimistic"  # --sync: optimistic or conservative (Engine)
     kineto_dir: Path | None = None  # also write one Kineto trace per rank here (for HTA)
+    quiet: bool = False  # --quiet: no status line, no periodic status lines
+    status_every_s: float = 30.0  # --status-every: plain status lines off a terminal; hang notices after it
 
 
 @dataclass
@@ -145,6 +148,7 @@ def run_trace(run: TraceRun) -> TraceResult:
     procs = ranks.procs
     if run.nproc_per_node is not None:
         server.abandon_grace_s = FAILURE_SETTLE_S  # this launcher stops the others on a failure
+    server.progress = progress = Progress(quiet=run.quiet, every_s=run.status_every_s)
 
     def on_signal(signum: int, _frame: object) -> None:
         ranks.interrupted.append(signum)
@@ -159,6 +163,7 @@ def run_trace(run: TraceRun) -> TraceResult:
             port, run_id = _free_port(), f"phantora-{os.getpid()}"
             envs = [dict(base_env, **rank_env(run, r, port, run_id))
                     for r in range(run.nproc_per_node * run.cluster.nodes)]
+        server.ranks_expected = len(envs) if run.nproc_per_node is not None else 0
         for env in envs:
             try:
                 procs.append(subprocess.Popen(run.command, env=env))
@@ -175,6 +180,7 @@ def run_trace(run: TraceRun) -> TraceResult:
                 p.wait()
         for s, h in old_handlers.items():
             signal.signal(s, h)
+        progress.close()
         server.close()
         if server.failure is not None:
             engine.give_up_collectives()

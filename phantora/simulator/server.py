@@ -30,6 +30,9 @@ from phantora import protocol as P
 from phantora.engine.collectives import CollectiveMismatch
 from phantora.engine.engine import NOT_YET, CallError, Engine, RankInfo
 from phantora.simulator.failure import SimulatorFailure
+from phantora.simulator.progress import REFRESH_S, Progress, RunStatus
+
+FLUSH_S = 1.0  # the trace reaches the disk at least this often (a killed run leaves a readable prefix)
 
 _HELD = object()  # a call that cannot be answered until a collective completes
 
@@ -74,6 +77,12 @@ class SimulatorServer:
         self.abandon_grace_s = 0.0
         self._deferred: list[tuple[float, list[tuple[list[int], str]]]] = []
         self.stopping = False  # the launcher is stopping every rank: waits left open are moot
+        self.progress: Progress | None = None  # set by the launcher: status line, periodic lines, notices
+        self.ranks_expected = 0  # rank processes the launcher started (0: unknown)
+        self._started = time.monotonic()
+        self._next_tick = 0.0
+        self._next_flush = 0.0
+        self._last_seen: dict[int, float] = {}  # rank -> when it last sent anything
 
     # --- loop ---------------------------------------------------------------------------------
     def serve(self, keep_going: Callable[[], bool], poll_s: float = 0.05) -> None:
@@ -112,6 +121,9 @@ class SimulatorServer:
         now = time.monotonic()
         if events:
             self._last_message = now
+        if now >= self._next_tick:
+            self._next_tick = now + REFRESH_S
+            self._tick(now)
         if self._deferred:
             self._fail_deferred(now)
         if self.engine.matcher.pending and now > self._next_overdue_check:
@@ -149,6 +161,46 @@ class SimulatorServer:
         self._deferred = [(t, f) for t, f in self._deferred if t > now]
         for failures in due:
             self._fail_collectives(failures)
+
+    # --- while it runs: the trace on disk, the status, possible hangs ---------------------------
+    def _tick(self, now: float) -> None:
+        if now >= self._next_flush:
+            self._next_flush = now + FLUSH_S
+            self.engine.sink.flush()
+        if self.progress is None:
+            return
+        self.progress.update(self.run_status(now))
+        self._notice_long_waits(now, self.progress)
+
+    def run_status(self, now: float) -> RunStatus:
+        ranks = self.engine.ranks
+        return RunStatus(
+            ranks_expected=self.ranks_expected or self.engine.expected_ranks, ranks_connected=len(ranks),
+            ranks_done=sum(1 for st in ranks.values() if st.finished),
+            steps={r: st.steps for r, st in ranks.items() if st.steps},
+            simulated_ns=max((st.timeline.host_ns for st in ranks.values()), default=0), wall_s=now - self._started)
+
+    def _notice_long_waits(self, now: float, progress: Progress) -> None:
+        """A collective waiting for a missing member, and a rank that sends nothing, for longer
+        than progress.every_s: each said once, naming the rank."""
+        limit = progress.every_s
+        for p in list(self.engine.matcher.pending.values()):
+            if now - p.first_wall_s > limit:
+                call = next(iter(p.arrivals.values()))
+                progress.notice(f"wait {p.key}", f"{call.describe()} (collective #{call.seq} of group "
+                                f"{list(call.group)}, called at {call.site}) has waited {now - p.first_wall_s:.0f} s "
+                                f"for rank(s) {p.missing()}; it fails after --collective-timeout "
+                                f"{self.collective_timeout_s:.0f} s")
+        pids = {c.rank: c.pid for c in self.connections if c.rank is not None}
+        for rank, seen in self._last_seen.items():
+            st = self.engine.ranks.get(rank)
+            if (now - seen <= limit or st is None or st.finished or rank in self.failed or rank in self.held
+                    or self.engine.host_blocked(rank)):
+                continue
+            pid = pids.get(rank)
+            progress.notice(f"idle {rank} {seen}", f"rank {rank} (pid {pid}) has sent nothing for {now - seen:.0f} s "
+                            "(no CUDA work, collective or clock read): it is running pure Python or is stuck outside "
+                            f"the GPU; `py-spy dump --pid {pid}` shows where")
 
     def stop(self) -> None:
         """The launcher stops every rank: fail no waiting rank for what the others left undone."""
@@ -202,6 +254,8 @@ class SimulatorServer:
             return
         for msg in messages:
             self._handle(conn, msg)
+        if conn.rank is not None:
+            self._last_seen[conn.rank] = time.monotonic()
 
     # --- messages -----------------------------------------------------------------------------
     def _handle(self, conn: Connection, msg: Any) -> None:

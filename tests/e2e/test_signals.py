@@ -29,7 +29,7 @@ def _start(tmp_path: Path, nproc: int) -> subprocess.Popen:
     while started < nproc and time.time() < deadline:
         line = proc.stdout.readline()
         assert line, "phantora ended before every rank started"
-        started += "STARTED" in line
+        started += line.count("STARTED")  # two ranks' lines can interleave on the shared pipe
     time.sleep(0.5)
     return proc
 
