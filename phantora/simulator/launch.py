@@ -37,7 +37,11 @@ from phantora.trace.kineto import KinetoExport, KinetoSink
 
 BOOTSTRAP_DIR = Path(interpose.__file__).resolve().parent / "bootstrap"
 PACKAGE_ROOT = Path(interpose.__file__).resolve().parent.parent
-FAILURE_SETTLE_S = 1.0  # from a rank's failure to ending the others (torchrun-like)
+# A rank that ended leaves its peers waiting in collectives it never joined. If it failed, this
+# launcher stops them (SIGTERM) as soon as it sees its exit code, as torchrun does; they fail
+# with "exited without joining" only if it is still running this long after the rank said bye
+# (a rank that exited 0 without joining; a rank whose teardown is slow under load).
+ABANDON_GRACE_S = 5.0
 GRACE_S = 10.0
 
 
@@ -147,7 +151,7 @@ def run_trace(run: TraceRun) -> TraceResult:
     ranks = RankWatch(server)
     procs = ranks.procs
     if run.nproc_per_node is not None:
-        server.abandon_grace_s = FAILURE_SETTLE_S  # this launcher stops the others on a failure
+        server.abandon_grace_s = ABANDON_GRACE_S  # this launcher stops the others on a failure
     server.progress = progress = Progress(quiet=run.quiet, every_s=run.status_every_s)
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -75,7 +75,7 @@ class SimulatorServer:
         # launcher that stops every rank when one fails (torchrun, launch.py) stops the waiting
         # ranks first: they are victims, and must not each print a traceback of the consequence.
         self.abandon_grace_s = 0.0
-        self._deferred: list[tuple[float, list[tuple[list[int], str]]]] = []
+        self._deferred: list[tuple[float, int]] = []  # (when, rank that ended) abandonments to apply
         self.stopping = False  # the launcher is stopping every rank: waits left open are moot
         self.progress: Progress | None = None  # set by the launcher: status line, periodic lines, notices
         self.ranks_expected = 0  # rank processes the launcher started (0: unknown)
@@ -147,20 +147,22 @@ class SimulatorServer:
 
     def _abandoned(self, rank: int) -> None:
         """`rank` ended: the collectives it never joined fail for their waiting members (now, or
-        after abandon_grace_s unless the launcher stops everyone first)."""
-        failures = self.engine.abandon_collectives(rank)
-        if not failures or self.stopping:
+        after abandon_grace_s unless the launcher stops everyone first). Until then they stay
+        pending, so their waiting members stay held: no wait on them is answered as done."""
+        if self.stopping:
             return
         if self.abandon_grace_s > 0:
-            self._deferred.append((time.monotonic() + self.abandon_grace_s, failures))
+            self._deferred.append((time.monotonic() + self.abandon_grace_s, rank))
         else:
-            self._fail_collectives(failures)
+            self._fail_collectives(self.engine.abandon_collectives(rank))
 
     def _fail_deferred(self, now: float) -> None:
-        due = [f for t, f in self._deferred if t <= now]
-        self._deferred = [(t, f) for t, f in self._deferred if t > now]
-        for failures in due:
-            self._fail_collectives(failures)
+        due = [rank for t, rank in self._deferred if t <= now]
+        self._deferred = [(t, rank) for t, rank in self._deferred if t > now]
+        for rank in due:
+            self._fail_collectives(self.engine.abandon_collectives(rank))
+        if due:
+            self._resume_unblocked()
 
     # --- while it runs: the trace on disk, the status, possible hangs ---------------------------
     def _tick(self, now: float) -> None:
