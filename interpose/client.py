@@ -16,6 +16,7 @@ from typing import Any
 from phantora import protocol as P
 
 BATCH_RECORDS = 2048
+FLUSH_S = 1.0  # records waiting longer are sent by a background thread (see _start_flusher)
 
 
 class SimulatorGone(RuntimeError):
@@ -56,6 +57,27 @@ class SimClient:
         self._sock = sock
         hello = dict(self._hello, pid=os.getpid())
         self.hello_reply = self._roundtrip([], [self._call_id(), P.C_HELLO, hello]) or {}
+        self._start_flusher()
+
+    # --- records reach the simulator even when the script stops calling -----------------------------
+    def _start_flusher(self) -> None:
+        """A rank that stops making calls (spinning in pure Python, blocked outside the GPU, about
+        to be killed) would otherwise keep its last records: the simulator and the trace would
+        never see its last steps. A daemon thread sends waiting records about once a second."""
+        if getattr(self, "_flusher", None) is not None:
+            return
+        self._flusher = threading.Thread(target=self._flush_periodically, name="phantora-flush", daemon=True)
+        self._flusher.start()
+
+    def _flush_periodically(self) -> None:
+        stop = threading.Event()
+        while not stop.wait(FLUSH_S):
+            if self._sock is None:
+                return
+            try:
+                self.flush()
+            except SimulatorGone:
+                return
 
     def _call_id(self) -> int:
         self._next_call += 1

@@ -24,6 +24,7 @@ from torch.distributed import distributed_c10d as c10d
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.futures import Future
 
+from interpose import collective_checks as check
 from interpose import values
 from interpose.observer import current_stream_id
 from phantora import protocol as P
@@ -282,24 +283,33 @@ class SimProcessGroup(dist.ProcessGroup):
 
     # --- collectives --------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        check.one_tensor(tensors)
         return self._collective("all_reduce", tensors, sum(t.nbytes for t in tensors),
                                 reduce_op=getattr(opts, "reduceOp", None))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
-        return self.allreduce(tensors, opts)
+        check.same_device(tensors)
+        return self._collective("all_reduce", tensors, sum(t.nbytes for t in tensors),
+                                reduce_op=getattr(opts, "reduceOp", None))
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        check.one_tensor(tensors)
         return self._collective("broadcast", tensors, sum(t.nbytes for t in tensors), root=getattr(opts, "rootRank", 0))
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        check.one_tensor(tensors)
         return self._collective("reduce", tensors, sum(t.nbytes for t in tensors), root=getattr(opts, "rootRank", 0),
                                 reduce_op=getattr(opts, "reduceOp", None))
 
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
+        mine = check.one_tensor(inputs)
+        check.list_against_own(mine, output_lists[-1] if output_lists else [], self.rank(), "_broadcast_oop")
         outs = [t for lst in output_lists for t in lst]
-        return self._collective("all_gather", outs, sum(t.nbytes for t in outs))
+        # NCCL moves the input from every member, whatever the output list holds.
+        return self._collective("all_gather", outs, mine.nbytes * self.size())
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
+        check.allgather_base(output, input, self.size())
         return self._collective("all_gather", [output], output.nbytes)
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
@@ -308,11 +318,13 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts: Any = None) -> SimWork:
-        ins = [t for lst in input_lists for t in lst]
-        return self._collective("reduce_scatter", outputs, sum(t.nbytes for t in ins),
+        mine = check.one_tensor(outputs)
+        check.list_against_own(mine, input_lists[-1] if input_lists else [], self.rank(), "_reduce_oop")
+        return self._collective("reduce_scatter", outputs, mine.nbytes * self.size(),
                                 reduce_op=getattr(opts, "reduceOp", None))
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
+        check.reduce_scatter_base(output, input, self.size())
         return self._collective("reduce_scatter", [output], input.nbytes, reduce_op=getattr(opts, "reduceOp", None))
 
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
@@ -322,18 +334,22 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts: Any = None) -> SimWork:
+        check.alltoall_base(output, input, output_split_sizes, input_split_sizes, self.size())
         return self._collective("all_to_all", [output], input.nbytes)
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
+        check.alltoall(outputs, inputs)
         return self._collective("all_to_all", outputs, sum(t.nbytes for t in inputs))
 
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
         # NCCL gathers with point-to-point sends to the root; as traffic it is an all-to-all
         # in which only the root receives. Modelled as a reduce of the same size.
+        check.gather(output_lists, inputs, getattr(opts, "rootRank", 0), self.rank(), self.size())
         return self._collective("reduce", inputs, sum(t.nbytes for t in inputs) * self.size(),
                                 root=getattr(opts, "rootRank", 0), reduce_op="sum")
 
     def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> SimWork:
+        check.scatter(outputs, input_lists, getattr(opts, "rootRank", 0), self.rank(), self.size())
         return self._collective("broadcast", outputs, sum(t.nbytes for t in outputs) * self.size(),
                                 root=getattr(opts, "rootRank", 0))
 
@@ -347,9 +363,11 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._submit(payload, device, [], True)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> SimWork:
+        check.one_tensor(tensors, p2p=True)
         return self._p2p("send", tensors, dst)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> SimWork:
+        check.one_tensor(tensors, p2p=True)
         return self._p2p("recv", tensors, src)
 
 
@@ -440,7 +458,9 @@ def _c10d_reduce_scatter_base(obs: Any, func: Any, args: tuple, kwargs: dict) ->
         op = dist.ReduceOp.unbox(op) if op is not None and not isinstance(op, dist.ReduceOp) else op
     except Exception:
         op = None
-    work = _sim_pg(args[2])._collective("reduce_scatter", [args[0]], args[1].nbytes, reduce_op=op)
+    pg = _sim_pg(args[2])
+    check.reduce_scatter_base(args[0], args[1], pg.size())
+    work = pg._collective("reduce_scatter", [args[0]], args[1].nbytes, reduce_op=op)
     return out[0], work.boxed()
 
 

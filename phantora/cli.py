@@ -117,10 +117,17 @@ def main() -> None:
 @click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Calibration table (.jsonl, as `phantora calibrate` writes) for the calibrated estimator; "
                    "auto uses it when its device row names the simulated GPU.")
+@click.option("--quiet", "-q", is_flag=True,
+              help="No status line (on a terminal) and no periodic status lines (elsewhere). Notices of a possible "
+                   "hang (a collective waiting for a missing rank, a rank that sends nothing) are still printed.")
+@click.option("--status-every", type=click.FloatRange(1.0), default=30.0, show_default=True, metavar="SECONDS",
+              help="When stderr is not a terminal, print the status (phase, steps per rank, simulated and wall time) "
+                   "every SECONDS; a collective waiting or a rank silent this long is reported once.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluster_name: str, nnodes: int,  # type: ignore[no-untyped-def]
           nproc_per_node: int | None, collective_timeout: float, call_timeout: float, comm_slowdown: float,
-          sync: str, kineto_dir: Path | None, kernel_times: str, calibration: Path | None, command: tuple[str, ...]) -> None:
+          sync: str, kineto_dir: Path | None, kernel_times: str, calibration: Path | None, quiet: bool,
+          status_every: float, command: tuple[str, ...]) -> None:
     """Run COMMAND on simulated GPUs and write a trace.
 
     Put `--` before the command. The exit code is the command's. A short summary (simulated
@@ -156,7 +163,7 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluste
                    gpus_per_node=gpus_per_node or cluster.gpus_per_node, call_timeout_s=call_timeout,
                    cluster=cluster, nproc_per_node=nproc_per_node, collective_timeout_s=collective_timeout,
                    comm_slowdown=comm_slowdown, sync=sync, kineto_dir=kineto_dir, estimator=kernel_times,
-                   calibration=calibration)
+                   calibration=calibration, quiet=quiet, status_every_s=status_every)
     try:
         result = run_trace(run)
     except CommandNotFound as e:

@@ -57,6 +57,7 @@ class CollectiveLifecycle:
         self.arrivals: dict[tuple[int, int], Arrive] = {}  # (work, rank) -> that member's call, until placed
         self.unread: dict[int, SubmittedCollective] = {}  # work id -> all joined, end not read yet
         self.dropped: set[int] = set()  # collectives that never ran (a member never joined)
+        self.network_failed = False  # the network raised: from then on collectives never run
         self._handle_works: dict[int, int] = {}  # network handle -> work id (names corrections)
         self._key_works: dict[Any, int] = {}  # collective key -> its work id, until it runs
         self._work_ids = 0
@@ -152,8 +153,11 @@ class CollectiveLifecycle:
         p.ready_ns[rank] = a.ready_ns  # type: ignore[assignment]
         if p.missing() or len(p.ready_ns) < len(p.members):
             return
-        del self.joined[a.work]
+        if self.network_failed:
+            self._never_ran(a.work, p)
+            return
         self._submit(p, a.work)
+        del self.joined[a.work]  # only now: if the network raised, give_up() still finds it
 
     def _submit(self, p: PendingCollective, work: int) -> None:
         """Every member's stream has reached it: hand the collective to the network; its end is
@@ -232,7 +236,7 @@ class CollectiveLifecycle:
     def read(self, work: int) -> None:
         """Read a submitted collective's end from the network and place it: the NCCL kernel on
         each member's communication stream, the stream tails, the trace. No-op if already read."""
-        sub = self.unread.pop(work, None)
+        sub = self.unread.get(work)
         if sub is None:
             return
         p, start = sub.pending, sub.start_ns
@@ -246,6 +250,7 @@ class CollectiveLifecycle:
             self._record_corrections()
         else:
             end = start  # one member (or no network): nothing moves
+        del self.unread[work]  # only now: if the network raised, give_up() still finds it
         self.work_end_ns[work] = end
         algorithm = info.algorithm if info else "ring"
         protocol = info.protocol if info else "simple"
@@ -331,6 +336,25 @@ class CollectiveLifecycle:
                                     f"calls collectives in a different order, hangs a real job the same way."))
             self._drop(p)
         return failed
+
+    def give_up(self) -> None:
+        """The simulator failed (the network raised, or anything that stopped the run):
+        collectives whose end was not read never ran, as if dropped, so that the GPU work queued
+        behind them is still placed and written when the run is closed (no kernel left out, no
+        dangling flow)."""
+        self.network_failed = True
+        stuck = {work: sub.pending for work, sub in self.unread.items()}
+        stuck.update((w, p) for w, p in self.joined.items() if not p.missing() and w not in self.unread)
+        for work, p in stuck.items():
+            self._never_ran(work, p)
+
+    def _never_ran(self, work: int, p: PendingCollective) -> None:
+        self.unread.pop(work, None)
+        for call in p.arrivals.values():
+            self._write_launch(self.ranks[call.rank], call, ran=False)
+        self.unresolved_works.discard(work)
+        self.dropped.add(work)
+        self.joined.pop(work, None)
 
     def drop_unjoined(self) -> None:
         """The run is over: collectives some member never joined never run."""

@@ -289,11 +289,21 @@ class Engine:
         return summarize(self.ranks, self.host.unknown_ops, self.warnings, self.host.kernels_by_estimator,
                          c.comm_busy_ns, c.rollbacks, c.stale_replies, c.largest_stale_error_ns, c.early_reads)
 
+    def give_up_collectives(self) -> None:
+        """The simulator failed: collectives whose end was not read never ran (see
+        CollectiveLifecycle.give_up)."""
+        self.collectives.give_up()
+
     def close(self, metadata: dict[str, Any]) -> None:
         try:
             self.read_all_collectives()
         except Exception as e:  # the trace must still close on every path
             self._warn(f"collectives not read from the network: {type(e).__name__}: {e}")
+            self.give_up_collectives()
+            try:  # what waited on them is placed as after a collective that never ran
+                self.read_all_collectives()
+            except Exception as e2:
+                self._warn(f"work left unplaced: {type(e2).__name__}: {e2}")
         self.collectives.write_unrun_launches()  # collectives still waiting
         for r in list(self.ranks):
             self.finish_rank(r)

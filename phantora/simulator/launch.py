@@ -29,13 +29,19 @@ from phantora.engine.timeline import TimingConfig
 from phantora.hardware import GPUSpec
 from phantora.net.cluster import Cluster
 from phantora.net.network import Network
+from phantora.simulator.failure import SimulatorFailure
+from phantora.simulator.progress import Progress
 from phantora.simulator.server import SimulatorServer
 from phantora.trace import TeeSink, TraceSink, open_sink
 from phantora.trace.kineto import KinetoExport, KinetoSink
 
 BOOTSTRAP_DIR = Path(interpose.__file__).resolve().parent / "bootstrap"
 PACKAGE_ROOT = Path(interpose.__file__).resolve().parent.parent
-FAILURE_SETTLE_S = 1.0  # from a rank's failure to ending the others (torchrun-like)
+# A rank that ended leaves its peers waiting in collectives it never joined. If it failed, this
+# launcher stops them (SIGTERM) as soon as it sees its exit code, as torchrun does; they fail
+# with "exited without joining" only if it is still running this long after the rank said bye
+# (a rank that exited 0 without joining; a rank whose teardown is slow under load).
+ABANDON_GRACE_S = 5.0
 GRACE_S = 10.0
 
 
@@ -56,6 +62,8 @@ class TraceRun:
     comm_slowdown: float = TimingConfig.comm_slowdown
     sync: str = "optimistic"  # --sync: optimistic or conservative (Engine)
     kineto_dir: Path | None = None  # also write one Kineto trace per rank here (for HTA)
+    quiet: bool = False  # --quiet: no status line, no periodic status lines
+    status_every_s: float = 30.0  # --status-every: plain status lines off a terminal; hang notices after it
 
 
 @dataclass
@@ -68,6 +76,7 @@ class TraceResult:
     failures: list[str] = field(default_factory=list)  # ranks that exited with an error
     kineto: KinetoExport | None = None
     kernel_times: EstimatorChoice | None = None
+    simulator_error: SimulatorFailure | None = None  # the simulator itself failed (exit code 1)
 
 
 def child_env(run: TraceRun, socket_path: str) -> dict[str, str]:
@@ -139,18 +148,15 @@ def run_trace(run: TraceRun) -> TraceResult:
                     network=Network(run.cluster), sync=run.sync)
     server = SimulatorServer(engine, collective_timeout_s=run.collective_timeout_s)
     exit_code = 1
-    procs: list[subprocess.Popen] = []
-    failures: list[str] = []
-    interrupted: list[int] = []
-
-    def stop_all(sig: int) -> None:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(sig)
+    ranks = RankWatch(server)
+    procs = ranks.procs
+    if run.nproc_per_node is not None:
+        server.abandon_grace_s = ABANDON_GRACE_S  # this launcher stops the others on a failure
+    server.progress = progress = Progress(quiet=run.quiet, every_s=run.status_every_s)
 
     def on_signal(signum: int, _frame: object) -> None:
-        interrupted.append(signum)
-        stop_all(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        ranks.interrupted.append(signum)
+        ranks.stop_all(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -161,49 +167,16 @@ def run_trace(run: TraceRun) -> TraceResult:
             port, run_id = _free_port(), f"phantora-{os.getpid()}"
             envs = [dict(base_env, **rank_env(run, r, port, run_id))
                     for r in range(run.nproc_per_node * run.cluster.nodes)]
+        server.ranks_expected = len(envs) if run.nproc_per_node is not None else 0
         for env in envs:
             try:
                 procs.append(subprocess.Popen(run.command, env=env))
             except (FileNotFoundError, PermissionError) as e:
-                stop_all(signal.SIGTERM)
+                ranks.stop_all(signal.SIGTERM)
                 raise CommandNotFound(f"cannot run {run.command[0]!r}: {e.strerror}") from e
-        deadline: list[float] = []
-        first_failure: list[float] = []
-
-        def keep_going() -> bool:
-            alive = [p for p in procs if p.poll() is None]
-            if not alive:
-                return False
-            if len(procs) > 1 and not deadline:
-                failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
-                if failed and not first_failure:
-                    first_failure.append(time.monotonic())
-                # A rank that crashes fails its peers' pending collectives; give the crashing
-                # rank a moment to finish exiting so the report names it, not only its victims.
-                if failed and time.monotonic() - first_failure[0] >= FAILURE_SETTLE_S:
-                    # torchrun: one failed worker ends the others
-                    failures.extend(f"rank {i} exited with code {rc}" if rc > 0 else
-                                    f"rank {i} was killed by signal {-rc}" for i, rc in failed)
-                    stop_all(signal.SIGTERM)
-                    deadline.append(time.monotonic() + GRACE_S)
-            if interrupted and not deadline:
-                deadline.append(time.monotonic() + GRACE_S)
-            if deadline and time.monotonic() > deadline[0]:
-                for p in alive:
-                    p.kill()
-            return True
-
-        server.serve(keep_going)
-        codes = [p.wait() for p in procs]
-        if len(procs) == 1:
-            rc = codes[0]
-            exit_code = 128 - rc if rc < 0 else rc
-        else:
-            exit_code = 0 if all(c == 0 for c in codes) else 1  # as torchrun exits
-            if exit_code and not failures:
-                failures.extend(f"rank {i} exited with code {c}" for i, c in enumerate(codes) if c != 0)
-        if interrupted and exit_code == 0:
-            exit_code = 128 + interrupted[0]
+        server.serve(ranks.keep_going)
+        ranks.finish()
+        exit_code = ranks.exit_code()
     finally:
         for p in procs:
             if p.poll() is None:
@@ -211,9 +184,14 @@ def run_trace(run: TraceRun) -> TraceResult:
                 p.wait()
         for s, h in old_handlers.items():
             signal.signal(s, h)
+        progress.close()
         server.close()
-        summary = engine.summary()
-        engine.close({
+        if server.failure is not None:
+            engine.give_up_collectives()
+        summary = _summary(engine, server)
+        if server.failure is not None:
+            server.failure.write_details(run.output.with_name(run.output.name + ".simulator-error.txt"))
+        metadata = {
             "phantora_version": __version__,
             "command": run.command,
             "gpu": run.gpu.key,
@@ -232,9 +210,12 @@ def run_trace(run: TraceRun) -> TraceResult:
             "largest_stale_error_ns": summary.largest_stale_error_ns,
             "sync": run.sync,
             "early_reads": summary.early_reads,
-        })
-    return TraceResult(exit_code, summary, time.time() - started, server.internal_errors, server.rank_errors, failures,
-                       kineto.export if kineto else None, kernel_times)
+        }
+        if server.failure is not None:
+            metadata["simulator_error"] = server.failure.message
+        _close_trace(engine, sink, metadata, server)
+    return TraceResult(exit_code, summary, time.time() - started, server.internal_errors, server.rank_errors,
+                       ranks.report(), kineto.export if kineto else None, kernel_times, server.failure)
 
 
 def format_bytes(n: float) -> str:
@@ -269,10 +250,14 @@ def format_summary(run: TraceRun, result: TraceResult) -> str:
         lines.append(f"  out-of-memory errors raised in the script: {s.ooms}")
     for msg in result.failures:
         lines.append(f"  {msg}")
-    for msg in result.rank_errors[:5]:
-        lines.append("  collective error: " + msg.splitlines()[0])
-    if result.internal_errors:
-        lines.append(f"  simulator errors: {len(result.internal_errors)} (see messages above)")
+    if result.rank_errors:
+        more = len(result.rank_errors) - 1
+        lines.append("  collective error: " + result.rank_errors[0].splitlines()[0]
+                     + (f" (and {more} more collective error(s) that followed from it)" if more else ""))
+    if result.simulator_error is not None:
+        lines.append(result.simulator_error.message)
+    elif result.internal_errors:
+        lines.append(f"  simulator errors: {len(result.internal_errors)}: " + result.internal_errors[0].splitlines()[-1])
     lines.append(f"  trace: {run.output}")
     if result.kineto is not None:
         k = result.kineto
@@ -328,3 +313,134 @@ def kernel_times_lines(result: TraceResult) -> list[str]:
 
 def print_summary(run: TraceRun, result: TraceResult) -> None:
     print(format_summary(run, result), file=sys.stderr, flush=True)
+
+
+# --- rank processes: failures, signals, the simulator's own failure ---------------------------------
+
+_SIGNAL_NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}
+
+
+@dataclass
+class RankExit:
+    rank: int
+    code: int  # Popen.returncode: negative when a signal killed it
+    seen_s: float  # monotonic time the launcher saw it
+    stopped: bool  # the launcher had asked every rank to stop before it ended
+
+    def words(self) -> str:
+        if self.code >= 0:
+            return f"rank {self.rank} exited with code {self.code}"
+        try:
+            name = signal.Signals(-self.code).name
+        except ValueError:
+            name = "?"
+        return f"rank {self.rank} was killed by signal {-self.code} ({name})"
+
+
+class RankWatch:
+    """The rank processes of one run, watched from the simulator's loop as torchrun's agent watches
+    its workers: the first rank to fail is the root cause and every other rank is stopped
+    (SIGTERM, then SIGKILL after GRACE_S); a signal to phantora stops them all; so does a failure
+    of the simulator itself. The report names the root cause and counts the rest."""
+
+    def __init__(self, server: SimulatorServer) -> None:
+        self.server = server
+        self.procs: list[subprocess.Popen] = []
+        self.exits: dict[int, RankExit] = {}
+        self.interrupted: list[int] = []  # signals phantora received
+        self._stop_at: float | None = None
+        self._kill_at: float | None = None
+
+    def stop_all(self, sig: int) -> None:
+        self.server.stop()
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()
+            self._kill_at = self._stop_at + GRACE_S
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(sig)
+
+    def _observe(self) -> None:
+        now = time.monotonic()
+        for i, p in enumerate(self.procs):
+            if i not in self.exits and p.poll() is not None:
+                self.exits[i] = RankExit(i, p.returncode, now, self._stop_at is not None)
+
+    def keep_going(self) -> bool:
+        self._observe()
+        if all(p.returncode is not None for p in self.procs):
+            return False
+        if self._stop_at is None and (self.server.failure is not None or
+                                      len(self.procs) > 1 and any(e.code for e in self.exits.values())):
+            self.stop_all(signal.SIGTERM)  # torchrun: one failed worker ends the others
+        if self._kill_at is not None and time.monotonic() > self._kill_at:
+            for p in self.procs:
+                if p.poll() is None:
+                    p.kill()
+        return True
+
+    def finish(self) -> None:
+        """After the loop: ranks still running (the simulator failed) are stopped and reaped."""
+        if any(p.poll() is None for p in self.procs):
+            self.stop_all(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.0, (self._kill_at or 0.0) - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self._observe()
+
+    def root_cause(self) -> RankExit | None:
+        failed = [e for e in self.exits.values() if e.code != 0 and not e.stopped]
+        return min(failed, key=lambda e: (e.seen_s, e.rank)) if failed else None
+
+    def exit_code(self) -> int:
+        if self.server.failure is not None:
+            return 1
+        if self.interrupted:
+            return 128 + self.interrupted[0]  # as a shell reports a run ended by that signal
+        if len(self.procs) == 1:
+            rc = self.procs[0].returncode
+            return 128 - rc if rc < 0 else rc
+        return 0 if all(p.returncode == 0 for p in self.procs) else 1  # as torchrun exits
+
+    def report(self) -> list[str]:
+        """Lines for the summary: why the run ended, the root cause first, the rest counted."""
+        if self.interrupted:
+            name = _SIGNAL_NAMES.get(self.interrupted[0], f"signal {self.interrupted[0]}")
+            verb = "interrupted" if self.interrupted[0] == signal.SIGINT else "terminated"
+            return [f"run {verb} by {name}: {len(self.procs)} rank process(es) stopped"]
+        if self.server.failure is not None or len(self.procs) < 2:
+            return []
+        root = self.root_cause()
+        if root is None:
+            return []
+        lines = [f"{root.words()} (the first rank to fail: the root cause)"]
+        also = [e for e in self.exits.values() if e is not root and e.code != 0 and not e.stopped]
+        stopped = [e for e in self.exits.values() if e.stopped and e.code != 0]
+        if also:
+            lines.append(f"{len(also)} other rank(s) failed after it: ranks {sorted(e.rank for e in also)}")
+        if stopped:
+            lines.append(f"{len(stopped)} other rank(s) stopped because of it: ranks {sorted(e.rank for e in stopped)}")
+        return lines
+
+
+def _summary(engine: Engine, server: SimulatorServer) -> EngineSummary:
+    try:
+        return engine.summary()
+    except Exception as e:  # the engine is broken: report the failure, still close the trace
+        if server.failure is None:
+            server.failure = SimulatorFailure.from_exception(e, "summarising the run")
+        return EngineSummary(0, len(engine.ranks), 0, 0, 0, 0.0, {}, {}, {}, [])
+
+
+def _close_trace(engine: Engine, sink: TraceSink, metadata: dict[str, Any], server: SimulatorServer) -> None:
+    """engine.close writes what the engine still holds, then closes the sink; when the engine
+    fails, the sink is closed directly so that the file is still a complete trace."""
+    try:
+        engine.close(metadata)
+    except Exception as e:
+        if server.failure is None:
+            server.failure = SimulatorFailure.from_exception(e, "closing the trace")
+        sink.close(metadata)

@@ -29,6 +29,10 @@ from typing import Any, Callable
 from phantora import protocol as P
 from phantora.engine.collectives import CollectiveMismatch
 from phantora.engine.engine import NOT_YET, CallError, Engine, RankInfo
+from phantora.simulator.failure import SimulatorFailure
+from phantora.simulator.progress import REFRESH_S, Progress, RunStatus
+
+FLUSH_S = 1.0  # the trace reaches the disk at least this often (a killed run leaves a readable prefix)
 
 _HELD = object()  # a call that cannot be answered until a collective completes
 
@@ -66,16 +70,43 @@ class SimulatorServer:
         self.connections: list[Connection] = []
         self.internal_errors: list[str] = []
         self.ranks_seen: set[int] = set()
+        self.failure: SimulatorFailure | None = None  # the simulator's own failure, which ends the run
+        # Collectives a rank left waiting when it ended are failed after this delay, so that a
+        # launcher that stops every rank when one fails (torchrun, launch.py) stops the waiting
+        # ranks first: they are victims, and must not each print a traceback of the consequence.
+        self.abandon_grace_s = 0.0
+        self._deferred: list[tuple[float, int]] = []  # (when, rank that ended) abandonments to apply
+        self.stopping = False  # the launcher is stopping every rank: waits left open are moot
+        self.progress: Progress | None = None  # set by the launcher: status line, periodic lines, notices
+        self.ranks_expected = 0  # rank processes the launcher started (0: unknown)
+        self._started = time.monotonic()
+        self._next_tick = 0.0
+        self._next_flush = 0.0
+        self._last_seen: dict[int, float] = {}  # rank -> when it last sent anything
 
     # --- loop ---------------------------------------------------------------------------------
     def serve(self, keep_going: Callable[[], bool], poll_s: float = 0.05) -> None:
         """Serve until keep_going() is false, then drain what connected processes already sent."""
-        while keep_going():
-            self._poll(poll_s)
+        while self.failure is None and keep_going():
+            self._guarded_poll(poll_s)
         deadline = time.monotonic() + 2.0
-        while self.open_connections() and time.monotonic() < deadline:
-            if not self._poll(0.05):
+        while self.failure is None and self.open_connections() and time.monotonic() < deadline:
+            if not self._guarded_poll(0.05):
                 break
+
+    # --- the simulator's own failures -----------------------------------------------------------
+    def _guarded_poll(self, timeout: float) -> bool:
+        try:
+            return self._poll(timeout)
+        except Exception as e:  # a bug in the simulator: end the run (launch.py stops the ranks)
+            self._simulator_failed(e, "serving the ranks")
+            return False
+
+    def _simulator_failed(self, exc: Exception, during: str) -> None:
+        """Remember the first failure; serve() stops at once. Ranks get no answer: they are
+        stopped by the launcher, so no rank prints a traceback of a consequence."""
+        if self.failure is None:
+            self.failure = SimulatorFailure.from_exception(exc, during)
 
     def open_connections(self) -> int:
         return sum(1 for c in self.connections if c.sock.fileno() >= 0)
@@ -90,6 +121,11 @@ class SimulatorServer:
         now = time.monotonic()
         if events:
             self._last_message = now
+        if now >= self._next_tick:
+            self._next_tick = now + REFRESH_S
+            self._tick(now)
+        if self._deferred:
+            self._fail_deferred(now)
         if self.engine.matcher.pending and now > self._next_overdue_check:
             self._next_overdue_check = now + 1.0
             self._fail_collectives(self.engine.overdue_collectives(self.collective_timeout_s))
@@ -101,11 +137,77 @@ class SimulatorServer:
         return bool(events)
 
     def _fail_collectives(self, failures: list[tuple[list[int], str]]) -> None:
-        for ranks, message in failures:
+        for i, (ranks, message) in enumerate(failures):
             self.rank_errors.append(message)
-            print(f"phantora: {message}", file=sys.stderr, flush=True)
+            if i == 0:  # one line per cause; the rest are counted (summary)
+                more = f" (and {len(failures) - 1} more collective(s) of the same cause)" if len(failures) > 1 else ""
+                print(f"phantora: {message}{more}", file=sys.stderr, flush=True)
             for r in ranks:
                 self._fail_rank(r, message)
+
+    def _abandoned(self, rank: int) -> None:
+        """`rank` ended: the collectives it never joined fail for their waiting members (now, or
+        after abandon_grace_s unless the launcher stops everyone first). Until then they stay
+        pending, so their waiting members stay held: no wait on them is answered as done."""
+        if self.stopping:
+            return
+        if self.abandon_grace_s > 0:
+            self._deferred.append((time.monotonic() + self.abandon_grace_s, rank))
+        else:
+            self._fail_collectives(self.engine.abandon_collectives(rank))
+
+    def _fail_deferred(self, now: float) -> None:
+        due = [rank for t, rank in self._deferred if t <= now]
+        self._deferred = [(t, rank) for t, rank in self._deferred if t > now]
+        for rank in due:
+            self._fail_collectives(self.engine.abandon_collectives(rank))
+        if due:
+            self._resume_unblocked()
+
+    # --- while it runs: the trace on disk, the status, possible hangs ---------------------------
+    def _tick(self, now: float) -> None:
+        if now >= self._next_flush:
+            self._next_flush = now + FLUSH_S
+            self.engine.sink.flush()
+        if self.progress is None:
+            return
+        self.progress.update(self.run_status(now))
+        self._notice_long_waits(now, self.progress)
+
+    def run_status(self, now: float) -> RunStatus:
+        ranks = self.engine.ranks
+        return RunStatus(
+            ranks_expected=self.ranks_expected or self.engine.expected_ranks, ranks_connected=len(ranks),
+            ranks_done=sum(1 for st in ranks.values() if st.finished),
+            steps={r: st.steps for r, st in ranks.items() if st.steps},
+            simulated_ns=max((st.timeline.host_ns for st in ranks.values()), default=0), wall_s=now - self._started)
+
+    def _notice_long_waits(self, now: float, progress: Progress) -> None:
+        """A collective waiting for a missing member, and a rank that sends nothing, for longer
+        than progress.every_s: each said once, naming the rank."""
+        limit = progress.every_s
+        for p in list(self.engine.matcher.pending.values()):
+            if now - p.first_wall_s > limit:
+                call = next(iter(p.arrivals.values()))
+                progress.notice(f"wait {p.key}", f"{call.describe()} (collective #{call.seq} of group "
+                                f"{list(call.group)}, called at {call.site}) has waited {now - p.first_wall_s:.0f} s "
+                                f"for rank(s) {p.missing()}; it fails after --collective-timeout "
+                                f"{self.collective_timeout_s:.0f} s")
+        pids = {c.rank: c.pid for c in self.connections if c.rank is not None}
+        for rank, seen in self._last_seen.items():
+            st = self.engine.ranks.get(rank)
+            if (now - seen <= limit or st is None or st.finished or rank in self.failed or rank in self.held
+                    or self.engine.host_blocked(rank)):
+                continue
+            pid = pids.get(rank)
+            progress.notice(f"idle {rank} {seen}", f"rank {rank} (pid {pid}) has sent nothing for {now - seen:.0f} s "
+                            "(no CUDA work, collective or clock read): it is running pure Python or is stuck outside "
+                            f"the GPU; `py-spy dump --pid {pid}` shows where")
+
+    def stop(self) -> None:
+        """The launcher stops every rank: fail no waiting rank for what the others left undone."""
+        self.stopping = True
+        self._deferred.clear()
 
     def _fail_rank(self, rank: int, message: str) -> None:
         """The rank's next call (or the one it is held in) raises `message`; records it sends
@@ -136,7 +238,7 @@ class SimulatorServer:
         if conn.rank is not None:
             self.held.pop(conn.rank, None)
             self.engine.finish_rank(conn.rank)
-            self._fail_collectives(self.engine.abandon_collectives(conn.rank))
+            self._abandoned(conn.rank)
 
     def _read(self, conn: Connection) -> None:
         try:
@@ -154,11 +256,15 @@ class SimulatorServer:
             return
         for msg in messages:
             self._handle(conn, msg)
+        if conn.rank is not None:
+            self._last_seen[conn.rank] = time.monotonic()
 
     # --- messages -----------------------------------------------------------------------------
     def _handle(self, conn: Connection, msg: Any) -> None:
         records, call = msg
         rank = conn.rank
+        if self.failure is not None:
+            return
         if rank is not None and rank in self.failed:
             if call is not None:
                 self._handle_failed(conn, call)
@@ -167,7 +273,8 @@ class SimulatorServer:
             self.held[rank].append((conn, records, call))
             return
         self._process(conn, records, call)
-        self._resume_unblocked()
+        if self.failure is None:
+            self._resume_unblocked()
 
     def _handle_failed(self, conn: Connection, call: list[Any]) -> None:
         if call[1] == P.C_BYE:
@@ -205,12 +312,10 @@ class SimulatorServer:
                 self._reply(conn, call[0], False, str(e))
             else:
                 self.internal_errors.append(str(e))
-        except Exception:  # a bug in the simulator: tell the rank and the user, keep the trace
-            tb = traceback.format_exc()
-            self.internal_errors.append(tb)
-            print(f"phantora: internal error while simulating rank {conn.rank}:\n{tb}", file=sys.stderr, flush=True)
-            if call is not None:
-                self._reply(conn, call[0], False, "phantora internal error (see the simulator's message above)")
+        except Exception as e:  # a bug in the simulator: the run ends (launch.py), the trace is kept
+            self.internal_errors.append(traceback.format_exc())
+            self._simulator_failed(e, f"simulating rank {conn.rank}")
+            return False
         return True
 
     def _resume_unblocked(self) -> None:
@@ -225,6 +330,8 @@ class SimulatorServer:
                 if conn.sock.fileno() < 0:
                     continue
                 if not self._process(conn, records, call):
+                    if self.failure is not None:
+                        return
                     self.held[rank].extend(queue)  # _process put the unapplied part in front
                     break
             if not todo:
@@ -260,7 +367,7 @@ class SimulatorServer:
         if kind == P.C_BYE:
             conn.said_bye = True
             self.engine.finish_rank(conn.rank)
-            self._fail_collectives(self.engine.abandon_collectives(conn.rank))
+            self._abandoned(conn.rank)
             return None
         raise CallError(f"unknown call kind {kind!r}")
 

@@ -49,6 +49,10 @@ class TraceSink(Protocol):
         """An arrow from the slice enclosing src=(pid, tid, ts_ns) to the one enclosing dst, for
         slices that already carry another flow (collective participants)."""
 
+    def flush(self) -> None:
+        """Put what was written so far on disk (the simulator calls it about once a second), so
+        that a run killed before `close` still leaves a readable prefix of its trace."""
+
     def close(self, metadata: dict[str, Any]) -> None: ...
 
 
@@ -62,6 +66,7 @@ class NullSink:
     def instant(self, *a: Any, **k: Any) -> None: ...
     def counter(self, *a: Any, **k: Any) -> None: ...
     def flow(self, *a: Any, **k: Any) -> None: ...
+    def flush(self) -> None: ...
     def close(self, metadata: dict[str, Any]) -> None: ...
 
 
@@ -111,6 +116,10 @@ class TeeSink:
     def flow(self, flow_id: int, name: str, src: tuple[int, int, int], dst: tuple[int, int, int]) -> None:
         for s in self.sinks:
             s.flow(flow_id, name, src, dst)
+
+    def flush(self) -> None:
+        for s in self.sinks:
+            s.flush()
 
     def close(self, metadata: dict[str, Any]) -> None:
         """Closes every sink, even when one fails (each must finish its file); then raises the

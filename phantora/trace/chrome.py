@@ -1,6 +1,7 @@
 """Chrome JSON trace writer (the format ui.perfetto.dev and chrome://tracing import).
 
-Events are streamed to disk in chunks so memory stays flat on long runs. The file is written
+Events are streamed to disk in chunks so memory stays flat on long runs, and flushed about once
+a second (`flush`), so that `<path>.partial` always holds the run so far. The file is written
 to `<path>.partial` and renamed on close; `close` runs on every exit path of the simulator
 (normal end, script failure, Ctrl-C), so a finished file is always complete JSON.
 
@@ -151,6 +152,16 @@ class ChromeJsonSink:
     def flow(self, flow_id: int, name: str, src: tuple[int, int, int], dst: tuple[int, int, int]) -> None:
         for ev in flow_events(flow_id, name, src, dst):
             self._emit(ev)
+
+    def flush(self) -> None:
+        """Events so far to disk, one per line: a reader of a file cut here (a killed run's
+        .partial) reads every event up to its last complete line."""
+        if self.closed:
+            return
+        self._flush()
+        self._file.flush()  # GzipFile: a sync flush, so the compressed prefix decompresses
+        if self._raw is not self._file:
+            self._raw.flush()
 
     def close(self, metadata: dict[str, Any]) -> None:
         if self.closed:

@@ -273,6 +273,9 @@ class KinetoSink:
     def flow(self, flow_id: int, name: str, src: tuple[int, int, int], dst: tuple[int, int, int]) -> None:
         """Collective arrows between ranks cross files; Kineto traces have none."""
 
+    def flush(self) -> None:
+        pass  # an export for HTA, useful only complete: written at close
+
     def close(self, metadata: dict[str, Any]) -> None:
         if self.closed:
             return

@@ -432,6 +432,12 @@ class PerfettoProtoSink:
         record.event_names.add(iid=fid, name=orjson.dumps({"name": name, "src": src, "dst": dst}).decode())
         self._write(b"", b"", sequence=FLOW_RECORD_SEQUENCE_ID, interned=record.SerializeToString())
 
+    def flush(self) -> None:
+        """Packets written so far to disk (packets held for ordering stay held): a protobuf
+        trace cut between packets is read up to the last whole one."""
+        if not self.closed:
+            self._file.flush()
+
     def close(self, metadata: dict[str, Any]) -> None:
         if self.closed:
             return
