@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -66,9 +67,17 @@ def _device(tensors: list[torch.Tensor]) -> int:
     return torch.cuda.current_device()
 
 
-def _shadow_cpu(t: torch.Tensor) -> torch.Tensor | None:
+@dataclass
+class _Held:
+    """What a member contributes to a collective's values: its shadow (real data) if it has
+    one, and its value (interpose/values.py)."""
+    shadow: torch.Tensor | None
+    value: Any
+
+
+def _held(t: torch.Tensor) -> _Held:
     shadow = values.shadow_of(t)
-    return None if shadow is None else shadow.clone()
+    return _Held(None if shadow is None else shadow.clone(), values.value_of(t))
 
 
 def _write_shadow(t: torch.Tensor, value: torch.Tensor | None) -> None:
@@ -80,20 +89,22 @@ def _write_shadow(t: torch.Tensor, value: torch.Tensor | None) -> None:
         values.set_shadow(t, None if value is None else value.clone())
 
 
-def _combine(parts: list[torch.Tensor], reduce_op: str) -> torch.Tensor | None:
-    stacked = torch.stack(parts)
-    if reduce_op in ("sum", "avg"):
-        out = stacked.sum(0)
-        out = out // len(parts) if reduce_op == "avg" else out
-    elif reduce_op == "product":
-        out = stacked.prod(0)
-    elif reduce_op == "min":
-        out = stacked.min(0).values
-    elif reduce_op == "max":
-        out = stacked.max(0).values
-    else:
-        return None
-    return out.to(parts[0].dtype)
+def _write_held(t: torch.Tensor, held: _Held) -> None:
+    _write_shadow(t, held.shadow if held.shadow is not None and held.shadow.shape == t.shape else None)
+    values.set_value(t, held.value)
+
+
+def _reduce_held(t: torch.Tensor, parts: list[_Held], reduce_op: str) -> None:
+    """All-reduce: on the members' shadows when every member has one, else on their values."""
+    shadows = [p.shadow for p in parts]
+    if all(s is not None and s.shape == t.shape for s in shadows):
+        combined = values.combine(shadows, reduce_op)  # type: ignore[arg-type]
+        if combined is not None:
+            _write_shadow(t, combined)
+            values.set_value(t, None)
+            return
+    _write_shadow(t, None)
+    values.note_collective_value(t, [p.value for p in parts], reduce_op)
 
 
 class SimWork(dist._Work):
@@ -220,9 +231,16 @@ class SimProcessGroup(dist.ProcessGroup):
         }
         self._seq += 1
         work = self._submit(payload, device, tensors, host_blocks)
-        if op in ("all_reduce", "broadcast") and tensors and all(values.shadowable(t) for t in tensors):
+        if op in ("all_reduce", "broadcast") and tensors:
             with unset_fake_temporarily():  # shadows are real tensors; this may run inside a dispatch
-                self._carry_values(op, tensors, payload["seq"], payload["reduce_op"], payload["root"])
+                if all(values.exchanges_values(t) for t in tensors):
+                    self._carry_values(op, tensors, payload["seq"], payload["reduce_op"], payload["root"])
+                elif op == "all_reduce":
+                    # Too large to exchange: every member is taken to hold the same value as this one
+                    # (the same program computed it), so SUM over N members of 1 reads N.
+                    for t in tensors:
+                        _write_shadow(t, None)
+                        values.note_collective_value(t, [values.value_of(t)] * self.size(), payload["reduce_op"])
         return work
 
     def _p2p(self, op: str, tensors: list[torch.Tensor], peer: int, nbytes: int | None = None) -> SimWork:
@@ -236,38 +254,57 @@ class SimProcessGroup(dist.ProcessGroup):
                    "dtype": _dtype(tensors[0]) if tensors else "uint8", "device": device,
                    "stream": current_stream_id(device), "site": call_site(), "group_name": self._group_name}
         work = self._submit(payload, device, tensors, False)
-        if tensors and all(values.shadowable(t) for t in tensors):
+        if tensors and all(values.exchanges_values(t) for t in tensors):
             key = f"phantora/values/p2p/{pair[0]}->{pair[1]}/{seq}"
             store = c10d._get_default_store()
             with unset_fake_temporarily():
                 if op == "send":
-                    store.set(key, pickle.dumps([_shadow_cpu(t) for t in tensors]))
+                    store.set(key, pickle.dumps([_held(t) for t in tensors]))
                 else:
                     received = pickle.loads(store.get(key))
                     store.delete_key(key)
-                    for t, value in zip(tensors, received):
-                        _write_shadow(t, value)
+                    for t, held in zip(tensors, received):
+                        _write_held(t, held)
         return work
 
     def _carry_values(self, op: str, tensors: list[torch.Tensor], seq: int, reduce_op: str, root: int | None) -> None:
-        """Small integer/bool tensors carry their real values (interpose/values.py) through
-        all_reduce and broadcast, exchanged via the c10d store."""
+        """Tensors up to values.COPY_SHADOW_MAX_NUMEL carry their shadows and values
+        (interpose/values.py) through all_reduce and broadcast, exchanged via the c10d store."""
         store = c10d._get_default_store()
         key = f"phantora/values/{self._group_name}/{seq}"
         me = self.global_ranks[self.rank()]
-        mine = [_shadow_cpu(t) for t in tensors]
+        mine = [_held(t) for t in tensors]
         if op == "broadcast":
             if me == root:
                 store.set(key, pickle.dumps(mine))
                 return
-            for t, value in zip(tensors, pickle.loads(store.get(key))):
-                _write_shadow(t, value)
+            for t, held in zip(tensors, pickle.loads(store.get(key))):
+                _write_held(t, held)
             return
-        store.set(f"{key}/{me}", pickle.dumps(mine))
-        everyone = [pickle.loads(store.get(f"{key}/{r}")) for r in self.global_ranks]
+        everyone = self._exchange(key, me, mine)
         for i, t in enumerate(tensors):
-            parts = [member[i] for member in everyone]
-            _write_shadow(t, None if any(p is None for p in parts) else _combine(parts, reduce_op))
+            _reduce_held(t, [member[i] for member in everyone], reduce_op)
+
+    def _exchange(self, key: str, me: int, mine: list[_Held]) -> list[list[_Held]]:
+        """Every member's contribution, in group rank order, through the c10d store."""
+        store = c10d._get_default_store()
+        store.set(f"{key}/{me}", pickle.dumps(mine))
+        return [pickle.loads(store.get(f"{key}/{r}")) for r in self.global_ranks]
+
+    def _gather_values(self, seq: int, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]) -> None:
+        """all_gather: output j of member r takes member r's input j (shadow and value)."""
+        with unset_fake_temporarily():
+            if not all(values.exchanges_values(t) for t in inputs):
+                for per_input, t in zip(outputs, inputs):
+                    for o in per_input:
+                        _write_held(o, _Held(None, values.value_of(t)))
+                return
+            me = self.global_ranks[self.rank()]
+            everyone = self._exchange(f"phantora/values/{self._group_name}/{seq}", me, [_held(t) for t in inputs])
+            for j, per_input in enumerate(outputs):
+                for r, o in enumerate(per_input):
+                    if r < len(everyone):
+                        _write_held(o, everyone[r][j])
 
     def next_p2p_seq(self, src: int, dst: int) -> int:
         """The sequence number the next send from global rank src to dst will carry."""
@@ -297,7 +334,11 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
         outs = [t for lst in output_lists for t in lst]
-        return self._collective("all_gather", outs, sum(t.nbytes for t in outs))
+        seq = self._seq
+        work = self._collective("all_gather", outs, sum(t.nbytes for t in outs))
+        if inputs and len(output_lists) == len(inputs):
+            self._gather_values(seq, output_lists, inputs)
+        return work
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         return self._collective("all_gather", [output], output.nbytes)
