@@ -107,17 +107,21 @@ def default_value(dtype: torch.dtype) -> Number:
     return 1.0 if dtype.is_floating_point else 1
 
 
+_casts: dict[tuple, Number] = {}
+
+
 def as_dtype(v: Number, dtype: torch.dtype) -> Number:
-    """The number v read in dtype, as torch casts it (float -> int truncates)."""
-    if dtype is torch.bool:
-        return bool(v)
-    if dtype.is_complex:
-        return complex(v)
-    if isinstance(v, complex):
-        v = v.real
-    if dtype.is_floating_point:
-        return float(v)
-    return int(v)
+    """The number v read in dtype, cast as torch casts it (float -> int truncates, uint8 wraps)."""
+    key = (type(v), v, dtype)
+    r = _casts.get(key)
+    if r is None:
+        with unset_fake_temporarily():
+            wide = torch.float64 if isinstance(v, float) else torch.complex128 if isinstance(v, complex) else None
+            r = torch.tensor(v, dtype=wide).to(dtype).item()  # from Python's full precision
+        if len(_casts) > 4096:
+            _casts.clear()
+        _casts[key] = r
+    return r
 
 
 def inner_tensor(t: torch.Tensor) -> torch.Tensor | None:
@@ -188,6 +192,8 @@ def tolist_value(t: torch.Tensor) -> Any:
 def host_copy(t: torch.Tensor) -> torch.Tensor:
     """A real CPU tensor with what t reads as: its shadow, or its value in every element."""
     with unset_fake_temporarily():
+        if not is_virtual(t):
+            return t.clone()
         shadow = _shadows.get(t)
         if shadow is not None:
             return shadow.to(dtype=t.dtype).clone()

@@ -10,6 +10,11 @@ torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 dist.init_process_group("nccl")
 rank, world = dist.get_rank(), dist.get_world_size()
 
+
+def ok(check: str) -> None:
+    print(f"ok {check}\n", end="", flush=True)  # one write: ranks share the output pipe
+
+
 # placeholders through all_reduce: a flag stays False, SUM of N placeholders reads N, MAX reads 1
 flag = torch.isinf(torch.randn(100, device="cuda")).any()
 dist.all_reduce(flag.byte(), op=dist.ReduceOp.MAX)
@@ -22,7 +27,7 @@ dist.all_reduce(total)
 assert total.item() == world * loss.item() and total.cpu().item() == total.item(), (total.item(), loss.item())
 dist.all_reduce(loss, op=dist.ReduceOp.AVG)
 assert loss.item() == 1.0, loss.item()
-print("ok placeholder_all_reduce")
+ok("placeholder_all_reduce")
 
 # DeepSpeed ZeRO-1/2 has_overflow: bool count of inf/nan over grads -> byte -> all_reduce(MAX) -> item
 grads = [torch.randn(4096, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
@@ -38,7 +43,7 @@ overflow = any(float(g.float().sum()) in (float("inf"), -float("inf")) for g in 
 overflow_gpu = torch.tensor([overflow], dtype=torch.uint8, device="cuda")  # accelerator.ByteTensor
 dist.all_reduce(overflow_gpu, op=dist.ReduceOp.MAX)
 assert overflow_gpu[0].item() == 0
-print("ok deepspeed_overflow")
+ok("deepspeed_overflow")
 
 # real values computed on the CPU keep their value through all_reduce(SUM) and all_gather
 flos = torch.tensor([1e12 * (rank + 1)], device="cuda", dtype=torch.float64)
@@ -48,7 +53,7 @@ assert summed.item() == 1e12 * world * (world + 1) / 2, summed.item()
 gathered = [torch.zeros_like(flos) for _ in range(world)]
 dist.all_gather(gathered, flos)
 assert torch.cat(gathered).sum().item() == summed.item(), torch.cat(gathered).tolist()
-print("ok real_counter_collectives")
+ok("real_counter_collectives")
 
 # Accelerate's synchronize_rng_states: rank 0's CPU generator state broadcast through the GPU
 torch.manual_seed(100 + rank)
@@ -61,7 +66,7 @@ dist.broadcast_object_list(box, src=0)
 assert box[0] == x, "ranks' CPU generators differ after the broadcast"
 torch.manual_seed(100)
 assert torch.rand(3).tolist() == x
-print("ok rng_state_broadcast")
+ok("rng_state_broadcast")
 
 # a DTensor reads as its local tensor does
 from torch.distributed.device_mesh import init_device_mesh
@@ -79,5 +84,5 @@ w = torch.nn.Parameter(distribute_tensor(torch.randn(16, 16, device="cuda"), mes
 w.grad = distribute_tensor(torch.randn(16, 16, device="cuda"), mesh, [Shard(0)])
 norm = torch.nn.utils.clip_grad_norm_([w], 1.0)
 assert 0 < norm.item() < float("inf"), norm.item()
-print("ok dtensor_reads")
+ok("dtensor_reads")
 dist.destroy_process_group()
