@@ -257,39 +257,62 @@ class SimProcessGroup(dist.ProcessGroup):
         if tensors and all(values.exchanges_values(t) for t in tensors):
             key = f"phantora/values/p2p/{pair[0]}->{pair[1]}/{seq}"
             store = c10d._get_default_store()
-            with unset_fake_temporarily():
-                if op == "send":
+            if op == "send":
+                with unset_fake_temporarily():
                     store.set(key, pickle.dumps([_held(t) for t in tensors]))
-                else:
-                    received = pickle.loads(store.get(key))
-                    store.delete_key(key)
-                    for t, held in zip(tensors, received):
-                        _write_held(t, held)
+            else:
+                def receive() -> None:
+                    with unset_fake_temporarily():
+                        received = pickle.loads(store.get(key))
+                        store.delete_key(key)
+                        for t, held in zip(tensors, received):
+                            _write_held(t, held)
+
+                values.defer(tensors, receive)
         return work
 
     def _carry_values(self, op: str, tensors: list[torch.Tensor], seq: int, reduce_op: str, root: int | None) -> None:
         """Tensors up to values.COPY_SHADOW_MAX_NUMEL carry their shadows and values
-        (interpose/values.py) through all_reduce and broadcast, exchanged via the c10d store."""
-        store = c10d._get_default_store()
+        (interpose/values.py) through all_reduce and broadcast, exchanged via the c10d store:
+        this rank's contribution now, the others' when the result is first used."""
         key = f"phantora/values/{self._group_name}/{seq}"
         me = self.global_ranks[self.rank()]
         mine = [_held(t) for t in tensors]
         if op == "broadcast":
             if me == root:
-                store.set(key, pickle.dumps(mine))
+                self._post(key, mine)
                 return
-            for t, held in zip(tensors, pickle.loads(store.get(key))):
-                _write_held(t, held)
-            return
-        everyone = self._exchange(key, me, mine)
-        for i, t in enumerate(tensors):
-            _reduce_held(t, [member[i] for member in everyone], reduce_op)
 
-    def _exchange(self, key: str, me: int, mine: list[_Held]) -> list[list[_Held]]:
-        """Every member's contribution, in group rank order, through the c10d store."""
+            def receive() -> None:
+                with unset_fake_temporarily():
+                    for t, held in zip(tensors, self._collect(key, [key], readers=self.size() - 1)[0]):
+                        _write_held(t, held)
+
+            values.defer(tensors, receive)
+            return
+        self._post(f"{key}/{me}", mine)
+
+        def reduce() -> None:
+            with unset_fake_temporarily():
+                everyone = self._collect(key, [f"{key}/{r}" for r in self.global_ranks], readers=self.size())
+                for i, t in enumerate(tensors):
+                    _reduce_held(t, [member[i] for member in everyone], reduce_op)
+
+        values.defer(tensors, reduce)
+
+    def _post(self, key: str, mine: list[_Held]) -> None:
+        with unset_fake_temporarily():
+            c10d._get_default_store().set(key, pickle.dumps(mine))
+
+    def _collect(self, key: str, keys: list[str], readers: int) -> list[list[_Held]]:
+        """The contributions posted under `keys`. The last of `readers` to read them deletes
+        them, so the store does not grow with the steps."""
         store = c10d._get_default_store()
-        store.set(f"{key}/{me}", pickle.dumps(mine))
-        return [pickle.loads(store.get(f"{key}/{r}")) for r in self.global_ranks]
+        blobs = [pickle.loads(store.get(k)) for k in keys]
+        if store.add(f"{key}/read", 1) >= readers:
+            for k in [*keys, f"{key}/read"]:
+                store.delete_key(k)
+        return blobs
 
     def _gather_values(self, seq: int, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]) -> None:
         """all_gather: output j of member r takes member r's input j (shadow and value)."""
@@ -299,12 +322,19 @@ class SimProcessGroup(dist.ProcessGroup):
                     for o in per_input:
                         _write_held(o, _Held(None, values.value_of(t)))
                 return
-            me = self.global_ranks[self.rank()]
-            everyone = self._exchange(f"phantora/values/{self._group_name}/{seq}", me, [_held(t) for t in inputs])
-            for j, per_input in enumerate(outputs):
-                for r, o in enumerate(per_input):
-                    if r < len(everyone):
-                        _write_held(o, everyone[r][j])
+        key = f"phantora/values/{self._group_name}/{seq}"
+        me = self.global_ranks[self.rank()]
+        self._post(f"{key}/{me}", [_held(t) for t in inputs])
+
+        def gather() -> None:
+            with unset_fake_temporarily():
+                everyone = self._collect(key, [f"{key}/{r}" for r in self.global_ranks], readers=self.size())
+                for j, per_input in enumerate(outputs):
+                    for r, o in enumerate(per_input):
+                        if r < len(everyone):
+                            _write_held(o, everyone[r][j])
+
+        values.defer([o for per_input in outputs for o in per_input], gather)
 
     def next_p2p_seq(self, src: int, dst: int) -> int:
         """The sequence number the next send from global rank src to dst will carry."""

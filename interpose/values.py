@@ -8,7 +8,7 @@ Tensors on virtual GPUs hold no data. The policy, one rule per kind of tensor:
 | computed on a virtual GPU from data with no shadow  | its *value*: one number, every element and    |
 |                                                     | every aggregate of it, in whatever dtype read |
 |   from an op nothing is known about (matmul, ...)   |   1 (float 1.0), a bool False                 |
-|   from isfinite / isnan, isinf / GradScaler found_inf|  True / False / 0: a healthy run is finite   |
+|   from isfinite / isnan, isinf / found_inf (AMP)  |   True / False / 0: a healthy run is finite   |
 |   from zeros, ones, full, fill_, zero_              |   the fill value                              |
 |   from a cast, copy, view, or a reduction (sum,     |   its input's value (sum of 1s reads 1)       |
 |     max, any, norm, ...) of one tensor              |                                               |
@@ -40,7 +40,6 @@ the base. interpose/distributed.py carries shadows and values across collectives
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -65,31 +64,57 @@ COPY_SHADOW_MAX_NUMEL = 1 << 16
 REAL_CPU_INT_FACTORY_MAX_NUMEL = 1 << 24
 
 
-class _ByIdentity:
-    """Tensor -> object by identity. (WeakKeyDictionary compares keys with ==, which on tensors is
-    an elementwise op whose truth value is itself a data read.)"""
+class _TensorAttr:
+    """Per-tensor state kept in the tensor's own __dict__: it dies with the tensor, and it moves
+    with the data where torch moves a tensor's Python state (torch.utils.swap_tensors in
+    Module.to(), deepcopy). A weakref to the tensor would do neither, and swap_tensors refuses
+    tensors that have one ("Cannot swap t1 because it has weakref associated with it")."""
 
-    def __init__(self) -> None:
-        self._items: dict[int, tuple[weakref.ref, Any]] = {}
+    def __init__(self, name: str) -> None:
+        self.name = name
 
     def set(self, t: torch.Tensor, value: Any) -> None:
-        key = id(t)
-        self._items[key] = (weakref.ref(t, lambda _r, key=key: self._items.pop(key, None)), value)
+        t.__dict__[self.name] = value
 
     def get(self, t: torch.Tensor) -> Any:
-        entry = self._items.get(id(t))
-        if entry is None or entry[0]() is not t:
-            return None
-        return entry[1]
+        return t.__dict__.get(self.name)
 
     def drop(self, t: torch.Tensor) -> None:
-        entry = self._items.get(id(t))
-        if entry is not None and entry[0]() is t:
-            del self._items[id(t)]
+        t.__dict__.pop(self.name, None)
 
 
-_shadows = _ByIdentity()  # virtual tensor -> real CPU tensor holding its data
-_values = _ByIdentity()   # virtual tensor -> its value, where it is not its dtype's default
+_shadows = _TensorAttr("_phantora_shadow")  # virtual tensor -> real CPU tensor holding its data
+_values = _TensorAttr("_phantora_value")    # virtual tensor -> its value, where not its dtype's default
+
+
+_pending = _TensorAttr("_phantora_pending")  # virtual tensor -> values other ranks still owe it
+
+
+class _Once:
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn: Callable[[], None] | None = fn
+
+    def __call__(self) -> None:
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            fn()
+
+
+def defer(tensors: list[torch.Tensor], resolve: Callable[[], None]) -> None:
+    """Values a collective brings from other ranks are written by `resolve` when the script
+    first reads or overwrites one of `tensors`: issuing a collective does not block the host on
+    a real GPU, and a rank that never joins must be found by the simulator's collective timeout,
+    not hang in a wait for its contribution."""
+    once = _Once(resolve)
+    for t in tensors:
+        _pending.set(t, once)
+
+
+def _settle(t: torch.Tensor) -> None:
+    owed = _pending.get(t)
+    if owed is not None:
+        _pending.drop(t)
+        owed()
 
 
 class _NoShadow(Exception):
@@ -146,6 +171,7 @@ def is_virtual(t: Any) -> bool:
 
 def value_of(t: torch.Tensor) -> Number:
     """The one number t reads as where it has no shadow to read (see the module's table)."""
+    _settle(t)
     data = _shadows.get(t)
     if data is None and not is_virtual(t):
         data = t  # a real tensor (a CPU scalar in `x * torch.tensor(2.0)`)
@@ -163,16 +189,11 @@ def value_of(t: torch.Tensor) -> Number:
 
 def scalar_value(t: torch.Tensor) -> Number:
     """t.item() for a virtual tensor."""
-    shadow = _shadows.get(t)
-    if shadow is None:
-        inner = inner_tensor(t)
-        if inner is not None and _values.get(t) is None:
-            return as_dtype(scalar_value(inner), t.dtype)
     return value_of(t)
 
 
 def tolist_value(t: torch.Tensor) -> Any:
-    shadow = _shadows.get(t)
+    shadow = shadow_of(t)
     if shadow is not None:
         with unset_fake_temporarily():
             return shadow.tolist()
@@ -194,18 +215,25 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
     with unset_fake_temporarily():
         if not is_virtual(t):
             return t.clone()
-        shadow = _shadows.get(t)
+        shadow = shadow_of(t)
         if shadow is not None:
             return shadow.to(dtype=t.dtype).clone()
         return torch.full(tuple(t.shape), value_of(t), dtype=t.dtype)
 
 
 def set_value(t: torch.Tensor, v: Number | None) -> None:
-    """t now reads as v everywhere (None: as its dtype's default)."""
+    """t now reads as v everywhere (None: as its dtype's default). A wrapper's (DTensor's) inner
+    tensor takes the value too: the observer sees the wrapper's ops, not those on its local
+    tensor, and reads fall through to the local tensor."""
+    _settle(t)
     if v is None or as_dtype(v, t.dtype) == default_value(t.dtype):
         _values.drop(t)
     else:
         _values.set(t, as_dtype(v, t.dtype))
+    inner = inner_tensor(t) if not isinstance(t, FakeTensor) else None
+    if inner is not None:
+        _shadows.drop(inner)  # the wrapper's op changed the local data out of the observer's sight
+        set_value(inner, v)
 
 
 # --- shadows ----------------------------------------------------------------------------------
@@ -221,10 +249,12 @@ def exchanges_values(t: torch.Tensor) -> bool:
 
 
 def shadow_of(t: torch.Tensor) -> torch.Tensor | None:
+    _settle(t)
     return _shadows.get(t)
 
 
 def set_shadow(t: torch.Tensor, shadow: torch.Tensor | None) -> None:
+    _settle(t)
     if shadow is None:
         _shadows.drop(t)
     else:
@@ -237,7 +267,7 @@ def _on_cpu(a: Any, is_fake: Callable[[Any], bool]) -> Any:
             if a.device.type != "cpu":
                 raise _NoShadow
             return a
-        s = _shadows.get(a)
+        s = shadow_of(a)
         if s is None:
             raise _NoShadow
         return s
@@ -257,7 +287,7 @@ _COPIES = {aten._to_copy.default, aten.clone.default, aten.copy_.default, aten.l
 
 
 def _shadow_cap(func: Any) -> int:
-    return COPY_SHADOW_MAX_NUMEL if func in _COPIES or func.is_view else SHADOW_MAX_NUMEL
+    return COPY_SHADOW_MAX_NUMEL if func in _COPIES or getattr(func, "is_view", False) else SHADOW_MAX_NUMEL
 
 
 def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Callable[[Any], bool],
@@ -272,7 +302,7 @@ def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Callabl
     if not any(shadowable(o, cap) for o in outs):
         return
     res = None
-    if torch.Tag.nondeterministic_seeded not in func.tags:
+    if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
         try:
             cargs, ckwargs = _on_cpu(args, is_fake), {k: _on_cpu(v, is_fake) for k, v in kwargs.items()}
             if "pin_memory" in ckwargs:
@@ -286,10 +316,7 @@ def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Callabl
         if not shadowable(o, cap):
             continue
         r = results[i] if i < len(results) else None
-        if isinstance(r, torch.Tensor) and r.shape == o.shape:
-            _shadows.set(o, r)
-        else:
-            _shadows.drop(o)
+        set_shadow(o, r if isinstance(r, torch.Tensor) and r.shape == o.shape else None)
 
 
 # --- values -----------------------------------------------------------------------------------

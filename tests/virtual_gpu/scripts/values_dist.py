@@ -77,6 +77,12 @@ d = distribute_tensor(torch.randn(8, 8, device="cuda"), mesh, [Replicate()])
 assert d.sum().item() == d.to_local().sum().item()
 assert not bool(d.isnan().any()) and bool(d.isfinite().all())
 assert f"{d.norm():.2f}" == "1.00"
+z = distribute_tensor(torch.zeros(8, device="cuda"), mesh, [Replicate()])
+assert z.max().item() == 0 and not bool(z.any())
+z.add_(2)
+assert z.max().item() == 2 and z.to_local().max().item() == 2, z.max().item()
+z.fill_(1.0)
+assert z.to_local().amax().item() == 1 and int(z.byte().max()) == 1
 mask = distribute_tensor(torch.randn(8, 8, device="cuda"), mesh, [Shard(0)]) < -100
 if mask.any():  # trunc_normal_-style resampling loop
     raise AssertionError("a healthy mask reads as set")
