@@ -199,12 +199,15 @@ def _scan(args: tuple, kwargs: dict) -> tuple[bool, bool, bool]:
 
 
 def _make_small_cpu_factory_real(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
-    """A factory (no tensor inputs) that made a tiny CPU tensor is redone for real.
+    """A factory (no tensor inputs) that made a 1-element or an integer/bool CPU tensor is redone
+    for real.
 
     Optimizers and GradScaler keep step counters and flags in such tensors and read them back
-    with .item(); they must hold real values. Large CPU factories (a model initialised on the
-    CPU) stay fake so they cost no host memory; small float tensors also stay fake unless they
-    hold a single element (LayerNorm-sized float parameters must stay fake for FSDP)."""
+    with .item(); samplers draw index permutations (randperm) and read them with .tolist(),
+    which on a fake tensor cost one placeholder read per element and gave no permutation.
+    Integer tensors are real up to values.REAL_CPU_INT_FACTORY_MAX_NUMEL elements. Float CPU
+    factories (a model initialised on the CPU) stay fake so they cost no host memory (and
+    LayerNorm-sized float parameters must stay fake for FSDP)."""
     if not isinstance(out, FakeTensor) or out.device.type != "cpu":
         return out
     n = out.numel()
