@@ -187,3 +187,19 @@ def test_value_policy_across_ranks(tmp_path: Any, user_python: str, ranks: int) 
     proc, _ = run_traced(tmp_path, user_python, "values_dist.py", options=("--nproc-per-node", str(ranks)))
     assert_ran(proc, "placeholder_all_reduce", "deepspeed_overflow", "real_counter_collectives",
                "rng_state_broadcast", "dtensor_reads")
+
+
+def test_a_wrapper_subclass_reads_as_its_inner_tensor() -> None:
+    """Any traceable wrapper subclass around virtual tensors (DTensor, TwoTensor, torchao's)
+    reads as its first inner tensor does, instead of reaching FakeTensor's
+    DataDependentOutputException through its own dispatch."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def run() -> list[Any]:
+        t = TwoTensor(torch.zeros(100), torch.zeros(100))
+        assert values.is_virtual(t)
+        flags = TwoTensor(torch.empty(100), torch.empty(100)).isnan()
+        return [bool(t.any()), t.amax().item(), (t + 2).amax().item(), int(t.byte().amax()), bool(flags.any()),
+                t.sum().item()]
+
+    assert _virtual(run) == [False, 0.0, 2.0, 0, False, 0.0]
