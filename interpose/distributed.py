@@ -22,7 +22,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.futures import Future
 
 from interpose import values
@@ -232,7 +231,7 @@ class SimProcessGroup(dist.ProcessGroup):
         self._seq += 1
         work = self._submit(payload, device, tensors, host_blocks)
         if op in ("all_reduce", "broadcast") and tensors:
-            with unset_fake_temporarily():  # shadows are real tensors; this may run inside a dispatch
+            with values.real_cpu():  # shadows are real tensors; this may run inside a dispatch
                 if all(values.exchanges_values(t) for t in tensors):
                     self._carry_values(op, tensors, payload["seq"], payload["reduce_op"], payload["root"])
                 elif op == "all_reduce":
@@ -258,11 +257,11 @@ class SimProcessGroup(dist.ProcessGroup):
             key = f"phantora/values/p2p/{pair[0]}->{pair[1]}/{seq}"
             store = c10d._get_default_store()
             if op == "send":
-                with unset_fake_temporarily():
+                with values.real_cpu():
                     store.set(key, pickle.dumps([_held(t) for t in tensors]))
             else:
                 def receive() -> None:
-                    with unset_fake_temporarily():
+                    with values.real_cpu():
                         received = pickle.loads(store.get(key))
                         store.delete_key(key)
                         for t, held in zip(tensors, received):
@@ -284,7 +283,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 return
 
             def receive() -> None:
-                with unset_fake_temporarily():
+                with values.real_cpu():
                     for t, held in zip(tensors, self._collect(key, [key], readers=self.size() - 1)[0]):
                         _write_held(t, held)
 
@@ -293,7 +292,7 @@ class SimProcessGroup(dist.ProcessGroup):
         self._post(f"{key}/{me}", mine)
 
         def reduce() -> None:
-            with unset_fake_temporarily():
+            with values.real_cpu():
                 everyone = self._collect(key, [f"{key}/{r}" for r in self.global_ranks], readers=self.size())
                 for i, t in enumerate(tensors):
                     _reduce_held(t, [member[i] for member in everyone], reduce_op)
@@ -301,7 +300,7 @@ class SimProcessGroup(dist.ProcessGroup):
         values.defer(tensors, reduce)
 
     def _post(self, key: str, mine: list[_Held]) -> None:
-        with unset_fake_temporarily():
+        with values.real_cpu():
             c10d._get_default_store().set(key, pickle.dumps(mine))
 
     def _collect(self, key: str, keys: list[str], readers: int) -> list[list[_Held]]:
@@ -316,7 +315,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def _gather_values(self, seq: int, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]) -> None:
         """all_gather: output j of member r takes member r's input j (shadow and value)."""
-        with unset_fake_temporarily():
+        with values.real_cpu():
             if not all(values.exchanges_values(t) for t in inputs):
                 for per_input, t in zip(outputs, inputs):
                     for o in per_input:
@@ -327,7 +326,7 @@ class SimProcessGroup(dist.ProcessGroup):
         self._post(f"{key}/{me}", [_held(t) for t in inputs])
 
         def gather() -> None:
-            with unset_fake_temporarily():
+            with values.real_cpu():
                 everyone = self._collect(key, [f"{key}/{r}" for r in self.global_ranks], readers=self.size())
                 for j, per_input in enumerate(outputs):
                     for r, o in enumerate(per_input):

@@ -40,7 +40,8 @@ the base. interpose/distributed.py carries shadows and values across collectives
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -62,6 +63,15 @@ COPY_SHADOW_MAX_NUMEL = 1 << 16
 # elements, 128 MiB as int64, the index permutation of a 16M-sample dataset; .tolist() on them is
 # then one local call. The real program holds the same tensor in host memory.
 REAL_CPU_INT_FACTORY_MAX_NUMEL = 1 << 24
+
+
+@contextmanager
+def real_cpu() -> Iterator[None]:
+    """Compute on real CPU tensors, unseen by the dispatch modes: values and shadows are
+    phantora's bookkeeping, not the script's work, and must not be reported as its ops (this
+    also runs outside any dispatch: .tolist(), collectives)."""
+    with unset_fake_temporarily(), torch._C._DisableTorchDispatch():
+        yield
 
 
 class _TensorAttr:
@@ -140,7 +150,7 @@ def as_dtype(v: Number, dtype: torch.dtype) -> Number:
     key = (type(v), v, dtype)
     r = _casts.get(key)
     if r is None:
-        with unset_fake_temporarily():
+        with real_cpu():
             wide = torch.float64 if isinstance(v, float) else torch.complex128 if isinstance(v, complex) else None
             r = torch.tensor(v, dtype=wide).to(dtype).item()  # from Python's full precision
         if len(_casts) > 4096:
@@ -176,7 +186,7 @@ def value_of(t: torch.Tensor) -> Number:
     if data is None and not is_virtual(t):
         data = t  # a real tensor (a CPU scalar in `x * torch.tensor(2.0)`)
     if data is not None and data.numel() > 0:
-        with unset_fake_temporarily():
+        with real_cpu():
             return as_dtype(data.reshape(-1)[0].item(), t.dtype)
     v = _values.get(t)
     if v is not None:
@@ -195,7 +205,7 @@ def scalar_value(t: torch.Tensor) -> Number:
 def tolist_value(t: torch.Tensor) -> Any:
     shadow = shadow_of(t)
     if shadow is not None:
-        with unset_fake_temporarily():
+        with real_cpu():
             return shadow.tolist()
     v = scalar_value(t)
     shape = tuple(t.shape)
@@ -212,7 +222,7 @@ def tolist_value(t: torch.Tensor) -> Any:
 
 def host_copy(t: torch.Tensor) -> torch.Tensor:
     """A real CPU tensor with what t reads as: its shadow, or its value in every element."""
-    with unset_fake_temporarily():
+    with real_cpu():
         if not is_virtual(t):
             return t.clone()
         shadow = shadow_of(t)
@@ -401,7 +411,7 @@ def _pointwise_value(func: Any, args: tuple, kwargs: dict) -> Number | None:
 
     result: Number | None = None
     try:
-        with unset_fake_temporarily():
+        with real_cpu():
             cargs = [real(a) for a in scalar_args]
             ckwargs = {k: torch.tensor(value_of(v), dtype=v.dtype) if isinstance(v, torch.Tensor) else
                        ("cpu" if isinstance(v, (str, torch.device)) and str(v).startswith("cuda") else v)
@@ -469,7 +479,7 @@ def note_collective_value(t: torch.Tensor, values: list[Number], reduce_op: str)
 
 
 def reduce_values(vals: list[Number], reduce_op: str, dtype: torch.dtype) -> Number | None:
-    with unset_fake_temporarily():
+    with real_cpu():
         stacked = torch.tensor(vals, dtype=dtype)
         out = combine(list(stacked.unbind(0)), reduce_op)
     return None if out is None else _finite(out.item(), dtype)
