@@ -521,6 +521,8 @@ def _functional(kind: str) -> Any:
         pg = _sim_pg(a["group_name"])
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
         ins = a["input"] if isinstance(a["input"], (list, tuple)) else [a["input"]]
+        if kind in ("all_reduce", "broadcast", "all_gather"):
+            _seed_values(ins, outs, whole=kind != "all_gather")
         if kind == "all_reduce":
             work = pg._collective("all_reduce", outs, sum(t.nbytes for t in ins), reduce_op=a.get("reduce_op", "sum"))
         elif kind == "all_gather":
@@ -539,11 +541,24 @@ def _functional(kind: str) -> Any:
     return handler
 
 
+def _seed_values(ins: list[torch.Tensor], outs: list[torch.Tensor], whole: bool) -> None:
+    """A functional collective's outputs are new tensors: they start from their inputs' data
+    (shadow and value, interpose/values.py), which the collective then combines across ranks.
+    An all_gather's output (the members' inputs side by side) starts from the input's value."""
+    with values.real_cpu():
+        for i, o in zip(ins, outs):
+            shadow = values.shadow_of(i) if whole else None
+            values.set_shadow(o, None if shadow is None or shadow.shape != o.shape else shadow.clone())
+            values.set_value(o, values.value_of(i))
+
+
 def _wait_tensor(obs: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     out = func(*args, **kwargs)
     work = _functional_works.pop(id(args[0]), None)
     if work is not None:
         work.wait()
+    if out is not args[0] and isinstance(out, torch.Tensor):
+        _seed_values([args[0]], [out], whole=True)
     return out
 
 

@@ -27,6 +27,16 @@ dist.all_reduce(total)
 assert total.item() == world * loss.item() and total.cpu().item() == total.item(), (total.item(), loss.item())
 dist.all_reduce(loss, op=dist.ReduceOp.AVG)
 assert loss.item() == 1.0, loss.item()
+# the functional collectives DTensor and FSDP2 use compute on values and shadows the same way
+import torch.distributed._functional_collectives as funcol
+
+group = dist.group.WORLD
+flag = funcol.all_reduce(torch.isnan(torch.randn(100, device="cuda")).any().byte(), "max", group)
+assert flag.item() == 0 and int(flag.cpu()) == 0, flag.item()
+steps = funcol.all_reduce(torch.tensor([rank + 1], device="cuda"), "sum", group)
+assert steps.item() == world * (world + 1) // 2, steps.item()
+norm = funcol.all_reduce(torch.randn(64, 64, device="cuda").norm() ** 2, "sum", group)
+assert norm.item() == world and 0 < norm.sqrt().item() < float("inf"), norm.item()
 ok("placeholder_all_reduce")
 
 # DeepSpeed ZeRO-1/2 has_overflow: bool count of inf/nan over grads -> byte -> all_reduce(MAX) -> item
