@@ -262,12 +262,10 @@ class SimProcessGroup(dist.ProcessGroup):
             else:
                 def receive() -> None:
                     with values.real_cpu():
-                        received = pickle.loads(store.get(key))
-                        store.delete_key(key)
-                        for t, held in zip(tensors, received):
+                        for t, held in zip(tensors, self._collect(key, [key], 1, [[_held(t) for t in tensors]])[0]):
                             _write_held(t, held)
 
-                values.defer(tensors, receive)
+                self._resolve_when_used(tensors, receive, [key])
         return work
 
     def _carry_values(self, op: str, tensors: list[torch.Tensor], seq: int, reduce_op: str, root: int | None) -> None:
@@ -284,33 +282,47 @@ class SimProcessGroup(dist.ProcessGroup):
 
             def receive() -> None:
                 with values.real_cpu():
-                    for t, held in zip(tensors, self._collect(key, [key], readers=self.size() - 1)[0]):
+                    for t, held in zip(tensors, self._collect(key, [key], self.size() - 1, [mine])[0]):
                         _write_held(t, held)
 
-            values.defer(tensors, receive)
+            self._resolve_when_used(tensors, receive, [key])
             return
         self._post(f"{key}/{me}", mine)
+        keys = [f"{key}/{r}" for r in self.global_ranks]
 
         def reduce() -> None:
             with values.real_cpu():
-                everyone = self._collect(key, [f"{key}/{r}" for r in self.global_ranks], readers=self.size())
+                everyone = self._collect(key, keys, self.size(), [mine] * len(keys))
                 for i, t in enumerate(tensors):
                     _reduce_held(t, [member[i] for member in everyone], reduce_op)
 
-        values.defer(tensors, reduce)
+        self._resolve_when_used(tensors, reduce, keys)
+
+    def _resolve_when_used(self, tensors: list[torch.Tensor], resolve: Any, keys: list[str]) -> None:
+        """Resolve now if every contribution is already in the store (no wait), else when the
+        result is first used (values.defer)."""
+        once = values.defer(tensors, resolve)
+        with values.real_cpu():
+            if c10d._get_default_store().check(keys):
+                once()
 
     def _post(self, key: str, mine: list[_Held]) -> None:
         with values.real_cpu():
             c10d._get_default_store().set(key, pickle.dumps(mine))
 
-    def _collect(self, key: str, keys: list[str], readers: int) -> list[list[_Held]]:
+    def _collect(self, key: str, keys: list[str], readers: int, fallback: list[list[_Held]]) -> list[list[_Held]]:
         """The contributions posted under `keys`. The last of `readers` to read them deletes
-        them, so the store does not grow with the steps."""
+        them, so the store does not grow with the steps. Read after rank 0, which hosts the
+        store, has exited (a value first used at the end of a script), the store is gone:
+        every member is then taken to have contributed what this one did (`fallback`)."""
         store = c10d._get_default_store()
-        blobs = [pickle.loads(store.get(k)) for k in keys]
-        if store.add(f"{key}/read", 1) >= readers:
-            for k in [*keys, f"{key}/read"]:
-                store.delete_key(k)
+        try:
+            blobs = [pickle.loads(store.get(k)) for k in keys]
+            if store.add(f"{key}/read", 1) >= readers:
+                for k in [*keys, f"{key}/read"]:
+                    store.delete_key(k)
+        except RuntimeError:  # torch.distributed.DistNetworkError: the store's host has exited
+            return fallback
         return blobs
 
     def _gather_values(self, seq: int, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]) -> None:
@@ -323,17 +335,19 @@ class SimProcessGroup(dist.ProcessGroup):
                 return
         key = f"phantora/values/{self._group_name}/{seq}"
         me = self.global_ranks[self.rank()]
-        self._post(f"{key}/{me}", [_held(t) for t in inputs])
+        mine = [_held(t) for t in inputs]
+        self._post(f"{key}/{me}", mine)
+        keys = [f"{key}/{r}" for r in self.global_ranks]
 
         def gather() -> None:
             with values.real_cpu():
-                everyone = self._collect(key, [f"{key}/{r}" for r in self.global_ranks], readers=self.size())
+                everyone = self._collect(key, keys, self.size(), [mine] * len(keys))
                 for j, per_input in enumerate(outputs):
                     for r, o in enumerate(per_input):
                         if r < len(everyone):
                             _write_held(o, everyone[r][j])
 
-        values.defer([o for per_input in outputs for o in per_input], gather)
+        self._resolve_when_used([o for per_input in outputs for o in per_input], gather, keys)
 
     def next_p2p_seq(self, src: int, dst: int) -> int:
         """The sequence number the next send from global rank src to dst will carry."""
@@ -601,12 +615,14 @@ def _object_exchange(group: Any, kind: str, payload: bytes | None, root: int | N
     placeholder = torch.empty(0, device="cuda")
     # Members must agree on the size to match: report the sizes NCCL would move, padded as
     # torch pads them (to the largest member's), which only the store knows after the exchange.
+    # A member takes its own blob from its hand, not from the store: rank 0 hosts the store
+    # (env:// rendezvous) and may already have exited when the last member reads.
     if kind == "broadcast":
-        blobs = [store.get(f"{key}/{root}")]
+        blobs = [payload if me == root and payload is not None else store.get(f"{key}/{root}")]
         nbytes = len(blobs[0])
         work = sim._collective("broadcast", [placeholder], nbytes, root=members.index(root))
     else:
-        everyone = [store.get(f"{key}/{r}") for r in members]
+        everyone = [payload if r == me and payload is not None else store.get(f"{key}/{r}") for r in members]
         nbytes = max(len(b) for b in everyone) * len(members)
         if kind == "all_gather":
             work = sim._collective("all_gather", [placeholder], nbytes)

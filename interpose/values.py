@@ -110,7 +110,7 @@ class _Once:
             fn()
 
 
-def defer(tensors: list[torch.Tensor], resolve: Callable[[], None]) -> None:
+def defer(tensors: list[torch.Tensor], resolve: Callable[[], None]) -> Callable[[], None]:
     """Values a collective brings from other ranks are written by `resolve` when the script
     first reads or overwrites one of `tensors`: issuing a collective does not block the host on
     a real GPU, and a rank that never joins must be found by the simulator's collective timeout,
@@ -118,6 +118,7 @@ def defer(tensors: list[torch.Tensor], resolve: Callable[[], None]) -> None:
     once = _Once(resolve)
     for t in tensors:
         _pending.set(t, once)
+    return once
 
 
 def _settle(t: torch.Tensor) -> None:
