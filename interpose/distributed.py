@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.futures import Future
 
 from interpose import collective_checks as check
@@ -67,9 +67,17 @@ def _device(tensors: list[torch.Tensor]) -> int:
     return torch.cuda.current_device()
 
 
-def _shadow_cpu(t: torch.Tensor) -> torch.Tensor | None:
+@dataclass
+class _Held:
+    """What a member contributes to a collective's values: its shadow (real data) if it has
+    one, and its value (interpose/values.py)."""
+    shadow: torch.Tensor | None
+    value: Any
+
+
+def _held(t: torch.Tensor) -> _Held:
     shadow = values.shadow_of(t)
-    return None if shadow is None else shadow.clone()
+    return _Held(None if shadow is None else shadow.clone(), values.value_of(t))
 
 
 def _write_shadow(t: torch.Tensor, value: torch.Tensor | None) -> None:
@@ -81,20 +89,22 @@ def _write_shadow(t: torch.Tensor, value: torch.Tensor | None) -> None:
         values.set_shadow(t, None if value is None else value.clone())
 
 
-def _combine(parts: list[torch.Tensor], reduce_op: str) -> torch.Tensor | None:
-    stacked = torch.stack(parts)
-    if reduce_op in ("sum", "avg"):
-        out = stacked.sum(0)
-        out = out // len(parts) if reduce_op == "avg" else out
-    elif reduce_op == "product":
-        out = stacked.prod(0)
-    elif reduce_op == "min":
-        out = stacked.min(0).values
-    elif reduce_op == "max":
-        out = stacked.max(0).values
-    else:
-        return None
-    return out.to(parts[0].dtype)
+def _write_held(t: torch.Tensor, held: _Held) -> None:
+    _write_shadow(t, held.shadow if held.shadow is not None and held.shadow.shape == t.shape else None)
+    values.set_value(t, held.value)
+
+
+def _reduce_held(t: torch.Tensor, parts: list[_Held], reduce_op: str) -> None:
+    """All-reduce: on the members' shadows when every member has one, else on their values."""
+    shadows = [p.shadow for p in parts]
+    if all(s is not None and s.shape == t.shape for s in shadows):
+        combined = values.combine(shadows, reduce_op)  # type: ignore[arg-type]
+        if combined is not None:
+            _write_shadow(t, combined)
+            values.set_value(t, None)
+            return
+    _write_shadow(t, None)
+    values.note_collective_value(t, [p.value for p in parts], reduce_op)
 
 
 class SimWork(dist._Work):
@@ -221,9 +231,16 @@ class SimProcessGroup(dist.ProcessGroup):
         }
         self._seq += 1
         work = self._submit(payload, device, tensors, host_blocks)
-        if op in ("all_reduce", "broadcast") and tensors and all(values.shadowable(t) for t in tensors):
-            with unset_fake_temporarily():  # shadows are real tensors; this may run inside a dispatch
-                self._carry_values(op, tensors, payload["seq"], payload["reduce_op"], payload["root"])
+        if op in ("all_reduce", "broadcast") and tensors:
+            with values.real_cpu():  # shadows are real tensors; this may run inside a dispatch
+                if all(values.exchanges_values(t) for t in tensors):
+                    self._carry_values(op, tensors, payload["seq"], payload["reduce_op"], payload["root"])
+                elif op == "all_reduce":
+                    # Too large to exchange: every member is taken to hold the same value as this one
+                    # (the same program computed it), so SUM over N members of 1 reads N.
+                    for t in tensors:
+                        _write_shadow(t, None)
+                        values.note_collective_value(t, [values.value_of(t)] * self.size(), payload["reduce_op"])
         return work
 
     def _p2p(self, op: str, tensors: list[torch.Tensor], peer: int, nbytes: int | None = None) -> SimWork:
@@ -237,38 +254,101 @@ class SimProcessGroup(dist.ProcessGroup):
                    "dtype": _dtype(tensors[0]) if tensors else "uint8", "device": device,
                    "stream": current_stream_id(device), "site": call_site(), "group_name": self._group_name}
         work = self._submit(payload, device, tensors, False)
-        if tensors and all(values.shadowable(t) for t in tensors):
+        if tensors and all(values.exchanges_values(t) for t in tensors):
             key = f"phantora/values/p2p/{pair[0]}->{pair[1]}/{seq}"
             store = c10d._get_default_store()
-            with unset_fake_temporarily():
-                if op == "send":
-                    store.set(key, pickle.dumps([_shadow_cpu(t) for t in tensors]))
-                else:
-                    received = pickle.loads(store.get(key))
-                    store.delete_key(key)
-                    for t, value in zip(tensors, received):
-                        _write_shadow(t, value)
+            if op == "send":
+                with values.real_cpu():
+                    store.set(key, pickle.dumps([_held(t) for t in tensors]))
+            else:
+                def receive() -> None:
+                    with values.real_cpu():
+                        for t, held in zip(tensors, self._collect(key, [key], 1, [[_held(t) for t in tensors]])[0]):
+                            _write_held(t, held)
+
+                self._resolve_when_used(tensors, receive, [key])
         return work
 
     def _carry_values(self, op: str, tensors: list[torch.Tensor], seq: int, reduce_op: str, root: int | None) -> None:
-        """Small integer/bool tensors carry their real values (interpose/values.py) through
-        all_reduce and broadcast, exchanged via the c10d store."""
-        store = c10d._get_default_store()
+        """Tensors up to values.COPY_SHADOW_MAX_NUMEL carry their shadows and values
+        (interpose/values.py) through all_reduce and broadcast, exchanged via the c10d store:
+        this rank's contribution now, the others' when the result is first used."""
         key = f"phantora/values/{self._group_name}/{seq}"
         me = self.global_ranks[self.rank()]
-        mine = [_shadow_cpu(t) for t in tensors]
+        mine = [_held(t) for t in tensors]
         if op == "broadcast":
             if me == root:
-                store.set(key, pickle.dumps(mine))
+                self._post(key, mine)
                 return
-            for t, value in zip(tensors, pickle.loads(store.get(key))):
-                _write_shadow(t, value)
+
+            def receive() -> None:
+                with values.real_cpu():
+                    for t, held in zip(tensors, self._collect(key, [key], self.size() - 1, [mine])[0]):
+                        _write_held(t, held)
+
+            self._resolve_when_used(tensors, receive, [key])
             return
-        store.set(f"{key}/{me}", pickle.dumps(mine))
-        everyone = [pickle.loads(store.get(f"{key}/{r}")) for r in self.global_ranks]
-        for i, t in enumerate(tensors):
-            parts = [member[i] for member in everyone]
-            _write_shadow(t, None if any(p is None for p in parts) else _combine(parts, reduce_op))
+        self._post(f"{key}/{me}", mine)
+        keys = [f"{key}/{r}" for r in self.global_ranks]
+
+        def reduce() -> None:
+            with values.real_cpu():
+                everyone = self._collect(key, keys, self.size(), [mine] * len(keys))
+                for i, t in enumerate(tensors):
+                    _reduce_held(t, [member[i] for member in everyone], reduce_op)
+
+        self._resolve_when_used(tensors, reduce, keys)
+
+    def _resolve_when_used(self, tensors: list[torch.Tensor], resolve: Any, keys: list[str]) -> None:
+        """Resolve now if every contribution is already in the store (no wait), else when the
+        result is first used (values.defer)."""
+        once = values.defer(tensors, resolve)
+        with values.real_cpu():
+            if c10d._get_default_store().check(keys):
+                once()
+
+    def _post(self, key: str, mine: list[_Held]) -> None:
+        with values.real_cpu():
+            c10d._get_default_store().set(key, pickle.dumps(mine))
+
+    def _collect(self, key: str, keys: list[str], readers: int, fallback: list[list[_Held]]) -> list[list[_Held]]:
+        """The contributions posted under `keys`. The last of `readers` to read them deletes
+        them, so the store does not grow with the steps. Read after rank 0, which hosts the
+        store, has exited (a value first used at the end of a script), the store is gone:
+        every member is then taken to have contributed what this one did (`fallback`)."""
+        store = c10d._get_default_store()
+        try:
+            blobs = [pickle.loads(store.get(k)) for k in keys]
+            if store.add(f"{key}/read", 1) >= readers:
+                for k in [*keys, f"{key}/read"]:
+                    store.delete_key(k)
+        except RuntimeError:  # torch.distributed.DistNetworkError: the store's host has exited
+            return fallback
+        return blobs
+
+    def _gather_values(self, seq: int, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]) -> None:
+        """all_gather: output j of member r takes member r's input j (shadow and value)."""
+        with values.real_cpu():
+            if not all(values.exchanges_values(t) for t in inputs):
+                for per_input, t in zip(outputs, inputs):
+                    for o in per_input:
+                        _write_held(o, _Held(None, values.value_of(t)))
+                return
+        key = f"phantora/values/{self._group_name}/{seq}"
+        me = self.global_ranks[self.rank()]
+        mine = [_held(t) for t in inputs]
+        self._post(f"{key}/{me}", mine)
+        keys = [f"{key}/{r}" for r in self.global_ranks]
+
+        def gather() -> None:
+            with values.real_cpu():
+                everyone = self._collect(key, keys, self.size(), [mine] * len(keys))
+                for j, per_input in enumerate(outputs):
+                    for r, o in enumerate(per_input):
+                        if r < len(everyone):
+                            _write_held(o, everyone[r][j])
+
+        self._resolve_when_used([o for per_input in outputs for o in per_input], gather, keys)
 
     def next_p2p_seq(self, src: int, dst: int) -> int:
         """The sequence number the next send from global rank src to dst will carry."""
@@ -305,8 +385,12 @@ class SimProcessGroup(dist.ProcessGroup):
         mine = check.one_tensor(inputs)
         check.list_against_own(mine, output_lists[-1] if output_lists else [], self.rank(), "_broadcast_oop")
         outs = [t for lst in output_lists for t in lst]
+        seq = self._seq
         # NCCL moves the input from every member, whatever the output list holds.
-        return self._collective("all_gather", outs, mine.nbytes * self.size())
+        work = self._collective("all_gather", outs, mine.nbytes * self.size())
+        if inputs and len(output_lists) == len(inputs):
+            self._gather_values(seq, output_lists, inputs)
+        return work
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         check.allgather_base(output, input, self.size())
@@ -471,6 +555,8 @@ def _functional(kind: str) -> Any:
         pg = _sim_pg(a["group_name"])
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
         ins = a["input"] if isinstance(a["input"], (list, tuple)) else [a["input"]]
+        if kind in ("all_reduce", "broadcast", "all_gather"):
+            _seed_values(ins, outs, whole=kind != "all_gather")
         if kind == "all_reduce":
             work = pg._collective("all_reduce", outs, sum(t.nbytes for t in ins), reduce_op=a.get("reduce_op", "sum"))
         elif kind == "all_gather":
@@ -489,11 +575,24 @@ def _functional(kind: str) -> Any:
     return handler
 
 
+def _seed_values(ins: list[torch.Tensor], outs: list[torch.Tensor], whole: bool) -> None:
+    """A functional collective's outputs are new tensors: they start from their inputs' data
+    (shadow and value, interpose/values.py), which the collective then combines across ranks.
+    An all_gather's output (the members' inputs side by side) starts from the input's value."""
+    with values.real_cpu():
+        for i, o in zip(ins, outs):
+            shadow = values.shadow_of(i) if whole else None
+            values.set_shadow(o, None if shadow is None or shadow.shape != o.shape else shadow.clone())
+            values.set_value(o, values.value_of(i))
+
+
 def _wait_tensor(obs: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     out = func(*args, **kwargs)
     work = _functional_works.pop(id(args[0]), None)
     if work is not None:
         work.wait()
+    if out is not args[0] and isinstance(out, torch.Tensor):
+        _seed_values([args[0]], [out], whole=True)
     return out
 
 
@@ -536,12 +635,14 @@ def _object_exchange(group: Any, kind: str, payload: bytes | None, root: int | N
     placeholder = torch.empty(0, device="cuda")
     # Members must agree on the size to match: report the sizes NCCL would move, padded as
     # torch pads them (to the largest member's), which only the store knows after the exchange.
+    # A member takes its own blob from its hand, not from the store: rank 0 hosts the store
+    # (env:// rendezvous) and may already have exited when the last member reads.
     if kind == "broadcast":
-        blobs = [store.get(f"{key}/{root}")]
+        blobs = [payload if me == root and payload is not None else store.get(f"{key}/{root}")]
         nbytes = len(blobs[0])
         work = sim._collective("broadcast", [placeholder], nbytes, root=members.index(root))
     else:
-        everyone = [store.get(f"{key}/{r}") for r in members]
+        everyone = [payload if r == me and payload is not None else store.get(f"{key}/{r}") for r in members]
         nbytes = max(len(b) for b in everyone) * len(members)
         if kind == "all_gather":
             work = sim._collective("all_gather", [placeholder], nbytes)

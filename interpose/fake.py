@@ -123,14 +123,14 @@ def _install_module_conversion() -> None:
 
 
 def _fake_tolist(self: torch.Tensor) -> Any:
-    if isinstance(self, FakeTensor):
+    if values.is_virtual(self):  # a FakeTensor, or a DTensor around one
         self.item() if self.numel() == 1 else torch.ops.aten._local_scalar_dense.default(self.reshape(-1)[0])
         return values.tolist_value(self)
     return _orig_tolist(self)
 
 
 def _fake_format(self: torch.Tensor, spec: str) -> str:
-    if isinstance(self, FakeTensor) and self.dim() == 0:
+    if values.is_virtual(self) and self.dim() == 0:
         return format(self.item(), spec)
     return _orig_format(self, spec)
 
@@ -156,7 +156,11 @@ def _fake_numpy(self: torch.Tensor, *, force: bool = False) -> Any:
                 f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy "
                 "the tensor to host memory first."
             )
-        return np.full(tuple(self.shape), values.scalar_value(self), dtype=_np_dtype(self.dtype))
+        shadow = values.shadow_of(self)
+        if shadow is not None:  # real data (copied from the CPU, or a counter computed from it)
+            with _ft.unset_fake_temporarily():
+                return _orig_numpy(shadow.detach(), force=True).copy()
+        return np.full(tuple(self.shape), values.value_of(self), dtype=_np_dtype(self.dtype))
     return _orig_numpy(self, force=force)
 
 

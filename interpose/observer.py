@@ -47,7 +47,6 @@ _SKIP = {op for op in _SKIP if op is not None}
 _GEMMS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten._addmm_activation, aten.mv, aten.addmv,
           aten.dot, aten.vdot, aten.addbmm}
 
-_SMALL_REAL_NUMEL = 1 << 16  # integer/bool CPU factory results up to this size are made real
 
 
 def _is_fake(t: Any) -> bool:
@@ -92,6 +91,7 @@ class OpObserver(TorchDispatchMode):
             # compute it for real so its values stay meaningful.
             with unset_fake_temporarily():
                 out = func(*args, **kwargs)
+            values.note_result(func, args, kwargs, out)  # a DTensor around a virtual tensor has a value
             self._report(func, args, kwargs, out)
             return out
         internal = _is_internal_detach(func)
@@ -100,9 +100,9 @@ class OpObserver(TorchDispatchMode):
             cuda_rng.note_random_op(func, args, kwargs, out)
         if not any_tensor and not wants_cuda:
             out = _make_small_cpu_factory_real(func, args, kwargs, out)
-        values.note_result(func, args, out)
+        values.note_result(func, args, kwargs, out)
         values.note_shadow(func, args, kwargs, out, _is_fake, unset_fake_temporarily)
-        out = values.host_copy(func, args, kwargs, out, unset_fake_temporarily)
+        out = _real_host_copy(func, args, out)
         if not internal:
             self._report(func, args, kwargs, out)
         return out
@@ -273,20 +273,41 @@ def _scan(args: tuple, kwargs: dict) -> tuple[bool, bool, bool]:
 
 
 def _make_small_cpu_factory_real(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
-    """A factory (no tensor inputs) that made a tiny CPU tensor is redone for real.
+    """A factory (no tensor inputs) that made a 1-element or an integer/bool CPU tensor is redone
+    for real.
 
     Optimizers and GradScaler keep step counters and flags in such tensors and read them back
-    with .item(); they must hold real values. Large CPU factories (a model initialised on the
-    CPU) stay fake so they cost no host memory; small float tensors also stay fake unless they
-    hold a single element (LayerNorm-sized float parameters must stay fake for FSDP)."""
+    with .item(); samplers draw index permutations (randperm) and read them with .tolist(),
+    which on a fake tensor cost one placeholder read per element and gave no permutation.
+    Integer tensors are real up to values.REAL_CPU_INT_FACTORY_MAX_NUMEL elements. Float CPU
+    factories (a model initialised on the CPU) stay fake so they cost no host memory (and
+    LayerNorm-sized float parameters must stay fake for FSDP)."""
     if not isinstance(out, FakeTensor) or out.device.type != "cpu":
         return out
     n = out.numel()
-    small = n <= 1 or (n <= _SMALL_REAL_NUMEL and not out.dtype.is_floating_point and not out.dtype.is_complex)
+    small = n <= 1 or (n <= values.REAL_CPU_INT_FACTORY_MAX_NUMEL and not out.dtype.is_floating_point
+                       and not out.dtype.is_complex)
     if not small:
         return out
     with unset_fake_temporarily():
         return func(*args, **kwargs)
+
+
+def _real_host_copy(func: Any, args: tuple, out: Any) -> Any:
+    """A copy from a virtual GPU to the CPU (.cpu(), .to('cpu')) of a tensor with a shadow gives
+    a real CPU tensor holding the shadow's data, as the real copy would: the script may hand it
+    to code that reads memory (torch.set_rng_state, numpy, pickling)."""
+    if func is not aten._to_copy.default or not isinstance(out, FakeTensor) or out.device.type != "cpu":
+        return out
+    if not (args and isinstance(args[0], FakeTensor) and args[0].device.type == "cuda"):
+        return out
+    shadow = values.shadow_of(out)
+    if shadow is None:
+        return out
+    if out.requires_grad:
+        with unset_fake_temporarily():
+            return shadow.detach().requires_grad_(True)
+    return shadow
 
 
 def _tensor_key(t: torch.Tensor, rt: rt_mod.Runtime) -> tuple:
@@ -347,8 +368,11 @@ def _frozen(a: list) -> tuple:
 
 # --- ops answered here ----------------------------------------------------------------------
 def _local_scalar_dense(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:
+    """t.item(): a virtual tensor, or a subclass wrapping one (DTensor), reads its value
+    (interpose/values.py); a wrapper is asked here, before its own dispatch would reach
+    FakeTensor's DataDependentOutputException."""
     t = args[0]
-    if not _is_fake(t):
+    if not values.is_virtual(t):
         with unset_fake_temporarily():
             return func(*args, **kwargs)
     if obs.rt.capturing and t.device.type == "cuda":
@@ -362,7 +386,7 @@ def _local_scalar_dense(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -
 def _is_nonzero(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:
     """bool(t): FakeTensorMode would decompose it into .item() below this mode."""
     t = args[0]
-    if not _is_fake(t):
+    if not values.is_virtual(t):
         with unset_fake_temporarily():
             return func(*args, **kwargs)
     obs._report(aten._local_scalar_dense.default, (t,), {}, None)
@@ -371,11 +395,17 @@ def _is_nonzero(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _equal(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:
     """torch.equal reads data: real tensors compare for real, virtual ones read as equal."""
-    if not any(_is_fake(a) for a in args):
+    if not any(values.is_virtual(a) for a in args):
         with unset_fake_temporarily():
             return func(*args, **kwargs)
     obs._report(func, args, kwargs, None)
-    return tuple(args[0].shape) == tuple(args[1].shape)
+    if tuple(args[0].shape) != tuple(args[1].shape):
+        return False
+    shadows = [values.shadow_of(a) if values.is_virtual(a) else a for a in args[:2]]
+    if all(s is not None for s in shadows):  # both hold real data (a shadow or a real tensor)
+        with unset_fake_temporarily():
+            return func(*shadows)
+    return True
 
 
 def _pin_memory(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:

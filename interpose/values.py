@@ -1,225 +1,215 @@
-"""What a script reads when it asks a virtual GPU for a value (.item(), float(t), bool(t), .tolist()).
+"""What a script reads when it asks a virtual GPU for a value (.item(), float(t), bool(t),
+.tolist(), .cpu(), .numpy()), and how those values flow through ops, copies and collectives.
 
-Tensors on virtual GPUs hold no data, so a read gets a placeholder chosen to keep a healthy
-training loop on its normal path: numbers read as 1 (never 0, so `x / n` does not raise),
-booleans as False, except results of isfinite (True) and of isnan/isinf (False) and
-what is derived from them by not/any/all/copies, and GradScaler's found_inf (0: no inf/NaN
-gradients). This is documented in the README; the values
-a script prints are placeholders, only its timings are predictions.
+Tensors on virtual GPUs hold no data. The policy, one rule per kind of tensor:
 
-Small integer and boolean tensors on virtual GPUs are the exception: scripts steer by them
-(pipelining's stage vote, step counters, flags exchanged between ranks), so each keeps a real
-CPU "shadow" while every input it is computed from has one. Views of a shadowed tensor shadow
-views of its shadow, so in-place writes through a view reach the base. interpose/distributed.py
-carries shadows across send/recv, broadcast and all_reduce.
+| tensor                                              | reads as                                      |
+|-----------------------------------------------------|-----------------------------------------------|
+| computed on a virtual GPU from data with no shadow  | its *value*: one number, every element and    |
+|                                                     | every aggregate of it, in whatever dtype read |
+|   from an op nothing is known about (matmul, ...)   |   1 (float 1.0), a bool False                 |
+|   from isfinite / isnan, isinf / found_inf (AMP)  |   True / False / 0: a healthy run is finite   |
+|   from zeros, ones, full, fill_, zero_              |   the fill value                              |
+|   from a cast, copy, view, or a reduction (sum,     |   its input's value (sum of 1s reads 1)       |
+|     max, any, norm, ...) of one tensor              |                                               |
+|   from a pointwise op (add, logical_or, gt, ...)    |   the op computed on the inputs' values;      |
+|                                                     |   a non-finite float result reads 1 instead   |
+|   from a random op                                  |   1 / False (it does not draw CPU randomness) |
+| holding data from real CPU tensors (a *shadow*)     | that data, exactly                            |
+|   copied from the CPU (torch.tensor(..., 'cuda'),   |   up to COPY_SHADOW_MAX_NUMEL elements        |
+|     .to('cuda')), and copies/views of such tensors  |                                               |
+|   computed from shadowed inputs only                |   up to SHADOW_MAX_NUMEL elements             |
+| copied to the CPU (.cpu(), .to('cpu'), copy_)       | a shadow arrives as a real CPU tensor; a value|
+|                                                     |   stays the value of the (fake) CPU copy      |
+| after all_reduce / broadcast / all_gather / recv    | the collective computed on every member's     |
+|                                                     |   shadow or value: SUM over N ranks of 1 is N |
+| a tensor subclass wrapping virtual tensors (DTensor)| as its inner (local) tensor                   |
+
+So a bool read False is 0 as a byte and 0.0 as a float; DeepSpeed's overflow vote (floats ->
+isnan/isinf -> logical_or -> float -> max -> += -> bool -> byte -> all_reduce(MAX) -> item)
+says "no overflow", a gradient norm is a finite positive number, and a counter computed on the
+CPU keeps its value through the GPU and back. The values a script prints from model data are
+placeholders; only its timings are predictions. Small integer/bool and 1-element CPU tensors
+from factories, and integer CPU factories up to REAL_CPU_INT_FACTORY_MAX_NUMEL elements
+(randperm for a sampler), are real CPU tensors (interpose/observer.py).
+
+Views of a shadowed tensor shadow views of its shadow, so in-place writes through a view reach
+the base. interpose/distributed.py carries shadows and values across collectives (tensors up to
+COPY_SHADOW_MAX_NUMEL elements; larger ones take every member to hold this rank's value): each
+rank posts its contribution to the c10d store when it issues the collective and reads the
+others' when the result is first used (`defer`), so issuing a collective never blocks the host.
 """
 
 from __future__ import annotations
 
-import weakref
-from typing import Any
+import math
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 aten = torch.ops.aten
+Number = bool | int | float | complex
 
-class _IdentityHints:
-    """Tensor -> bool by identity. (WeakKeyDictionary compares keys with ==, which on tensors is
-    an elementwise op whose truth value is itself a data read.)"""
-
-    def __init__(self) -> None:
-        self._hints: dict[int, tuple[weakref.ref, bool]] = {}
-
-    def __setitem__(self, t: torch.Tensor, value: bool) -> None:
-        key = id(t)
-        self._hints[key] = (weakref.ref(t, lambda _r, key=key: self._hints.pop(key, None)), value)
-
-    def get(self, t: torch.Tensor, default: bool | None = None) -> bool | None:
-        entry = self._hints.get(id(t))
-        if entry is None or entry[0]() is not t:
-            return default
-        return entry[1]
+# Results computed from shadowed inputs keep a shadow up to this size: scripts steer by small
+# tensors (flags, counters, votes); larger integer results (token ids, indices) are data.
+SHADOW_MAX_NUMEL = 64
+# Data copied to a virtual GPU from a real CPU tensor, and copies, views and collectives of it,
+# keep a shadow up to this size: 64 Ki elements (at most 512 KiB of host memory, a shadow
+# duplicates data the script already holds on the CPU). It holds the CPU generator state
+# Accelerate broadcasts through the GPU (5,056 bytes) and a batch of token ids (8 x 1024),
+# and leaves out image batches and model weights, whose copies would cost real memory per rank.
+COPY_SHADOW_MAX_NUMEL = 1 << 16
+# Integer/bool CPU tensors from factories (randperm, arange) are real up to this size: 16 Mi
+# elements, 128 MiB as int64, the index permutation of a 16M-sample dataset; .tolist() on them is
+# then one local call. The real program holds the same tensor in host memory.
+REAL_CPU_INT_FACTORY_MAX_NUMEL = 1 << 24
 
 
-_bool_hints = _IdentityHints()
-# Float tensors that read as 0 on a healthy run (they are counters of things going wrong).
-_zero_hints = _IdentityHints()
+@contextmanager
+def real_cpu() -> Iterator[None]:
+    """Compute on real CPU tensors, unseen by the dispatch modes: values and shadows are
+    phantora's bookkeeping, not the script's work, and must not be reported as its ops (this
+    also runs outside any dispatch: .tolist(), collectives)."""
+    with unset_fake_temporarily(), torch._C._DisableTorchDispatch():
+        yield
 
 
-class _IdentityShadows:
-    """Tensor on a virtual GPU -> its real CPU shadow, by identity (see _IdentityHints)."""
+class _TensorAttr:
+    """Per-tensor state kept in the tensor's own __dict__: it dies with the tensor, and it moves
+    with the data where torch moves a tensor's Python state (torch.utils.swap_tensors in
+    Module.to(), deepcopy). A weakref to the tensor would do neither, and swap_tensors refuses
+    tensors that have one ("Cannot swap t1 because it has weakref associated with it")."""
 
-    def __init__(self) -> None:
-        self._shadows: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+    def __init__(self, name: str) -> None:
+        self.name = name
 
-    def set(self, t: torch.Tensor, shadow: torch.Tensor) -> None:
-        key = id(t)
-        self._shadows[key] = (weakref.ref(t, lambda _r, key=key: self._shadows.pop(key, None)), shadow)
+    def set(self, t: torch.Tensor, value: Any) -> None:
+        t.__dict__[self.name] = value
 
-    def get(self, t: torch.Tensor) -> torch.Tensor | None:
-        entry = self._shadows.get(id(t))
-        if entry is None or entry[0]() is not t:
-            return None
-        return entry[1]
+    def get(self, t: torch.Tensor) -> Any:
+        return t.__dict__.get(self.name)
 
     def drop(self, t: torch.Tensor) -> None:
-        entry = self._shadows.get(id(t))
-        if entry is not None and entry[0]() is t:
-            del self._shadows[id(t)]
+        t.__dict__.pop(self.name, None)
 
 
-SHADOW_MAX_NUMEL = 64  # larger integer tensors (token ids, indices) are data, not control
-_shadows = _IdentityShadows()
+_shadows = _TensorAttr("_phantora_shadow")  # virtual tensor -> real CPU tensor holding its data
+_values = _TensorAttr("_phantora_value")    # virtual tensor -> its value, where not its dtype's default
+
+
+_pending = _TensorAttr("_phantora_pending")  # virtual tensor -> values other ranks still owe it
+
+
+class _Once:
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn: Callable[[], None] | None = fn
+
+    def __call__(self) -> None:
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            fn()
+
+
+def defer(tensors: list[torch.Tensor], resolve: Callable[[], None]) -> Callable[[], None]:
+    """Values a collective brings from other ranks are written by `resolve` when the script
+    first reads or overwrites one of `tensors`: issuing a collective does not block the host on
+    a real GPU, and a rank that never joins must be found by the simulator's collective timeout,
+    not hang in a wait for its contribution."""
+    once = _Once(resolve)
+    for t in tensors:
+        _pending.set(t, once)
+    return once
+
+
+def _settle(t: torch.Tensor) -> None:
+    owed = _pending.get(t)
+    if owed is not None:
+        _pending.drop(t)
+        owed()
 
 
 class _NoShadow(Exception):
     pass
 
 
-def shadowable(t: Any) -> bool:
-    """A small integer or boolean tensor on a virtual GPU: one that keeps a real shadow."""
-    return (isinstance(t, torch.Tensor) and not t.dtype.is_floating_point and not t.dtype.is_complex
-            and t.device.type == "cuda" and t.numel() <= SHADOW_MAX_NUMEL)
-
-
-def shadow_of(t: torch.Tensor) -> torch.Tensor | None:
-    return _shadows.get(t)
-
-
-def set_shadow(t: torch.Tensor, shadow: torch.Tensor | None) -> None:
-    if shadow is None:
-        _shadows.drop(t)
-    else:
-        _shadows.set(t, shadow)
-
-
-def _on_cpu(a: Any, is_fake: Any) -> Any:
-    if isinstance(a, torch.Tensor):
-        if not is_fake(a):
-            if a.device.type != "cpu":
-                raise _NoShadow
-            return a
-        s = _shadows.get(a)
-        if s is None:
-            raise _NoShadow
-        return s
-    if isinstance(a, torch.device):
-        return torch.device("cpu") if a.type == "cuda" else a
-    if isinstance(a, (list, tuple)):
-        return type(a)(_on_cpu(x, is_fake) for x in a)
-    if isinstance(a, str) and a.startswith("cuda"):
-        return "cpu"
-    return a
-
-
-def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Any, real_mode: Any) -> None:
-    """Give small integer/bool results on a virtual GPU their real values, computed on the CPU
-    shadows of the inputs; forget stale ones when that is not possible. `real_mode` is a
-    context manager under which ops compute for real (the observer's unset_fake_temporarily).
-    Several outputs (unbind: iterating over a tensor) are shadowed one by one."""
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    if not any(shadowable(o) for o in outs):
-        return
-    try:
-        cargs, ckwargs = _on_cpu(args, is_fake), {k: _on_cpu(v, is_fake) for k, v in kwargs.items()}
-        if "pin_memory" in ckwargs:
-            ckwargs["pin_memory"] = False
-        with real_mode():
-            res = func(*cargs, **ckwargs)
-    except Exception:  # no shadow for an input, or an op the CPU does not run: value unknown
-        res = None
-    results = res if isinstance(res, (tuple, list)) else (res,)
-    for i, o in enumerate(outs):
-        if not shadowable(o):
-            continue
-        r = results[i] if i < len(results) else None
-        if isinstance(r, torch.Tensor) and r.shape == o.shape:
-            _shadows.set(o, r)
-        else:
-            _shadows.drop(o)
-
-
-def host_copy(func: Any, args: tuple, kwargs: dict, out: Any, real_mode: Any) -> Any:
-    """A copy to the host (`.cpu()`, `.to("cpu")`) of a virtual-GPU tensor that keeps a shadow
-    reads the shadow, as a GPU's copy reads its memory: the result is a real CPU tensor. (The
-    CUDA RNG state that DTensor moves to the GPU and back, for one, must come back as data.)"""
-    if func is not aten._to_copy.default or not isinstance(out, torch.Tensor) or out.device.type != "cpu":
-        return out
-    shadow = _shadows.get(args[0]) if isinstance(args[0], torch.Tensor) else None
-    if shadow is None:
-        return out
-    ckwargs = {k: v for k, v in kwargs.items() if k != "pin_memory"}
-    ckwargs["device"] = torch.device("cpu")
-    with real_mode():
-        return func(shadow, *args[1:], **ckwargs)
-
-
-_TRUE_SOURCES = {aten.isfinite.default}
-_FALSE_SOURCES = {aten.isnan.default, aten.isinf.default, aten.isposinf.default, aten.isneginf.default}
-_NEGATE = {aten.logical_not.default, aten.bitwise_not.default}
-_KEEP = {aten.any.default, aten.any.dim, aten.all.default, aten.all.dim, aten.clone.default,
-         aten._to_copy.default, aten.view.default, aten.squeeze.default, aten.detach.default,
-         aten.alias.default, aten.select.int, aten.reshape.default, aten.expand.default,
-         aten.lift_fresh.default, aten.min.default, aten.max.default}
-
-
-def note_result(func: Any, args: tuple, out: Any) -> None:
-    """Remember what a boolean result would be on a healthy run, where we can tell."""
-    if func is aten._amp_foreach_non_finite_check_and_unscale_.default:
-        # GradScaler's found_inf (written in place): no inf/NaN gradient on a healthy run. Read as
-        # the usual placeholder 1, it made GradScaler skip every optimizer step (fp16 AMP).
-        if len(args) > 1 and isinstance(args[1], torch.Tensor):
-            _zero_hints[args[1]] = True
-        return
-    if not isinstance(out, torch.Tensor) or out.dtype is not torch.bool:
-        return
-    if func in _TRUE_SOURCES:
-        _bool_hints[out] = True
-    elif func in _FALSE_SOURCES:
-        _bool_hints[out] = False
-    elif (func in _NEGATE or func in _KEEP) and args and isinstance(args[0], torch.Tensor):
-        hint = _bool_hints.get(args[0])
-        if hint is not None:
-            _bool_hints[out] = (not hint) if func in _NEGATE else hint
-
-
-def _hinting_isfinite(original: Any) -> Any:
-    # torch.isfinite decomposes (abs, ne, eq, mul) before dispatch, so it is tagged here.
-    def isfinite(t: torch.Tensor) -> torch.Tensor:
-        out = original(t)
-        if isinstance(out, torch.Tensor):
-            _bool_hints[out] = True
-        return out
-
-    return isfinite
-
-
-def install_value_hints() -> None:
-    torch.isfinite = _hinting_isfinite(torch.isfinite)
-    torch.Tensor.isfinite = _hinting_isfinite(torch.Tensor.isfinite)  # type: ignore[method-assign]
-
-
-def scalar_value(t: torch.Tensor) -> bool | int | float | complex:
-    shadow = _shadows.get(t)
-    if shadow is not None and shadow.numel() == 1:
-        with unset_fake_temporarily():
-            return shadow.item()
-    if t.dtype is torch.bool:
-        return _bool_hints.get(t, False)
-    if _zero_hints.get(t, False):
-        return 0.0 if t.dtype.is_floating_point else 0
-    if t.dtype.is_complex:
+# --- reading ----------------------------------------------------------------------------------
+def default_value(dtype: torch.dtype) -> Number:
+    """The value of a tensor nothing is known about: 1 (never 0, so `x / n` does not raise); a
+    bool False (flags are unset on a healthy run)."""
+    if dtype is torch.bool:
+        return False
+    if dtype.is_complex:
         return complex(1.0)
-    if t.dtype.is_floating_point:
-        return 1.0
-    return 1
+    return 1.0 if dtype.is_floating_point else 1
+
+
+_casts: dict[tuple, Number] = {}
+
+
+def as_dtype(v: Number, dtype: torch.dtype) -> Number:
+    """The number v read in dtype, cast as torch casts it (float -> int truncates, uint8 wraps)."""
+    key = (type(v), v, dtype)
+    r = _casts.get(key)
+    if r is None:
+        with real_cpu():
+            wide = torch.float64 if isinstance(v, float) else torch.complex128 if isinstance(v, complex) else None
+            r = torch.tensor(v, dtype=wide).to(dtype).item()  # from Python's full precision
+        if len(_casts) > 4096:
+            _casts.clear()
+        _casts[key] = r
+    return r
+
+
+def inner_tensor(t: torch.Tensor) -> torch.Tensor | None:
+    """The first inner tensor of a traceable wrapper subclass (a DTensor's local tensor)."""
+    if not is_traceable_wrapper_subclass(t):
+        return None
+    attrs, _ = t.__tensor_flatten__()
+    for name in attrs:
+        inner = getattr(t, name, None)
+        if isinstance(inner, torch.Tensor):
+            return inner
+    return None
+
+
+def is_virtual(t: Any) -> bool:
+    """A tensor without data: a FakeTensor, or a wrapper subclass around one (DTensor)."""
+    if isinstance(t, FakeTensor):
+        return True
+    inner = inner_tensor(t) if isinstance(t, torch.Tensor) else None
+    return inner is not None and is_virtual(inner)
+
+
+def value_of(t: torch.Tensor) -> Number:
+    """The one number t reads as where it has no shadow to read (see the module's table)."""
+    _settle(t)
+    data = _shadows.get(t)
+    if data is None and not is_virtual(t):
+        data = t  # a real tensor (a CPU scalar in `x * torch.tensor(2.0)`)
+    if data is not None and data.numel() > 0:
+        with real_cpu():
+            return as_dtype(data.reshape(-1)[0].item(), t.dtype)
+    v = _values.get(t)
+    if v is not None:
+        return as_dtype(v, t.dtype)
+    inner = inner_tensor(t)
+    if inner is not None:
+        return as_dtype(value_of(inner), t.dtype)
+    return default_value(t.dtype)
+
+
+def scalar_value(t: torch.Tensor) -> Number:
+    """t.item() for a virtual tensor."""
+    return value_of(t)
 
 
 def tolist_value(t: torch.Tensor) -> Any:
-    shadow = _shadows.get(t)
+    shadow = shadow_of(t)
     if shadow is not None:
-        with unset_fake_temporarily():
+        with real_cpu():
             return shadow.tolist()
     v = scalar_value(t)
     shape = tuple(t.shape)
@@ -232,3 +222,303 @@ def tolist_value(t: torch.Tensor) -> Any:
         return [build(dims[1:]) for _ in range(dims[0])]
 
     return build(shape)
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A real CPU tensor with what t reads as: its shadow, or its value in every element."""
+    with real_cpu():
+        if not is_virtual(t):
+            return t.clone()
+        shadow = shadow_of(t)
+        if shadow is not None:
+            return shadow.to(dtype=t.dtype).clone()
+        return torch.full(tuple(t.shape), value_of(t), dtype=t.dtype)
+
+
+def set_value(t: torch.Tensor, v: Number | None) -> None:
+    """t now reads as v everywhere (None: as its dtype's default). A wrapper's (DTensor's) inner
+    tensor takes the value too: the observer sees the wrapper's ops, not those on its local
+    tensor, and reads fall through to the local tensor."""
+    _settle(t)
+    if v is None or as_dtype(v, t.dtype) == default_value(t.dtype):
+        _values.drop(t)
+    else:
+        _values.set(t, as_dtype(v, t.dtype))
+    inner = inner_tensor(t) if not isinstance(t, FakeTensor) else None
+    if inner is not None:
+        _shadows.drop(inner)  # the wrapper's op changed the local data out of the observer's sight
+        set_value(inner, v)
+
+
+# --- shadows ----------------------------------------------------------------------------------
+def shadowable(t: Any, cap: int = SHADOW_MAX_NUMEL) -> bool:
+    """A tensor (virtual GPU, or a fake CPU copy of one) small enough to keep a real shadow."""
+    return isinstance(t, FakeTensor) and t.numel() <= cap
+
+
+def exchanges_values(t: torch.Tensor) -> bool:
+    """Whether a collective on t exchanges shadows and values between ranks (through the c10d
+    store). It depends on shape only, so every member of the collective decides the same."""
+    return t.numel() <= COPY_SHADOW_MAX_NUMEL
+
+
+def shadow_of(t: torch.Tensor) -> torch.Tensor | None:
+    _settle(t)
+    return _shadows.get(t)
+
+
+def set_shadow(t: torch.Tensor, shadow: torch.Tensor | None) -> None:
+    _settle(t)
+    if shadow is None:
+        _shadows.drop(t)
+    else:
+        _shadows.set(t, shadow)
+
+
+def _on_cpu(a: Any, is_fake: Callable[[Any], bool]) -> Any:
+    if isinstance(a, torch.Tensor):
+        if not is_fake(a):
+            if a.device.type != "cpu":
+                raise _NoShadow
+            return a
+        s = shadow_of(a)
+        if s is None:
+            raise _NoShadow
+        return s
+    if isinstance(a, torch.device):
+        return torch.device("cpu") if a.type == "cuda" else a
+    if isinstance(a, (list, tuple)):
+        return type(a)(_on_cpu(x, is_fake) for x in a)
+    if isinstance(a, str) and a.startswith("cuda"):
+        return "cpu"
+    return a
+
+
+# Ops that copy data unchanged (or a view of it): their results keep shadows up to the copy cap.
+_COPIES = {aten._to_copy.default, aten.clone.default, aten.copy_.default, aten.lift_fresh.default,
+           aten.lift_fresh_copy.default, aten.detach.default, aten.alias.default, aten._copy_from.default,
+           aten.contiguous.default}
+
+
+def _shadow_cap(func: Any) -> int:
+    return COPY_SHADOW_MAX_NUMEL if func in _COPIES or getattr(func, "is_view", False) else SHADOW_MAX_NUMEL
+
+
+def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Callable[[Any], bool],
+                real_mode: Callable[[], Any]) -> None:
+    """Give small results on a virtual GPU their real values, computed on the CPU shadows of the
+    inputs; forget stale ones when that is not possible. `real_mode` is a context manager under
+    which ops compute for real (the observer's unset_fake_temporarily). Several outputs (unbind:
+    iterating over a tensor) are shadowed one by one. Random ops get no shadow: computing them
+    on the CPU would draw from the script's CPU generator."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    cap = _shadow_cap(func)
+    if not any(shadowable(o, cap) for o in outs):
+        return
+    res = None
+    if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
+        try:
+            cargs, ckwargs = _on_cpu(args, is_fake), {k: _on_cpu(v, is_fake) for k, v in kwargs.items()}
+            if "pin_memory" in ckwargs:
+                ckwargs["pin_memory"] = False
+            with real_mode():
+                res = func(*cargs, **ckwargs)
+        except Exception:  # no shadow for an input, or an op the CPU does not run: value unknown
+            res = None
+    results = res if isinstance(res, (tuple, list)) else (res,)
+    for i, o in enumerate(outs):
+        if not shadowable(o, cap):
+            continue
+        r = results[i] if i < len(results) else None
+        set_shadow(o, r if isinstance(r, torch.Tensor) and r.shape == o.shape else None)
+
+
+# --- values -----------------------------------------------------------------------------------
+_ZERO_SOURCES = {aten.isnan.default, aten.isinf.default, aten.isposinf.default, aten.isneginf.default}
+_FILLS: dict[Any, Callable[[tuple], Any]] = {
+    aten.zeros.default: lambda a: 0, aten.zeros_like.default: lambda a: 0, aten.new_zeros.default: lambda a: 0,
+    aten.zero_.default: lambda a: 0, aten.ones.default: lambda a: 1, aten.ones_like.default: lambda a: 1,
+    aten.new_ones.default: lambda a: 1, aten.full.default: lambda a: a[1], aten.full_like.default: lambda a: a[1],
+    aten.new_full.default: lambda a: a[2], aten.fill_.Scalar: lambda a: a[1], aten.fill.Scalar: lambda a: a[1],
+    aten.scalar_tensor.default: lambda a: a[0],
+}
+_FROM_SECOND = {aten.copy_.default, aten._copy_from.default, aten.fill_.Tensor, aten.fill.Tensor}
+_KEEP_EXTRA = {aten._to_copy.default, aten.clone.default, aten.lift_fresh.default, aten.lift_fresh_copy.default,
+               aten.contiguous.default, aten.repeat.default, aten.cat.default, aten.stack.default,
+               aten.index_select.default, aten.gather.default, aten.index.Tensor, aten.masked_select.default,
+               aten.flip.default, aten.roll.default, aten.constant_pad_nd.default}
+_KEEP, _POINTWISE, _OTHER = 0, 1, 2
+_kinds: dict[Any, int] = {}
+_pointwise_cache: dict[tuple, Number | None] = {}
+_POINTWISE_CACHE_MAX = 4096
+
+
+def _kind(func: Any) -> int:
+    kind = _kinds.get(func)
+    if kind is None:
+        tags = getattr(func, "tags", ())
+        if func in _KEEP_EXTRA or getattr(func, "is_view", False) or torch.Tag.reduction in tags:
+            kind = _KEEP
+        elif torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags:
+            kind = _POINTWISE
+        else:
+            kind = _OTHER
+        _kinds[func] = kind
+    return kind
+
+
+def _first_tensor(a: Any) -> torch.Tensor | None:
+    if isinstance(a, torch.Tensor):
+        return a
+    if isinstance(a, (list, tuple)):
+        for x in a:
+            t = _first_tensor(x)
+            if t is not None:
+                return t
+    return None
+
+
+def _finite(v: Any, dtype: torch.dtype) -> Number | None:
+    """A healthy run's numbers are finite: inf/NaN from placeholder arithmetic (log 0, 1/0)
+    read as the default instead."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, complex) and not (math.isfinite(v.real) and math.isfinite(v.imag)):
+        return None
+    return v
+
+
+def _pointwise_value(func: Any, args: tuple, kwargs: dict) -> Number | None:
+    """A pointwise op computed on its inputs' values, as torch computes it (type promotion,
+    integer division, comparisons), on 0-dim CPU tensors."""
+    key_parts: list[Any] = [func]
+    scalar_args: list[Any] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            v = value_of(a)
+            key_parts.append((a.dtype, v))
+            scalar_args.append((a.dtype, v))
+        else:
+            key_parts.append(a if isinstance(a, (int, float, bool, complex, type(None), torch.dtype)) else repr(a))
+            scalar_args.append(a)
+    for k, v in kwargs.items():
+        key_parts.append((k, (v.dtype, value_of(v)) if isinstance(v, torch.Tensor) else
+                          v if isinstance(v, (int, float, bool, complex, type(None), torch.dtype)) else repr(v)))
+    key = tuple(key_parts)
+    if key in _pointwise_cache:
+        return _pointwise_cache[key]
+
+    def real(x: Any) -> Any:
+        if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], torch.dtype):
+            return torch.tensor(x[1], dtype=x[0])
+        return x
+
+    result: Number | None = None
+    try:
+        with real_cpu():
+            cargs = [real(a) for a in scalar_args]
+            ckwargs = {k: torch.tensor(value_of(v), dtype=v.dtype) if isinstance(v, torch.Tensor) else
+                       ("cpu" if isinstance(v, (str, torch.device)) and str(v).startswith("cuda") else v)
+                       for k, v in kwargs.items() if k != "out"}
+            r = func(*cargs, **ckwargs)
+            r = r[0] if isinstance(r, (tuple, list)) else r
+            if isinstance(r, torch.Tensor) and r.numel() == 1:
+                result = _finite(r.item(), r.dtype)
+    except Exception:  # an op that needs more than scalars: nothing known
+        result = None
+    if len(_pointwise_cache) >= _POINTWISE_CACHE_MAX:
+        _pointwise_cache.clear()
+    _pointwise_cache[key] = result
+    return result
+
+
+def _result_value(func: Any, args: tuple, kwargs: dict) -> Number | None:
+    if func in _ZERO_SOURCES:
+        return 0
+    if func is aten.isfinite.default:
+        return 1
+    fill = _FILLS.get(func)
+    if fill is not None:
+        try:
+            v = fill(args)
+        except IndexError:
+            return None
+        return v if isinstance(v, (bool, int, float, complex)) else None
+    if func in _FROM_SECOND:
+        src = args[1] if len(args) > 1 else None
+        return value_of(src) if isinstance(src, torch.Tensor) else src
+    kind = _kind(func)
+    if kind == _KEEP:
+        src = _first_tensor(args)
+        return None if src is None else value_of(src)
+    if kind == _POINTWISE:
+        return _pointwise_value(func, args, kwargs)
+    return None
+
+
+def note_result(func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+    """Set the value of an op's result (the module's table). Called before note_shadow, so an
+    in-place op still sees its input's old shadow."""
+    if func is aten._amp_foreach_non_finite_check_and_unscale_.default:
+        # GradScaler's found_inf (written in place): no inf/NaN gradient on a healthy run. Read as
+        # the usual placeholder 1, it made GradScaler skip every optimizer step (fp16 AMP).
+        if len(args) > 1 and isinstance(args[1], torch.Tensor):
+            set_value(args[1], 0)
+        return
+    if isinstance(out, torch.Tensor):
+        if is_virtual(out):
+            set_value(out, _result_value(func, args, kwargs))
+    elif isinstance(out, (tuple, list)):
+        first = True
+        for o in out:
+            if isinstance(o, torch.Tensor) and is_virtual(o):
+                # (values, indices) of max/min/sort: the values keep; everything else is unknown
+                set_value(o, _result_value(func, args, kwargs) if first and _kind(func) == _KEEP else None)
+                first = False
+
+
+def note_collective_value(t: torch.Tensor, values: list[Number], reduce_op: str) -> None:
+    """A reduction collective wrote into t: its value is the reduction of the members' values."""
+    set_value(t, reduce_values(values, reduce_op, t.dtype))
+
+
+def reduce_values(vals: list[Number], reduce_op: str, dtype: torch.dtype) -> Number | None:
+    with real_cpu():
+        stacked = torch.tensor(vals, dtype=dtype)
+        out = combine(list(stacked.unbind(0)), reduce_op)
+    return None if out is None else _finite(out.item(), dtype)
+
+
+def combine(parts: list[torch.Tensor], reduce_op: str) -> torch.Tensor | None:
+    """What a reduction collective computes from the members' tensors (NCCL's ops)."""
+    stacked = torch.stack(parts)
+    dtype = parts[0].dtype
+    if reduce_op in ("sum", "avg"):
+        out = stacked.sum(0)
+        if reduce_op == "avg":
+            out = out / len(parts) if dtype.is_floating_point or dtype.is_complex else out // len(parts)
+    elif reduce_op == "product":
+        out = stacked.prod(0)
+    elif reduce_op == "min":
+        out = stacked.amin(0) if dtype is not torch.bool else stacked.all(0)
+    elif reduce_op == "max":
+        out = stacked.amax(0) if dtype is not torch.bool else stacked.any(0)
+    else:
+        return None
+    return out.to(dtype)
+
+
+def _hinting_isfinite(original: Any) -> Any:
+    # torch.isfinite decomposes (abs, ne, eq, mul) before dispatch, so its value is set here.
+    def isfinite(t: torch.Tensor) -> torch.Tensor:
+        out = original(t)
+        if isinstance(out, torch.Tensor) and is_virtual(out):
+            set_value(out, True)
+        return out
+
+    return isfinite
+
+
+def install_value_hints() -> None:
+    torch.isfinite = _hinting_isfinite(torch.isfinite)
+    torch.Tensor.isfinite = _hinting_isfinite(torch.Tensor.isfinite)  # type: ignore[method-assign]
