@@ -78,7 +78,7 @@ def test_control_flow_hops_run_their_bodies(tmp_path: Path, user_python: str) ->
     assert_ran(proc, "cond_virtual_predicate", "cond_hinted_predicate", "cond_backward", "while_loop", "wrap",
                "tag_activation_checkpoint", "invoke_subgraph", "map")
     count = Counter((k["args"].get("op"), tuple(map(tuple, k["args"].get("shapes", [])))) for k in _kernels(trace))
-    # cond on a placeholder predicate (reads False): only the false branch's sin ran.
+    # cond on a virtual predicate (x.sum() < 0 reads False under the value policy): only sin ran.
     assert count[("aten::sin.default", ((3, 5),))] == 1
     assert count[("aten::cos.default", ((3, 5),))] == 0
     # cond on isfinite(x).all() (reads True): only the true branch's cos and mul ran.

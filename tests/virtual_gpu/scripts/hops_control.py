@@ -1,7 +1,7 @@
 """Control-flow and wrapper higher-order ops run eagerly on a virtual GPU; the ops of their bodies
 are what the GPU runs. Each check uses tensors of a shape of its own, so the test can find its
 kernels in the trace:
-  cond, virtual predicate          x [3, 5]    false branch (placeholder False): one sin
+  cond, virtual predicate          x [3, 5]    x.sum() < 0 reads False (x's value is 1): one sin
   cond, isfinite(...).all()        x [3, 6]    true branch (isfinite reads True): cos, mul
   cond with autograd               x [3, 7]    false branch forward (sin) and its backward
   while_loop, counter 0 -> 3       y [7, 11]   three mul
@@ -27,7 +27,7 @@ def false_fn(x):
 
 
 x = torch.randn(3, 5, device="cuda")
-out = torch.cond(x.sum() > 0, true_fn, false_fn, (x,))
+out = torch.cond(x.sum() < 0, true_fn, false_fn, (x,))
 assert taken == ["false"], taken
 assert out.shape == (3, 5) and out.device.type == "cuda"
 print("ok cond_virtual_predicate")
@@ -40,7 +40,7 @@ assert out.shape == (3, 6)
 print("ok cond_hinted_predicate")
 
 x = torch.randn(3, 7, device="cuda", requires_grad=True)
-out = torch.cond(x.detach().sum() > 0, true_fn, false_fn, (x,))
+out = torch.cond(x.detach().sum() < 0, true_fn, false_fn, (x,))
 out.sum().backward()
 assert x.grad is not None and x.grad.shape == (3, 7)
 print("ok cond_backward")
