@@ -30,6 +30,7 @@ from typing import Any, Callable
 import orjson
 from phantora import protocol as P
 from phantora.cost import COPY_D2H, COPY_H2D, NO_GPU_WORK, Estimator, KernelEstimate
+from phantora.cost.copies import copy_endpoints
 from phantora.cost.host import HOST_COSTS, host_event_ns, python_overhead_ns
 from phantora.engine.collectives import CollectiveCall, CollectiveMatcher, CollectiveMismatch, PendingCollective
 from phantora.engine.deferred import Action, Arrive, EventRecord, EventWait, LowerBounds, OpWork, WorkWait, replay_lower_bounds
@@ -49,6 +50,7 @@ SIMULATOR_PID = 0  # trace process for rollback corrections and stale replies
 ROLLBACK_TRACK, CORRECTION_TRACK = 1, 2  # its threads
 _SIMULATOR_TRACKS = {ROLLBACK_TRACK: "network rollbacks", CORRECTION_TRACK: "corrections to ends already used"}
 NETWORK_PID = 1_000_000  # trace process for the network's link counters
+PROVISIONAL_PID_BASE = 900_000  # trace pids of rank processes whose rank + 1 was taken
 _NCCL_OPS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
              "broadcast": "Broadcast", "reduce": "Reduce", "all_to_all": "SendRecv", "send_recv": "SendRecv",
              "barrier": "AllReduce"}
@@ -95,10 +97,15 @@ class RankInfo:
     node: int
     local_rank: int
     pid: int  # OS pid of the rank process (for messages only; the trace uses `trace_pid`)
+    # The node's GPUs the process sees, cuda:i being devices[i] (CUDA_VISIBLE_DEVICES); () all.
+    devices: tuple[int, ...] = ()
+    # False: the rank is a guess (no RANK in the environment) that init_process_group settles
+    # (Engine.identify_rank); until then another process may claim it.
+    certain: bool = True
+    trace_pid: int = 0  # the process's trace pid, fixed for the run (add_rank): rank + 1 if free
 
-    @property
-    def trace_pid(self) -> int:
-        return self.rank + 1
+    def physical_gpu(self, device: int) -> int:
+        return self.devices[device] if 0 <= device < len(self.devices) else device
 
 
 @dataclass
@@ -226,6 +233,19 @@ def host_waits_for_copy(sig: OpSignature, est: KernelEstimate) -> bool:
     return not (host_side is not None and host_side.pinned)
 
 
+_COPY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize"})
+
+
+def _op_device(sig: OpSignature) -> int | None:
+    """The device whose stream runs the op: a copy between two GPUs runs on the source's
+    (copy_kernel_cuda), every other op on the device of its first CUDA tensor."""
+    if sig.name in _COPY_OPS:
+        e = copy_endpoints(sig)
+        if e is not None and e.is_peer:
+            return e.src.device_index
+    return sig.cuda_device()
+
+
 def _shape_args(sig: OpSignature) -> tuple[list[Any], list[str]]:
     shapes, dtypes = [], []
     for t in sig.tensors_in()[:_MAX_ARG_SHAPES]:
@@ -280,6 +300,9 @@ class Engine:
         self._collective_launches: dict[tuple[Any, int], tuple[int, int, CollectiveCall]] = {}
         self.sync = sync
         self.expected_ranks = 0  # WORLD_SIZE the ranks announced: nothing is final before all joined
+        self._trace_pids: set[int] = set()
+        self._provisionals = 0
+        self.moved: dict[int, int] = {}  # rank -> provisional id it was moved to (the server follows, then clears)
         self.final_ns = 0  # proven: no collective submitted from now on starts before this
         self._collectives: dict[int, PendingCollective] = {}  # work -> joined, not submitted yet
         self._arrivals: dict[tuple[int, int], Arrive] = {}  # (work, rank) -> that member's call, until placed
@@ -293,17 +316,78 @@ class Engine:
 
     # --- ranks --------------------------------------------------------------------------------
     def add_rank(self, info: RankInfo) -> RankState:
-        if info.rank in self.ranks:
-            raise CallError(
-                f"two processes claim rank {info.rank} (pids {self.ranks[info.rank].info.pid} and {info.pid}); "
-                "each rank process must have a distinct RANK"
-            )
+        """A process joins as `info.rank`. A process whose rank is only a guess (info.certain
+        False) and finds it taken joins under a provisional id (< 0) until init_process_group
+        names its rank (identify_rank); a certain claimant displaces a guessing holder so."""
+        holder = self.ranks.get(info.rank)
+        if holder is not None:
+            if info.certain and holder.info.certain:
+                raise CallError(self._claim_error(info.rank, holder.info.pid, info.pid))
+            if not info.certain:
+                info.rank = self._provisional_id()
+            else:
+                self.moved[holder.info.rank] = self._move(holder, self._provisional_id())
+        info.trace_pid = info.rank + 1 if info.rank >= 0 and info.rank + 1 not in self._trace_pids else \
+            PROVISIONAL_PID_BASE + len(self._trace_pids)
+        self._trace_pids.add(info.trace_pid)
         state = RankState(info, RankTimeline(info.rank, self.timing))
         self.ranks[info.rank] = state
-        pid = info.trace_pid
-        self.sink.process(pid, f"rank {info.rank} · node {info.node} · GPU {info.local_rank} · {self.gpu.aliases[0].upper()}", info.rank)
-        self.sink.thread(pid, HOST_TRACK, "host (aten op launches)", 0)
+        self.sink.thread(info.trace_pid, HOST_TRACK, "host (aten op launches)", 0)
+        if info.certain:
+            self._name_process(state)
         return state
+
+    def identify_rank(self, rank: int, new: int, node: int, local_rank: int, world_size: int) -> None:
+        """The process known as `rank` called init_process_group as `new` of `world_size`: what
+        torch uses from now on. A process that only guessed `new` moves to a provisional id
+        (`moved` says where, so the server can follow); one that is certain of it is an error."""
+        st = self.ranks[rank]
+        if new != rank:
+            holder = self.ranks.get(new)
+            if holder is not None:
+                if holder.info.certain:
+                    raise CallError(self._claim_error(new, holder.info.pid, st.info.pid))
+                self.moved[new] = self._move(holder, self._provisional_id())
+            self._move(st, new)
+        st.info.node, st.info.local_rank, st.info.certain = node, local_rank, True
+        self.expected_ranks = max(self.expected_ranks, world_size)
+        self._name_process(st)
+
+    def _claim_error(self, rank: int, pid_a: int, pid_b: int) -> str:
+        return (f"two processes claim rank {rank} (pids {pid_a} and {pid_b}); each rank process must have a "
+                "distinct rank: RANK as torchrun sets it, or the rank passed to init_process_group")
+
+    def _provisional_id(self) -> int:
+        self._provisionals += 1
+        return -self._provisionals
+
+    def _move(self, st: RankState, new: int) -> int:
+        """Re-key a rank that has not called any collective yet (its trace pid stays)."""
+        old = st.info.rank
+        if st.collectives or any(r == old for (_, r) in self._arrivals):
+            raise CallError(f"rank {old} already called collectives under that rank; it cannot become rank {new}")
+        del self.ranks[old]
+        st.info.rank = st.timeline.rank = new
+        self.ranks[new] = st
+        if old in self._unblocked:
+            self._unblocked.discard(old)
+            self._unblocked.add(new)
+        return new
+
+    def _name_process(self, st: RankState) -> None:
+        """Name the rank's trace process (and again its tracks, for sinks that ignore tracks of
+        processes they cannot name yet): written when the rank is certain."""
+        info = st.info
+        pid = info.trace_pid
+        gpus = ",".join(str(d) for d in info.devices) if info.devices and len(info.devices) < self.gpus_per_node \
+            else str(info.local_rank)
+        label = f"rank {info.rank}" if info.rank >= 0 else f"rank ? (process {info.pid}, rank not known)"
+        self.sink.process(pid, f"{label} · node {info.node} · GPU {gpus} · {self.gpu.aliases[0].upper()}",
+                          info.rank if info.rank >= 0 else PROVISIONAL_PID_BASE - info.rank)
+        self.sink.thread(pid, HOST_TRACK, "host (aten op launches)", 0)
+        for stream in st.timeline.streams.values():
+            if stream.stream_id >= 0:
+                self.sink.thread(pid, stream.track, self._stream_label(info, stream.device, stream.stream_id), stream.track)
 
     # --- records ------------------------------------------------------------------------------
     def apply(self, rank: int, records: list[list[Any]]) -> int:
@@ -865,9 +949,13 @@ class Engine:
     def _stream(self, st: RankState, device: int, stream_id: int) -> Stream:
         stream, new = st.timeline.stream(device, stream_id)
         if new:
-            label = "default stream" if stream_id == 0 else f"stream {stream_id}"
-            self.sink.thread(st.info.trace_pid, stream.track, f"cuda:{device} {label}", stream.track)
+            self.sink.thread(st.info.trace_pid, stream.track, self._stream_label(st.info, device, stream_id), stream.track)
         return stream
+
+    def _stream_label(self, info: RankInfo, device: int, stream_id: int) -> str:
+        label = "default stream" if stream_id == 0 else f"stream {stream_id}"
+        physical = info.physical_gpu(device)
+        return f"cuda:{device} {label}" + (f" (GPU {physical} of the node)" if physical != device else "")
 
     def _next_flow(self) -> int:
         self._flow_ids += 1
@@ -879,7 +967,7 @@ class Engine:
         st.ops += 1
         if not est.known:
             self.unknown_ops[sig.full_name] += 1
-        device = sig.cuda_device()
+        device = _op_device(sig)
         begin = tl.host_ns
         # The Python and autograd code around a GPU op runs before it is dispatched; the op's
         # host slice covers both, with the overhead in its args.
@@ -1194,6 +1282,9 @@ class Engine:
         if st.finished:
             return
         st.finished = True
+        if not st.info.certain:  # it never called init_process_group: its guess stands
+            st.info.certain = True
+            self._name_process(st)
         end = st.timeline.host_ns
         while st.nvtx:  # ranges still open when the process ended
             name, start = st.nvtx.pop()
