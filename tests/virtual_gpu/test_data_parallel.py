@@ -35,7 +35,7 @@ def test_data_parallel_training(tmp_path: Path, user_python: str, visible: str |
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
     proc, trace = run_traced(tmp_path, user_python, "launchdp_data_parallel.py", str(gpus), env=env)
-    assert_ran(proc, "device_count", "comm", "train", "step time")
+    assert_ran(proc, "device_count", "comm", "peer copy waits", "train", "step time")
     kernels, peer = _gpu_work(trace)
     assert sorted(kernels) == list(range(gpus)), kernels  # one process, a timeline per GPU it drives
     assert all(kernels[d] >= 20 for d in range(gpus)), kernels  # each replica's forward and backward

@@ -27,6 +27,19 @@ summed = comm.reduce_add([torch.randn(5, device=f"cuda:{i}") for i in range(n)],
 assert summed.shape == (5,) and summed.device == torch.device("cuda", 0)
 print("ok comm")
 
+# A copy from cuda:1 to cuda:0 waits for cuda:1's work (copy_kernel_cuda's event barrier), so
+# synchronizing cuda:0 waits for the matmul on cuda:1: 2 * 8192^3 FLOP at an H100's fp32 peak
+# (67 TFLOP/s) takes at least 16 ms.
+a = torch.randn(8192, 8192, device="cuda:1")
+torch.cuda.synchronize(1)
+t0 = time.perf_counter()
+b = (a @ a).to("cuda:0")
+torch.cuda.synchronize(0)
+waited = time.perf_counter() - t0
+assert b.device == torch.device("cuda", 0) and waited > 2 * 8192**3 / 67e12, waited
+del a, b
+print("ok peer copy waits")
+
 
 
 def step_time(module: nn.Module, batch: int, steps: int = 3) -> float:
