@@ -33,20 +33,14 @@ def _index(device: Any) -> int:
     return int(device)
 
 
-def _check_source(tensor: torch.Tensor, what: str) -> None:
-    if tensor.device.type != "cuda":
-        raise RuntimeError(f"{what}: expected a CUDA tensor, got one on {tensor.device}")
-
-
 def broadcast(tensor: torch.Tensor, devices: Sequence[int]) -> list[torch.Tensor]:
-    """torch._C._broadcast: the source tensor itself on its own device, a copy on each other."""
-    _check_source(tensor, "broadcast")
-    return [tensor if _index(d) == tensor.get_device() else tensor.to(_cuda(_index(d)), non_blocking=True)
-            for d in devices]
+    """torch._C._broadcast: the source tensor itself on its own device, a copy on each other
+    (from a CPU tensor: a copy on every device)."""
+    return [tensor if tensor.is_cuda and _index(d) == tensor.get_device()
+            else tensor.to(_cuda(_index(d)), non_blocking=True) for d in devices]
 
 
 def broadcast_out(tensor: torch.Tensor, out: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    _check_source(tensor, "broadcast")
     for o in out:
         if o.shape != tensor.shape:
             raise RuntimeError(f"output tensor shape {tuple(o.shape)} does not match the input {tuple(tensor.shape)}")
