@@ -51,9 +51,10 @@ class RankIdentities:
         self._trace_pids.add(info.trace_pid)
         state = RankState(info, RankTimeline(info.rank, self.timing))
         self.ranks[info.rank] = state
-        self.trace.host_track(info)
         if info.certain:
-            self._name(state)
+            self._name(state)  # the process, and its host track
+        else:
+            self.trace.host_track(info)  # named when identify or settle makes it certain
         return state
 
     def identify(self, rank: int, new: int, node: int, local_rank: int) -> None:
