@@ -3,7 +3,8 @@
 Records are buffered and sent in batches; a call flushes the batch and waits for its answer
 with a timeout (no wait in phantora is unbounded). The connection is opened lazily, on the
 first record or call, so processes that never touch CUDA (torchrun's agent, DataLoader
-workers) never become ranks.
+workers) never become ranks; the hello that names the rank is made then too (a launcher may set
+the rank's environment after torch's import).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from phantora import protocol as P
 
@@ -24,7 +25,7 @@ class SimulatorGone(RuntimeError):
 
 
 class SimClient:
-    def __init__(self, socket_path: str, hello: dict[str, Any], timeout_s: float) -> None:
+    def __init__(self, socket_path: str, hello: Callable[[], dict[str, Any]], timeout_s: float) -> None:
         self._path = socket_path
         self._hello = hello
         self._timeout = timeout_s
@@ -55,7 +56,7 @@ class SimClient:
         except OSError as e:
             raise SimulatorGone(f"phantora: cannot reach the simulator at {self._path}: {e}") from e
         self._sock = sock
-        hello = dict(self._hello, pid=os.getpid())
+        hello = dict(self._hello(), pid=os.getpid())
         self.hello_reply = self._roundtrip([], [self._call_id(), P.C_HELLO, hello]) or {}
         self._start_flusher()
 

@@ -44,7 +44,7 @@ def _host_sync(rec: list[Any]) -> None:
     joins, or joins differently, then fails here instead of somewhere later."""
     rt = _rt()
     rt.client.record(rec)
-    if rt.config.world_size > 1:
+    if rt.world_size > 1:
         rt.client.call(P.C_NOW)
 
 class VirtualDeviceProperties:
@@ -60,8 +60,9 @@ class VirtualDeviceProperties:
         self.max_threads_per_multi_processor = gpu.max_threads_per_sm
         self.regs_per_multiprocessor = gpu.regs_per_sm
         self.warp_size = gpu.warp_size
-        self.uuid = f"00000000-0000-0000-0000-{index:012x}"
-        self.pci_bus_id = index
+        physical = rt_mod.get().config.visible[index]  # the node's GPU behind cuda:index
+        self.uuid = rt_mod.device_uuid(physical)
+        self.pci_bus_id = physical
         for k, v in _PROPERTY_DEFAULTS.items():
             setattr(self, k, v)
 
@@ -259,10 +260,12 @@ def synchronize(device: Any = None) -> None:
 
 # --- devices -------------------------------------------------------------------------------
 def is_available() -> bool:
-    return True
+    # CUDA_VISIBLE_DEVICES="" hides every GPU: torch then runs on the CPU, as on a GPU machine
+    return _rt().config.device_count > 0
 
 
 def device_count() -> int:
+    """The GPUs this process sees: the node's, narrowed by CUDA_VISIBLE_DEVICES (runtime.py)."""
     return _rt().config.device_count
 
 

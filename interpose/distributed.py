@@ -192,6 +192,10 @@ class SimProcessGroup(dist.ProcessGroup):
         self._seq = 0
         self._p2p_seq: dict[tuple[int, int], int] = {}
         _groups[self._group_name] = self
+        if c10d.GroupMember.WORLD is None and not ranks:
+            # the default group, built by init_process_group from the rank its rendezvous
+            # settled: from here on the process is that rank, before any collective it calls
+            _rt.identify(rank, size)
 
     # --- what c10d asks of a backend ----------------------------------------------------------
     def _set_sequence_number_for_group(self) -> None:
@@ -470,10 +474,27 @@ def install_distributed(rt: Any) -> None:
 
     torch.cuda.nccl.version = lambda: SIMULATED_NCCL_VERSION
     _patch_ddp()
+    _identify_at_init()
     install_object_collectives()
     from interpose import observer
 
     observer._SPECIAL.update(collective_op_handlers())
+
+
+def _identify_at_init() -> None:
+    """The rank a process passes to init_process_group (or the one its rendezvous settles) is
+    its identity for torch, whatever the environment said: Lightning's launcher and mp.spawn
+    pass it as an argument. Any backend: gloo or nccl."""
+    original = c10d.init_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        _rt.identify(dist.get_rank(), dist.get_world_size())
+
+    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+    init_process_group.__doc__ = original.__doc__
+    c10d.init_process_group = init_process_group
+    dist.init_process_group = init_process_group
 
 
 def _patch_ddp() -> None:

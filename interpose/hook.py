@@ -32,13 +32,18 @@ def sdpa_priority(capability_major: int) -> str:
 
 
 def before_torch_import() -> None:
+    from interpose.runtime import visible_devices
     from interpose.shim_build import find_torch, shim_path
     from phantora.hardware import DEFAULT_GPU, lookup_gpu
 
     gpu = lookup_gpu(os.environ.get("PHANTORA_GPU", DEFAULT_GPU))
     os.environ.setdefault("PHANTORA_SDPA_PRIORITY", sdpa_priority(gpu.capability[0]))
     ti = find_torch()
-    ctypes.CDLL(str(shim_path(ti)), mode=ctypes.RTLD_GLOBAL)
+    shim = ctypes.CDLL(str(shim_path(ti)), mode=ctypes.RTLD_GLOBAL)
+    # Set here rather than through the environment, which child processes inherit: a child
+    # applies its own CUDA_VISIBLE_DEVICES to the node's GPUs, as the CUDA driver does.
+    node_gpus = int(os.environ.get("PHANTORA_DEVICE_COUNT", "8"))
+    shim.phantora_shim_set_device_count(len(visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), node_gpus)))
 
 
 def after_torch_import() -> None:
@@ -50,6 +55,7 @@ def after_torch_import() -> None:
     from interpose.clock import VirtualClock, install_clock, restore_real_clock
     from interpose.cuda_api import install_cuda_api
     from interpose.cuda_dispatch import install_cuda_dispatch
+    from interpose.data_parallel import install_data_parallel
     from interpose.fake import install_fake_fixes, make_fake_mode
     from interpose.observer import OpObserver, install_metadata_only_regions
     from interpose.python_events import install_python_events
@@ -59,6 +65,7 @@ def after_torch_import() -> None:
     install_fake_fixes()
     install_value_hints()
     install_cuda_api()
+    install_data_parallel()
     clock = VirtualClock(rt.client, rt.host_thread)
     install_clock(clock)
 

@@ -114,12 +114,17 @@ class OpObserver(TorchDispatchMode):
         key, device = _signature_key(func, args, kwargs, rt)
         if device < 0 and not rt.client.connected:
             return  # host-only work of a process that is not a rank (yet)
+        if device >= 0 and not rt.config.device_count:
+            rt.check_device(device)  # CUDA_VISIBLE_DEVICES hides every GPU: fail before becoming a rank
         with rt.lock:
             sig_id = rt.sig_ids.get(key)
             if sig_id is None:
                 sig_id = rt.sig_ids[key] = len(rt.sig_ids)
                 sig = signature_of(func, args, kwargs, out, is_pinned=_pinned_checker(rt))
                 rt.client.record([P.R_SIG, sig_id, sig.to_wire()])
+            peer = _peer_copy_devices(func, args, out)
+            if peer is not None:  # it runs on the source device's current stream (copy_kernel_cuda)
+                device = peer[0]
             stream = current_stream_id(device) if device >= 0 else 0
             flags = op_flags(args, rt.in_optimizer > 0) if device >= 0 else 0
             if rt.capturing and device >= 0:
@@ -127,7 +132,12 @@ class OpObserver(TorchDispatchMode):
                 if capture is not None:  # recorded into a CUDA graph, not run (interpose/cuda_graphs.py)
                     flags |= P.OP_CAPTURED
                     capture.ops.append(str(func))
+                    peer = None  # a captured copy runs at replay, so its event barrier is not recorded now
+            if peer is not None:
+                _peer_barrier(rt, peer[1], peer[0], stream)
             rt.client.record([P.R_OP, sig_id, stream, flags])
+            if peer is not None:
+                _peer_barrier(rt, peer[0], peer[1], current_stream_id(peer[1]))
             if device >= 0:
                 rt.host_thread.launched_gpu_work()
                 self._account_outputs(func, out, stream)
@@ -146,7 +156,7 @@ class OpObserver(TorchDispatchMode):
             rt.client.record([P.R_OOM, dev if dev is not None else 0, e.info.requested_bytes if e.info else 0, str(e)])
             gpu = rt.config.gpu
             hint = (
-                f"\nphantora: rank {rt.config.rank} ran out of memory on simulated cuda:{dev} ({gpu.device_name}) "
+                f"\nphantora: rank {rt.rank} ran out of memory on simulated cuda:{dev} ({gpu.device_name}) "
                 f"in {func}. To fit: a smaller batch or sequence, activation checkpointing, sharding "
                 f"(FSDP), or a GPU with more memory (--gpu, --vram)."
             )
@@ -191,6 +201,36 @@ def _wraps_other_tensors(types: Any) -> bool:
     wrapper subclass, as torch defines it) and is not phantora's own FakeTensor."""
     return any(t is not FakeTensor and not issubclass(t, FakeTensor) and hasattr(t, "__tensor_flatten__")
                for t in types)
+
+
+_COPIES = {aten._to_copy.default, aten.copy_.default, aten._copy_from.default, aten._copy_from_and_resize.default}
+
+
+def _peer_copy_devices(func: Any, args: tuple, out: Any) -> tuple[int, int] | None:
+    """(source, destination) of a copy between two CUDA devices, else None."""
+    if func not in _COPIES or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    if func is aten.copy_.default:
+        src, dst = (args[1] if len(args) > 1 else None), args[0]
+    elif func is aten._to_copy.default:
+        src, dst = args[0], out
+    else:
+        src, dst = args[0], (args[1] if len(args) > 1 else None)
+    if not (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor)):
+        return None
+    if src.device.type != "cuda" or dst.device.type != "cuda" or src.device.index == dst.device.index:
+        return None
+    return src.device.index or 0, dst.device.index or 0
+
+
+def _peer_barrier(rt: rt_mod.Runtime, from_device: int, to_device: int, to_stream: int) -> None:
+    """`to_device`'s stream waits for `from_device`'s current stream: copy_kernel_cuda puts such
+    an event barrier before a peer copy (the source stream waits for the destination's) and
+    after it (the destination's current stream waits for the copy), so nothing reads or writes
+    either side while it runs."""
+    event = rt.new_event_id()
+    rt.client.record([P.R_EVENT_RECORD, event, from_device, current_stream_id(from_device)])
+    rt.client.record([P.R_EVENT_WAIT, event, to_device, to_stream])
 
 
 def _is_internal_detach(func: Any) -> bool:

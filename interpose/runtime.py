@@ -6,9 +6,16 @@ runs (and torchrun passes on to its workers):
   PHANTORA_SOCKET         path of the simulator's Unix socket (interposition is off without it)
   PHANTORA_GPU            GPU model key from phantora.hardware (default h100-sxm-80gb)
   PHANTORA_VRAM           memory per GPU in bytes, overriding the model's
-  PHANTORA_DEVICE_COUNT   GPUs visible to the process (the node's GPU count)
+  PHANTORA_DEVICE_COUNT   GPUs of the simulated node (default 8)
   PHANTORA_CALL_TIMEOUT   seconds to wait for any answer from the simulator (default 600)
-  RANK, LOCAL_RANK, GROUP_RANK, WORLD_SIZE   as torchrun sets them (default: a single rank 0)
+and from the variables a GPU process reads on a real machine:
+  CUDA_VISIBLE_DEVICES    which of the node's GPUs the process sees, parsed as CUDA does
+  RANK, LOCAL_RANK, GROUP_RANK / NODE_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE: the rank's identity.
+
+A rank's identity is what torch.distributed uses: RANK as torchrun sets it; otherwise (Lightning's
+launcher sets LOCAL_RANK, NODE_RANK and WORLD_SIZE; mp.spawn children set nothing) a guess that is
+read when the process first touches a GPU and corrected by the rank the process passes to
+init_process_group (interpose/distributed.py).
 """
 
 from __future__ import annotations
@@ -32,31 +39,108 @@ NON_PYTORCH_BYTES = 684 << 20
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 
 
+def _strtoul(entry: str) -> int:
+    """The leading decimal number of `entry` as C's strtoul reads it (CUDA parses
+    CUDA_VISIBLE_DEVICES so: "1gpu" is 1), or -1 when it has none or it is negative."""
+    digits = ""
+    for i, c in enumerate(entry):
+        if c.isdigit() or (i == 0 and c in "+-"):
+            digits += c
+        else:
+            break
+    try:
+        return int(digits)
+    except ValueError:
+        return -1
+
+
+def visible_devices(value: str | None, node_gpus: int) -> tuple[int, ...]:
+    """The node's GPUs a process sees, in the order it numbers them (cuda:0 is the first), as
+    the CUDA driver reads CUDA_VISIBLE_DEVICES: unset, all of them; otherwise the list stops at
+    the first entry that is not a GPU of the node (not a number, negative, too large); a
+    repeated entry hides every GPU, as in torch.cuda._parse_visible_devices. Entries are ordinals
+    or the UUIDs torch.cuda.get_device_properties reports (GPU-00000000-...-<index in hex>)."""
+    if value is None:
+        return tuple(range(node_gpus))
+    seen: list[int] = []
+    by_uuid = value.startswith("GPU-")  # then every entry must be one (torch reads it so too)
+    for entry in value.split(","):
+        entry = entry.strip()
+        if by_uuid:
+            index = _uuid_index(entry[4:], node_gpus) if entry.startswith("GPU-") else -1
+        else:
+            index = _strtoul(entry)
+        if index < 0 or index >= node_gpus:
+            break
+        if index in seen:
+            return ()
+        seen.append(index)
+    return tuple(seen)
+
+
+def device_uuid(index: int) -> str:
+    return f"00000000-0000-0000-0000-{index:012x}"
+
+
+def _uuid_index(prefix: str, node_gpus: int) -> int:
+    """The GPU whose UUID starts with `prefix` (CUDA accepts unique prefixes), else -1."""
+    matches = [i for i in range(node_gpus) if prefix and device_uuid(i).startswith(prefix)]
+    return matches[0] if len(matches) == 1 else -1
+
+
+@dataclass
+class RankIdentity:
+    """Who this process is among the job's ranks. `certain` when torch will use exactly this rank
+    (RANK set, or no launcher at all); otherwise a guess until init_process_group says."""
+
+    rank: int = 0
+    local_rank: int = 0
+    node: int = 0
+    world_size: int = 1
+    certain: bool = True
+
+    @staticmethod
+    def from_env(env: os._Environ[str] | dict[str, str] = os.environ, spawned: bool = False) -> "RankIdentity":
+        """torchrun: RANK, LOCAL_RANK, GROUP_RANK, WORLD_SIZE. Lightning's launcher: LOCAL_RANK,
+        NODE_RANK, WORLD_SIZE (global rank NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK, where the
+        local world size is LOCAL_WORLD_SIZE if set, else WORLD_SIZE on a single node). A child of
+        multiprocessing (`spawned`, e.g. mp.spawn) without RANK learns its rank only from
+        init_process_group."""
+        local = int(env.get("LOCAL_RANK", "0") or 0)
+        node = int(env.get("GROUP_RANK") or env.get("NODE_RANK") or 0)
+        world = int(env.get("WORLD_SIZE", "1") or 1)
+        if env.get("RANK"):
+            return RankIdentity(int(env["RANK"]), local, node, world, certain=True)
+        launched = "LOCAL_RANK" in env or "WORLD_SIZE" in env
+        local_world = int(env.get("LOCAL_WORLD_SIZE") or 0) or (world if node == 0 else 0)
+        rank = node * local_world + local if local_world else local
+        return RankIdentity(rank, local, node, world, certain=not (launched or spawned))
+
+
 @dataclass(frozen=True)
 class RankConfig:
     socket_path: str
     gpu: GPUSpec
     total_memory: int
-    device_count: int
-    rank: int
-    local_rank: int
-    node: int
-    world_size: int
+    node_gpus: int  # GPUs of the simulated node
+    visible: tuple[int, ...]  # the node's GPUs this process sees: cuda:i is GPU visible[i]
     call_timeout_s: float
+
+    @property
+    def device_count(self) -> int:
+        return len(self.visible)
 
     @staticmethod
     def from_env(env: os._Environ[str] | dict[str, str] = os.environ) -> "RankConfig":
         gpu = lookup_gpu(env.get("PHANTORA_GPU", DEFAULT_GPU))
         vram = env.get("PHANTORA_VRAM")
+        node_gpus = int(env.get("PHANTORA_DEVICE_COUNT", "8"))
         return RankConfig(
             socket_path=env["PHANTORA_SOCKET"],
             gpu=gpu,
             total_memory=int(vram) if vram else gpu.total_memory,
-            device_count=int(env.get("PHANTORA_DEVICE_COUNT", "8")),
-            rank=int(env.get("RANK", "0")),
-            local_rank=int(env.get("LOCAL_RANK", "0")),
-            node=int(env.get("GROUP_RANK", "0")),
-            world_size=int(env.get("WORLD_SIZE", "1")),
+            node_gpus=node_gpus,
+            visible=visible_devices(env.get("CUDA_VISIBLE_DEVICES"), node_gpus),
             call_timeout_s=float(env.get("PHANTORA_CALL_TIMEOUT", "600")),
         )
 
@@ -76,12 +160,10 @@ class Runtime:
 
     def __init__(self, config: RankConfig) -> None:
         self.config = config
-        self.client = SimClient(
-            config.socket_path,
-            {"rank": config.rank, "local_rank": config.local_rank, "node": config.node,
-             "world_size": config.world_size},
-            config.call_timeout_s,
-        )
+        # Read when the process first touches a GPU, not at import: a launcher such as
+        # Lightning's sets LOCAL_RANK / WORLD_SIZE in its own process after torch is imported.
+        self.identity: RankIdentity | None = None
+        self.client = SimClient(config.socket_path, self._hello, config.call_timeout_s)
         self.devices: dict[int, DeviceMemory] = {}
         self.sig_ids: dict[Any, int] = {}
         # Page-locked host storages, by StorageImpl address. Weak: an address is reused once its
@@ -101,16 +183,61 @@ class Runtime:
         self.pool_routes: dict[tuple[int, int], int] = {}
         self.capturing: dict[tuple[int, int], Any] = {}  # (device, stream) -> the CUDA graph capture on it
 
+    # --- identity --------------------------------------------------------------------------
+    def _hello(self) -> dict[str, Any]:
+        import multiprocessing
+
+        if self.identity is None:
+            self.identity = RankIdentity.from_env(os.environ, spawned=multiprocessing.parent_process() is not None)
+        ident = self.identity
+        return {"rank": ident.rank, "local_rank": ident.local_rank, "node": ident.node,
+                "world_size": ident.world_size, "certain": ident.certain, "devices": list(self.config.visible)}
+
+    @property
+    def rank(self) -> int:
+        return self.identity.rank if self.identity is not None else 0
+
+    @property
+    def world_size(self) -> int:
+        if self.identity is None:
+            return int(os.environ.get("WORLD_SIZE", "1") or 1)
+        return self.identity.world_size
+
+    def identify(self, rank: int, world_size: int) -> None:
+        """init_process_group made this process `rank` of `world_size`: what torch uses from now
+        on. A process that already talks to the simulator under a guessed identity has it
+        corrected there (its trace keeps everything recorded so far)."""
+        if "LOCAL_RANK" in os.environ:
+            local = int(os.environ["LOCAL_RANK"] or 0)
+            node = int(os.environ.get("GROUP_RANK") or os.environ.get("NODE_RANK") or 0)
+        else:  # mp.spawn and the like: ranks fill the nodes in order
+            node, local = divmod(rank, self.config.node_gpus)
+        new = RankIdentity(rank, local, node, world_size, certain=True)
+        with self.lock:
+            if self.identity == new:
+                return
+            self.identity = new
+            if self.client.connected:
+                self.client.call(P.C_IDENTIFY, {"rank": rank, "local_rank": local, "node": node,
+                                                "world_size": world_size})
+
     # --- memory ----------------------------------------------------------------------------
     def check_device(self, index: int) -> int:
         n = self.config.device_count
+        if n == 0:
+            raise RuntimeError(
+                "No CUDA GPUs are available\nphantora: CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r} hides every GPU of the simulated node from this "
+                "process (torch.cuda.is_available() is False); unset it or name the GPUs to use"
+            )
         if not 0 <= index < n:
             import torch
 
             error = getattr(torch, "AcceleratorError", RuntimeError)
             raise error(
-                f"CUDA error: invalid device ordinal\nphantora: cuda:{index} does not exist; the simulated "
-                f"node has {n} GPUs (cuda:0 to cuda:{n - 1}); change the device index or --gpus-per-node"
+                f"CUDA error: invalid device ordinal\nphantora: cuda:{index} does not exist; this process sees {n} "
+                f"GPU(s) (cuda:0 to cuda:{n - 1}{_visible_note(self.config)}); change the device index, "
+                "CUDA_VISIBLE_DEVICES or --gpus-per-node"
             )
         return index
 
@@ -205,6 +332,12 @@ class Runtime:
         with self.lock:
             self.next_event_id += 1
             return self.next_event_id
+
+
+def _visible_note(config: RankConfig) -> str:
+    if config.device_count == config.node_gpus:
+        return ""
+    return f" of the node's {config.node_gpus}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}"
 
 
 _runtime: Runtime | None = None

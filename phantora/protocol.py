@@ -54,13 +54,14 @@ OP_IN_MODULE = 8  # forward op inside an nn.Module's forward (model code, not a 
 OP_CAPTURED = 32  # launched on a stream that is capturing a CUDA graph: recorded, not run
 
 # --- calls (reply expected) --------------------------------------------------------------------
-C_HELLO = 0  # [id, C_HELLO, info dict] -> config dict
+C_HELLO = 0  # [id, C_HELLO, info dict: rank, local_rank, node, world_size, certain, devices] -> config dict
 C_NOW = 1  # [id, C_NOW] -> host clock of this rank in ns since simulation start
 C_ELAPSED = 2  # [id, C_ELAPSED, start_event_id, end_event_id] -> milliseconds (float)
 C_QUERY_EVENT = 3  # [id, C_QUERY_EVENT, event_id] -> bool: has the event completed by now?
 C_QUERY_STREAM = 4  # [id, C_QUERY_STREAM, device, stream_id] -> bool
 C_BYE = 5  # [id, C_BYE, exit info] -> None: the process is exiting normally
 C_COLLECTIVE = 6  # [id, C_COLLECTIVE, call dict (engine/collectives.py)] -> work id, once every member joined
+C_IDENTIFY = 7  # [id, C_IDENTIFY, {rank, local_rank, node, world_size}] -> None: init_process_group's rank
 
 _LEN = struct.Struct("<I")
 MAX_MESSAGE = 1 << 30

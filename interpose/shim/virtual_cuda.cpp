@@ -28,7 +28,8 @@
 // shim registers a host-clock timer for CUDA, as CPU builds of torch use for CPU tensors.
 //
 // Configuration comes from the environment, read once:
-//   PHANTORA_DEVICE_COUNT      number of visible virtual GPUs (default 8)
+//   PHANTORA_DEVICE_COUNT      number of virtual GPUs on the node (default 8); the process sees
+//                              phantora_shim_set_device_count's number instead once it is called
 //   PHANTORA_SDPA_PRIORITY     comma list of backends in priority order, e.g. "cudnn,flash,efficient"
 //   PHANTORA_SDPA_MAX_HEADDIM  per-backend head-dim limits "flash=256,cudnn=128,efficient=1024"
 
@@ -71,12 +72,17 @@ int env_int(const char* name, int fallback) {
   return s && *s ? std::atoi(s) : fallback;
 }
 
+// Set by interpose/hook.py before torch's import: the node's GPUs narrowed by CUDA_VISIBLE_DEVICES
+// (0 when it hides them all: torch then sees no CUDA, as on a real machine).
+std::atomic<int> visible_devices{-1};
+
 int device_count() {
-  static const int n = [] {
+  static const int from_env = [] {
     int v = env_int("PHANTORA_DEVICE_COUNT", 8);
     return v < 1 ? 1 : (v > kMaxDevices ? kMaxDevices : v);
   }();
-  return n;
+  int v = visible_devices.load();
+  return v >= 0 ? v : from_env;
 }
 
 thread_local c10::DeviceIndex tl_device = 0;
@@ -321,8 +327,8 @@ struct VirtualCudaHooks final : public at::CUDAHooksInterface {
     return default_cuda_generator(i);
   }
   at::Generator getNewGenerator(c10::DeviceIndex i = -1) const override { return new_cuda_generator(i); }
-  bool hasCUDA() const override { return true; }
-  bool isAvailable() const override { return true; }
+  bool hasCUDA() const override { return device_count() > 0; }
+  bool isAvailable() const override { return device_count() > 0; }
   bool isBuilt() const override { return true; }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
   c10::DeviceIndex deviceCount() const override { return device_count(); }
@@ -605,3 +611,7 @@ extern "C" int phantora_install_cuda_dispatch() {
 }
 
 extern "C" int phantora_is_pinned_ptr(const void* p) { return is_pinned_ptr(p) ? 1 : 0; }
+
+extern "C" void phantora_shim_set_device_count(int n) {
+  visible_devices.store(n < 0 ? 0 : (n > kMaxDevices ? kMaxDevices : n));
+}

@@ -34,9 +34,10 @@ from phantora.engine.finality import Finality
 from phantora.engine.host_records import HostRecords
 from phantora.engine.host_waits import NOT_YET, HostWaits, NotYet, WaitTarget, host_waits_for_copy
 from phantora.engine.placement import Placement
+from phantora.engine.rank_identity import RankIdentities
 from phantora.engine.ranks import CallError, DeviceMemory, RankInfo, RankState
 from phantora.engine.summary import EngineSummary, simulated_end_ns, summarize
-from phantora.engine.timeline import RankTimeline, TimingConfig
+from phantora.engine.timeline import TimingConfig
 from phantora.engine.trace_events import (HOST_TRACK, NETWORK_PID, SIMULATOR_PID, STEP_TRACK, TraceEvents,
                                           nccl_kernel_name)
 from phantora.hardware import GPUSpec
@@ -57,6 +58,7 @@ class Engine:
 
       host_records.py          records that launch GPU work or only cost host time
       placement.py             placing GPU work on stream timelines, lazily
+      rank_identity.py         which process is which rank (guessed ranks, init_process_group)
       host_waits.py            synchronize, blocking copies, .item(), event/stream queries
       collective_lifecycle.py  join, submit to the network, read the end, failures
       finality.py              proving ends final (progress)
@@ -92,6 +94,8 @@ class Engine:
         self.waits = HostWaits(self.ranks, self.timing, self.trace, self.placement, self.collectives, sync)
         self.finality = Finality(self.ranks, self.timing, self.placement, self.collectives, self.waits, sync)
         self.host = HostRecords(self.timing, estimator, self.trace, self.placement, self.waits, self._warn)
+        self.identities = RankIdentities(self.ranks, self.timing, self.trace, self.collectives, self.waits,
+                                         gpu.aliases[0].upper(), self.collectives.gpus_per_node)
 
     # --- state the server and tests read ------------------------------------------------------
     @property
@@ -135,17 +139,21 @@ class Engine:
     def comm_busy_ns(self) -> int:
         return self.collectives.comm_busy_ns
 
+    @property
+    def moved(self) -> dict[int, int]:
+        """rank -> provisional id a guessing process was moved to (the server follows, then clears)."""
+        return self.identities.moved
+
     # --- ranks --------------------------------------------------------------------------------
     def add_rank(self, info: RankInfo) -> RankState:
-        if info.rank in self.ranks:
-            raise CallError(
-                f"two processes claim rank {info.rank} (pids {self.ranks[info.rank].info.pid} and {info.pid}); "
-                "each rank process must have a distinct RANK"
-            )
-        state = RankState(info, RankTimeline(info.rank, self.timing))
-        self.ranks[info.rank] = state
-        self.trace.rank(info, self.gpu.aliases[0].upper())
-        return state
+        """A process joins as `info.rank`; one that only guessed a rank another holds joins under a
+        provisional id (< 0) until identify_rank (rank_identity.py)."""
+        return self.identities.add(info)
+
+    def identify_rank(self, rank: int, new: int, node: int, local_rank: int, world_size: int) -> None:
+        """The process known as `rank` called init_process_group as `new` of `world_size`."""
+        self.identities.identify(rank, new, node, local_rank)
+        self.expected_ranks = max(self.expected_ranks, world_size)
 
     def global_gpu(self, rank: int) -> int:
         return self.collectives.global_gpu(rank)
@@ -281,6 +289,7 @@ class Engine:
         if st.finished:
             return
         st.finished = True
+        self.identities.settle(st)
         self.host.close_nvtx(st)
 
     def summary(self) -> EngineSummary:

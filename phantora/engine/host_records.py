@@ -15,6 +15,7 @@ from typing import Any, Callable
 import orjson
 from phantora import protocol as P
 from phantora.cost import COPY_D2H, COPY_H2D, NO_GPU_WORK, Estimator, KernelEstimate
+from phantora.cost.copies import copy_endpoints
 from phantora.cost.host import HOST_COSTS, host_event_ns, python_overhead_ns
 from phantora.engine.deferred import EventRecord, EventWait, GraphReplay, OpWork
 from phantora.engine.graphs import CapturedGraph, GraphError, GraphNode
@@ -24,6 +25,19 @@ from phantora.engine.ranks import CallError, DeviceMemory, RankState
 from phantora.engine.timeline import TimingConfig
 from phantora.engine.trace_events import TraceEvents, estimator_label, shape_args
 from phantora.ops import OpSignature
+
+
+_COPY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize"})
+
+
+def op_device(sig: OpSignature) -> int | None:
+    """The device whose stream runs the op: a copy between two GPUs runs on the source's
+    (copy_kernel_cuda), every other op on the device of its first CUDA tensor."""
+    if sig.name in _COPY_OPS:
+        e = copy_endpoints(sig)
+        if e is not None and e.is_peer:
+            return e.src.device_index
+    return sig.cuda_device()
 
 
 class HostRecords:
@@ -61,7 +75,7 @@ class HostRecords:
         st.ops += 1
         if not est.known:
             self.unknown_ops[sig.full_name] += 1
-        device = sig.cuda_device()
+        device = op_device(sig)
         begin = tl.host_ns
         # The Python and autograd code around a GPU op runs before it is dispatched; the op's
         # host slice covers both, with the overhead in its args.

@@ -206,6 +206,12 @@ class HostWaits:
                     resumed = True
         return resumed
 
+    def rekey(self, old: int, new: int) -> None:
+        """A rank was renamed (rank_identity.py): a finished wait is reported under its new rank."""
+        if old in self._unblocked:
+            self._unblocked.discard(old)
+            self._unblocked.add(new)
+
     def take_unblocked(self) -> set[int]:
         """Ranks whose host wait finished, or whose held call can now be answered."""
         ranks, self._unblocked = self._unblocked, set()

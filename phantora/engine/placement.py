@@ -54,7 +54,7 @@ class Placement:
         """The rank's stream, its track named when it is first used."""
         stream, new = st.timeline.stream(device, stream_id)
         if new:
-            self.trace.stream_track(st.info.trace_pid, stream)
+            self.trace.stream_track(st.info, stream)
         return stream
 
     def enqueue(self, st: RankState, action: Action) -> None:

@@ -30,10 +30,15 @@ class RankInfo:
     node: int
     local_rank: int
     pid: int  # OS pid of the rank process (for messages only; the trace uses `trace_pid`)
+    # The node's GPUs the process sees, cuda:i being devices[i] (CUDA_VISIBLE_DEVICES); () all.
+    devices: tuple[int, ...] = ()
+    # False: the rank is a guess (no RANK in the environment) that init_process_group settles
+    # (rank_identity.py); until then another process may claim it.
+    certain: bool = True
+    trace_pid: int = 0  # the process's trace pid, fixed for the run (rank_identity.py): rank + 1 if free
 
-    @property
-    def trace_pid(self) -> int:
-        return self.rank + 1
+    def physical_gpu(self, device: int) -> int:
+        return self.devices[device] if 0 <= device < len(self.devices) else device
 
 
 @dataclass

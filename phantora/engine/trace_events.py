@@ -30,6 +30,7 @@ SIMULATOR_PID = 0  # trace process for rollback corrections and stale replies
 ROLLBACK_TRACK, CORRECTION_TRACK = 1, 2  # its threads
 _SIMULATOR_TRACKS = {ROLLBACK_TRACK: "network rollbacks", CORRECTION_TRACK: "corrections to ends already used"}
 NETWORK_PID = 1_000_000  # trace process for the network's link counters
+PROVISIONAL_PID_BASE = 900_000  # trace pids of rank processes whose rank + 1 was taken (rank_identity.py)
 _MAX_ARG_SHAPES = 16
 _NCCL_OPS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
              "broadcast": "Broadcast", "reduce": "Reduce", "all_to_all": "SendRecv", "send_recv": "SendRecv",
@@ -86,14 +87,29 @@ class TraceEvents:
         return self._flow_ids
 
     # --- tracks -------------------------------------------------------------------------------
-    def rank(self, info: RankInfo, gpu_name: str) -> None:
-        pid = info.trace_pid
-        self.sink.process(pid, f"rank {info.rank} · node {info.node} · GPU {info.local_rank} · {gpu_name}", info.rank)
-        self.sink.thread(pid, HOST_TRACK, "host (aten op launches)", 0)
+    def host_track(self, info: RankInfo) -> None:
+        self.sink.thread(info.trace_pid, HOST_TRACK, "host (aten op launches)", 0)
 
-    def stream_track(self, pid: int, stream: Stream) -> None:
+    def rank(self, info: RankInfo, gpu_name: str, gpus_per_node: int, streams: list[Stream]) -> None:
+        """Name the rank's trace process once its rank is certain (a process that only guessed its
+        rank is "rank ?" until then), and again its tracks, for sinks that ignore the tracks of
+        processes they cannot name yet."""
+        pid = info.trace_pid
+        gpus = ",".join(str(d) for d in info.devices) if info.devices and len(info.devices) < gpus_per_node \
+            else str(info.local_rank)
+        label = f"rank {info.rank}" if info.rank >= 0 else f"rank ? (process {info.pid}, rank not known)"
+        self.sink.process(pid, f"{label} · node {info.node} · GPU {gpus} · {gpu_name}",
+                          info.rank if info.rank >= 0 else PROVISIONAL_PID_BASE - info.rank)
+        self.host_track(info)
+        for stream in streams:
+            if stream.stream_id >= 0:  # communication streams (< 0) are named by comm_track
+                self.stream_track(info, stream)
+
+    def stream_track(self, info: RankInfo, stream: Stream) -> None:
         label = "default stream" if stream.stream_id == 0 else f"stream {stream.stream_id}"
-        self.sink.thread(pid, stream.track, f"cuda:{stream.device} {label}", stream.track)
+        physical = info.physical_gpu(stream.device)
+        where = f" (GPU {physical} of the node)" if physical != stream.device else ""  # CUDA_VISIBLE_DEVICES
+        self.sink.thread(info.trace_pid, stream.track, f"cuda:{stream.device} {label}{where}", stream.track)
 
     def comm_track(self, pid: int, stream: Stream, what: str) -> None:
         self.sink.thread(pid, stream.track, f"cuda:{stream.device} nccl {what}", stream.track)

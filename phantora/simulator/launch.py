@@ -233,6 +233,8 @@ def format_summary(run: TraceRun, result: TraceResult) -> str:
         f"  ops {s.ops:,}   kernels {s.kernels:,}   GPU busy {s.gpu_busy_ns / 1e9:.6f} s   "
         f"{s.flops / 1e12:.2f} TFLOP",
     ]
+    if s.ranks == 0:
+        lines.append("  no process used a virtual GPU" + _hidden_gpus_note(run))
     total = run.vram_bytes or run.gpu.total_memory
     for (rank, dev), peak in sorted(s.peak_allocated.items()):
         lines.append(f"  peak memory rank {rank} cuda:{dev}: {format_bytes(peak)} allocated, "
@@ -285,6 +287,16 @@ def collective_lines(run: TraceRun, s: Any) -> list[str]:
     lines.append(f"  --sync {run.sync}: {s.early_reads} collective end(s) were read by a waiting host (synchronize, "
                  f".item(), Work.wait) before they were final; {stale}")
     return lines
+
+
+def _hidden_gpus_note(run: TraceRun) -> str:
+    from interpose.runtime import visible_devices
+
+    value = run.extra_env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if value is not None and not visible_devices(value, run.gpus_per_node):
+        return (f" (CUDA_VISIBLE_DEVICES={value!r} hides all {run.gpus_per_node} GPUs of the node, so "
+                "torch.cuda.is_available() is False in the script)")
+    return ""
 
 
 def kernel_times_lines(result: TraceResult) -> list[str]:

@@ -342,14 +342,26 @@ class SimulatorServer:
         kind = call[1]
         if kind == P.C_HELLO:
             info = call[2]
-            rank = int(info["rank"])
-            self.engine.add_rank(RankInfo(rank, int(info.get("node", 0)), int(info.get("local_rank", 0)), int(info.get("pid", 0))))
-            conn.rank, conn.pid = rank, info.get("pid")
+            st = self.engine.add_rank(RankInfo(
+                int(info["rank"]), int(info.get("node", 0)), int(info.get("local_rank", 0)), int(info.get("pid", 0)),
+                devices=tuple(int(d) for d in info.get("devices", ())), certain=bool(info.get("certain", True))))
+            self._follow_moves()
+            conn.rank, conn.pid = st.info.rank, info.get("pid")
             self.engine.expected_ranks = max(self.engine.expected_ranks, int(info.get("world_size", 1)))
-            self.ranks_seen.add(rank)
+            self._note_rank(st.info.rank)
             return self.hello_reply
         if conn.rank is None:
             raise CallError("a rank process made a call before saying hello")
+        if kind == P.C_IDENTIFY:
+            info = call[2]
+            new = int(info["rank"])
+            self.engine.identify_rank(conn.rank, new, int(info.get("node", 0)), int(info.get("local_rank", 0)),
+                                      int(info.get("world_size", 1)))
+            self._follow_moves()
+            self._rekey(conn.rank, new)
+            conn.rank = new
+            self._note_rank(new)
+            return None
         if kind == P.C_NOW:
             return self.engine.now(conn.rank)
         if kind == P.C_ELAPSED:
@@ -370,6 +382,27 @@ class SimulatorServer:
             self._abandoned(conn.rank)
             return None
         raise CallError(f"unknown call kind {kind!r}")
+
+    def _note_rank(self, rank: int) -> None:
+        if rank >= 0:  # < 0: provisional, until init_process_group names the rank
+            self.ranks_seen.add(rank)
+
+    def _follow_moves(self) -> None:
+        """Processes the engine moved to a provisional id (another claimed their guessed rank)."""
+        for old, new in self.engine.moved.items():
+            for c in self.connections:
+                if c.rank == old:
+                    c.rank = new
+            self._rekey(old, new)
+        self.engine.moved.clear()
+
+    def _rekey(self, old: int, new: int) -> None:
+        if old == new:
+            return
+        self.ranks_seen.discard(old)
+        for table in (self.held, self.failed):
+            if old in table:
+                table[new] = table.pop(old)  # type: ignore[index]
 
     def _reply(self, conn: Connection, call_id: int, ok: bool, value: Any) -> None:
         try:
