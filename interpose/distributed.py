@@ -475,6 +475,7 @@ def install_distributed(rt: Any) -> None:
     torch.cuda.nccl.version = lambda: SIMULATED_NCCL_VERSION
     _patch_ddp()
     _identify_at_init()
+    _install_exit_rendezvous()
     install_object_collectives()
     from interpose import observer
 
@@ -495,6 +496,51 @@ def _identify_at_init() -> None:
     init_process_group.__doc__ = original.__doc__
     c10d.init_process_group = init_process_group
     dist.init_process_group = init_process_group
+
+
+EXIT_WAIT_S = 120.0  # how long the store's host waits for the other ranks to leave
+
+
+def _exit_rendezvous() -> None:
+    """Leave the default process group without pulling the store from under the other ranks.
+
+    Values and objects travel through the c10d store, which rank 0 hosts when the job was not
+    started by torchrun's agent (Lightning's launcher, mp.spawn, init_process_group with
+    tcp://). A real job needs the store only at start-up; phantora needs it until the last rank
+    has read what other ranks sent it. So a rank first reads everything still owed to it, then
+    says it is leaving; rank 0 waits (at most EXIT_WAIT_S) until every rank has said so."""
+    if getattr(_exit_rendezvous, "done", False) or not dist.is_initialized():
+        return
+    _exit_rendezvous.done = True  # type: ignore[attr-defined]
+    try:
+        store = c10d._get_default_store()
+        rank, world = dist.get_rank(), dist.get_world_size()
+        with values.real_cpu():
+            values.settle_all()
+            store.set(f"phantora/exit/{rank}", b"1")
+            if rank == 0 and world > 1:
+                store.wait([f"phantora/exit/{r}" for r in range(world)], timedelta(seconds=EXIT_WAIT_S))
+    except Exception:  # a peer died or the store is gone: nothing left to protect
+        pass
+
+
+def _install_exit_rendezvous() -> None:
+    """At destroy_process_group() of the default group, and at exit for scripts that never call
+    it (see _exit_rendezvous)."""
+    import atexit
+
+    original = c10d.destroy_process_group
+
+    def destroy_process_group(group: Any = None) -> None:
+        if group is None or group is c10d.GroupMember.WORLD:
+            _exit_rendezvous()
+        original(group)
+
+    destroy_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+    destroy_process_group.__doc__ = original.__doc__
+    c10d.destroy_process_group = destroy_process_group
+    dist.destroy_process_group = destroy_process_group
+    atexit.register(_exit_rendezvous)
 
 
 def _patch_ddp() -> None:

@@ -106,11 +106,23 @@ _pending = _TensorAttr("_phantora_pending")  # virtual tensor -> values other ra
 class _Once:
     def __init__(self, fn: Callable[[], None]) -> None:
         self.fn: Callable[[], None] | None = fn
+        _unresolved[id(self)] = self
 
     def __call__(self) -> None:
         fn, self.fn = self.fn, None
+        _unresolved.pop(id(self), None)
         if fn is not None:
             fn()
+
+
+_unresolved: dict[int, _Once] = {}  # deferred resolves not run yet, in the order they were made
+
+
+def settle_all() -> None:
+    """Run every deferred resolve now (the process is about to leave its process group: what
+    other ranks owe it must be read while the store is there)."""
+    for once in list(_unresolved.values()):
+        once()
 
 
 def defer(tensors: list[torch.Tensor], resolve: Callable[[], None]) -> Callable[[], None]:

@@ -36,9 +36,6 @@ for _ in range(2):
 t = torch.ones(8, dtype=torch.int64, device="cuda") * (rank + 1)
 dist.all_reduce(t)
 assert t.tolist() == [sum(range(1, nprocs + 1))] * 8, t.tolist()
-# rank 0 hosts the c10d store through which phantora carries small integer values: it must not
-# drop it (destroy_process_group) before rank 1 has read them (a real NCCL job needs no barrier)
-dist.barrier()
 dist.destroy_process_group()
 for c in children:
     assert c.wait() == 0

@@ -22,9 +22,6 @@ def worker(index: int, nprocs: int, port: str) -> None:
     dist.all_reduce(t)
     assert t.tolist() == [sum(range(1, nprocs + 1))] * 4
     assert x.shape == (64, 64)
-    # rank 0 hosts the c10d store through which phantora carries small integer values: it must
-    # not exit before rank 1 has read them (a real NCCL job needs no such barrier)
-    dist.barrier()
     dist.destroy_process_group()
     print(f"ok rank {rank}", flush=True)
 
