@@ -501,7 +501,7 @@ def _identify_at_init() -> None:
 EXIT_WAIT_S = 120.0  # how long the store's host waits for the other ranks to leave
 
 
-def _exit_rendezvous() -> None:
+def _exit_rendezvous(wait: bool = True) -> None:
     """Leave the default process group without pulling the store from under the other ranks.
 
     Values and objects travel through the c10d store, which rank 0 hosts when the job was not
@@ -516,9 +516,10 @@ def _exit_rendezvous() -> None:
         store = c10d._get_default_store()
         rank, world = dist.get_rank(), dist.get_world_size()
         with values.real_cpu():
-            values.settle_all()
+            if wait:
+                values.settle_all()
             store.set(f"phantora/exit/{rank}", b"1")
-            if rank == 0 and world > 1:
+            if wait and rank == 0 and world > 1:
                 store.wait([f"phantora/exit/{r}" for r in range(world)], timedelta(seconds=EXIT_WAIT_S))
     except Exception:  # a peer died or the store is gone: nothing left to protect
         pass
@@ -540,7 +541,16 @@ def _install_exit_rendezvous() -> None:
     destroy_process_group.__doc__ = original.__doc__
     c10d.destroy_process_group = destroy_process_group
     dist.destroy_process_group = destroy_process_group
-    atexit.register(_exit_rendezvous)
+
+    failing: list[BaseException] = []
+    stock_hook = sys.excepthook
+
+    def excepthook(kind: Any, value: BaseException, tb: Any) -> None:
+        failing.append(value)
+        stock_hook(kind, value, tb)
+
+    sys.excepthook = excepthook
+    atexit.register(lambda: _exit_rendezvous(wait=not failing))
 
 
 def _patch_ddp() -> None:
