@@ -426,8 +426,11 @@ class PerfettoProtoSink:
             return
         fid = COLLECTIVE_FLOW_BIT | flow_id
         source.flow_ids.append(fid)
-        # A destination that starts first would meet a terminating id before the arrow's start.
-        (target.terminating_flow_ids if target.start >= source.start else target.flow_ids).append(fid)
+        # A destination that starts first would meet a terminating id before the arrow's start; one
+        # that starts at the same time may be met first too (the trace processor orders equal
+        # timestamps of different sequences as it likes: a 2-rank all-reduce starting at the same
+        # ns on both ranks lost its arrow in some runs), so only a later one terminates it.
+        (target.terminating_flow_ids if target.start > source.start else target.flow_ids).append(fid)
         record = InternedData()
         record.event_names.add(iid=fid, name=orjson.dumps({"name": name, "src": src, "dst": dst}).decode())
         self._write(b"", b"", sequence=FLOW_RECORD_SEQUENCE_ID, interned=record.SerializeToString())
