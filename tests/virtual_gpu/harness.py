@@ -8,6 +8,7 @@ runs it on the CPU build (the test interpreter) and on the CUDA build of torch (
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,13 +36,16 @@ def run_traced(tmp_path: Path, python: str, script: str | Path, *args: str, opti
     return proc, out
 
 
-def ok_lines(stdout: str) -> set[str]:
-    return {line.split(" ", 1)[1].strip() for line in stdout.splitlines() if line.startswith("ok ")}
+def passed(stdout: str, name: str) -> bool:
+    """Whether the script printed `ok NAME`. Found anywhere, not at a line start: ranks share one
+    pipe, and with PYTHONUNBUFFERED (set in CI) print() writes its text and its newline apart,
+    so two ranks' lines interleave ("ok aok a\n\n")."""
+    return re.search(re.escape(f"ok {name}") + r"(?![\w])", stdout) is not None
 
 
 def assert_ran(proc: subprocess.CompletedProcess, *expected_ok: str) -> None:
     """Exit 0 and every `ok NAME` line the script prints when a check passed."""
     detail = f"\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
     assert proc.returncode == 0, f"exit {proc.returncode}{detail}"
-    missing = set(expected_ok) - ok_lines(proc.stdout)
+    missing = {name for name in expected_ok if not passed(proc.stdout, name)}
     assert not missing, f"checks that did not pass: {sorted(missing)}{detail}"
