@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import torch
 from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from interpose import cuda_graphs, cuda_rng, hops
 from interpose import runtime as rt_mod
@@ -91,7 +91,7 @@ class OpObserver(TorchDispatchMode):
             # compute it for real so its values stay meaningful.
             with unset_fake_temporarily():
                 out = func(*args, **kwargs)
-            values.note_result(func, args, kwargs, out)  # a DTensor around a virtual tensor has a value
+            values.note_result(func, args, kwargs, out)  # GradScaler's found_inf may be a real CPU tensor
             self._report(func, args, kwargs, out)
             return out
         internal = _is_internal_detach(func)
@@ -198,9 +198,8 @@ def install_metadata_only_regions() -> None:
 
 def _wraps_other_tensors(types: Any) -> bool:
     """Whether a tensor subclass among the op's argument types wraps inner tensors (a traceable
-    wrapper subclass, as torch defines it) and is not phantora's own FakeTensor."""
-    return any(t is not FakeTensor and not issubclass(t, FakeTensor) and hasattr(t, "__tensor_flatten__")
-               for t in types)
+    wrapper subclass, as torch defines it; FakeTensor is not one)."""
+    return any(is_traceable_wrapper_subclass_type(t) for t in types)
 
 
 _COPIES = {aten._to_copy.default, aten.copy_.default, aten._copy_from.default, aten._copy_from_and_resize.default}
@@ -250,17 +249,10 @@ def _is_internal_detach(func: Any) -> bool:
 
 
 def _cuda_tensors(out: Any) -> list[torch.Tensor]:
-    """The CUDA tensors among an op's outputs whose storages hold device memory.
-
-    A wrapper subclass (DTensor, as FSDP2 and tensor parallelism make them) has a storage of
-    its own size with no memory behind it: its data lives in its inner tensors, which the
-    subclass's __torch_dispatch__ made while this mode was off, so they are accounted here.
-    An inner tensor that views an input's storage finds that storage accounted already.
-    """
+    """The CUDA tensors among an op's outputs whose storages hold device memory. (No output is
+    a wrapper subclass such as DTensor: ops on those are left to the subclass, whose ops on its
+    inner tensors come through here, see _wraps_other_tensors.)"""
     if isinstance(out, torch.Tensor):
-        if is_traceable_wrapper_subclass(out):
-            attrs, _ = out.__tensor_flatten__()
-            return _cuda_tensors([getattr(out, a) for a in attrs])
         return [out] if out.device.type == "cuda" else []
     found: list[torch.Tensor] = []
     if isinstance(out, (tuple, list)):

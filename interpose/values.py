@@ -43,6 +43,7 @@ others' when the result is first used (`defer`), so issuing a collective never b
 from __future__ import annotations
 
 import math
+import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -115,7 +116,10 @@ class _Once:
             fn()
 
 
-_unresolved: dict[int, _Once] = {}  # deferred resolves not run yet, in the order they were made
+# Deferred resolves not run yet, in the order they were made. Weak: the tensors that owe a value
+# hold their resolve; once they are gone nothing can read it (a loss all-reduced every step and
+# never read would otherwise keep one closure and its tensors alive per step).
+_unresolved: weakref.WeakValueDictionary[int, _Once] = weakref.WeakValueDictionary()
 
 
 def settle_all() -> None:
