@@ -6,6 +6,12 @@ It is $PHANTORA_CUDA_TORCH_PYTHON when set; otherwise a virtual environment is b
 phantora's cache dir (pip takes the ~5.5 GB CUDA build from the local wheel mirror: measured 83 s
 for `python -m venv` + `pip install torch==2.14.1` on the 2-core CI machine, 14 s more for phantora's
 dependencies) and reused by later runs.
+
+`frameworks_cuda_python`: the same interpreter with the frameworks that need torch 2.14 installed
+into it as their docs tell a GPU user to (FRAMEWORKS_CUDA below): TorchTitan, and Megatron-Core,
+whose 0.19 wheels declare Python >= 3.12 but install and run on 3.11 with --ignore-requires-python.
+Both import `triton` without declaring it; the CUDA build of torch brings it. Measured about 25 s
+on top of the CUDA environment.
 """
 
 from __future__ import annotations
@@ -62,3 +68,29 @@ def cuda_torch_python() -> str:
     assert cuda not in ("", "None"), f"{python} has a CPU build of torch; PHANTORA_CUDA_TORCH_PYTHON must name " \
                                      "a Python with a CUDA build"
     return python
+
+
+# pip invocations, in order, that put the torch-2.14 frameworks into the CUDA-build environment.
+FRAMEWORKS_CUDA: tuple[tuple[str, ...], ...] = (
+    ("torchtitan==0.3.0",),
+    ("--ignore-requires-python", "megatron-core==0.19.2"),
+)
+
+
+@pytest.fixture(scope="session")
+def frameworks_cuda_python(cuda_torch_python: str) -> str:
+    if os.environ.get("PHANTORA_CUDA_TORCH_PYTHON"):
+        return cuda_torch_python  # the user's own environment: they installed the frameworks
+    venv = Path(cuda_torch_python).parents[1]
+    ready = venv / ".phantora-frameworks-ready"
+    wanted = repr(FRAMEWORKS_CUDA) + "\n"
+    with open(venv.parent / ".test-venv-cuda-torch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ready.exists() or ready.read_text() != wanted:
+            for args in FRAMEWORKS_CUDA:
+                proc = subprocess.run([cuda_torch_python, "-m", "pip", "install", "--quiet", *args],
+                                      capture_output=True, text=True, timeout=1200)
+                if proc.returncode != 0:
+                    pytest.fail(f"could not install {' '.join(args)} into {venv}:\n{proc.stderr[-3000:]}")
+            ready.write_text(wanted)
+    return cuda_torch_python
