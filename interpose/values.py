@@ -14,7 +14,8 @@ Tensors on virtual GPUs hold no data. The policy, one rule per kind of tensor:
 |     max, any, norm, ...) of one tensor              |                                               |
 |   from a pointwise op (add, logical_or, gt, ...)    |   the op computed on the inputs' values;      |
 |                                                     |   a non-finite float result reads 1 instead   |
-|   from a random op                                  |   1 / False (it does not draw CPU randomness) |
+|   from an initializer's draw (normal_, uniform_)    |   the distribution's mean                     |
+|   from another random op (randn, bernoulli_, ...)   |   1 / False (it does not draw CPU randomness) |
 | holding data from real CPU tensors (a *shadow*)     | that data, exactly                            |
 |   copied from the CPU (torch.tensor(..., 'cuda'),   |   up to COPY_SHADOW_MAX_NUMEL elements        |
 |     .to('cuda')), and copies/views of such tensors  |                                               |
@@ -167,6 +168,10 @@ _casts: dict[tuple, Number] = {}
 
 def as_dtype(v: Number, dtype: torch.dtype) -> Number:
     """The number v read in dtype, cast as torch casts it (float -> int truncates, uint8 wraps)."""
+    if isinstance(v, complex) and not dtype.is_complex:
+        # the real part, as the cast keeps; torch's cast would also print its "discards the
+        # imaginary part" warning into the user's output for phantora's own bookkeeping
+        v = v.real
     key = (type(v), v, dtype)
     r = _casts.get(key)
     if r is None:
@@ -203,7 +208,7 @@ def value_of(t: torch.Tensor) -> Number:
     """The one number t reads as where it has no shadow to read (see the module's table)."""
     _settle(t)
     data = _shadows.get(t)
-    if data is None and not is_virtual(t):
+    if data is None and not is_virtual(t) and t.device.type != "meta":  # meta tensors have no data either
         data = t  # a real tensor (a CPU scalar in `x * torch.tensor(2.0)`)
     if data is not None and data.numel() > 0:
         with real_cpu():
@@ -268,8 +273,10 @@ def set_value(t: torch.Tensor, v: Number | None) -> None:
 
 # --- shadows ----------------------------------------------------------------------------------
 def shadowable(t: Any, cap: int = SHADOW_MAX_NUMEL) -> bool:
-    """A tensor (virtual GPU, or a fake CPU copy of one) small enough to keep a real shadow."""
-    return isinstance(t, FakeTensor) and t.numel() <= cap
+    """A tensor (virtual GPU, or a fake CPU copy of one) small enough to keep a real shadow. Not
+    one on the meta device (FLOP counting on a meta model, as Lightning's measure_flops does): it
+    has no data on a GPU either, and its shadow would be a meta tensor nothing can read."""
+    return isinstance(t, FakeTensor) and t.device.type != "meta" and t.numel() <= cap
 
 
 def exchanges_values(t: torch.Tensor) -> bool:
@@ -357,6 +364,22 @@ _FILLS: dict[Any, Callable[[tuple], Any]] = {
     aten.new_ones.default: lambda a: 1, aten.full.default: lambda a: a[1], aten.full_like.default: lambda a: a[1],
     aten.new_full.default: lambda a: a[2], aten.fill_.Scalar: lambda a: a[1], aten.fill.Scalar: lambda a: a[1],
     aten.scalar_tensor.default: lambda a: a[0],
+}
+
+
+def _arg(args: tuple, kwargs: dict, i: int, name: str, default: float) -> Any:
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+# The in-place draws weight initializers make (nn.init's normal_, trunc_normal_, uniform_,
+# xavier/kaiming) read as their distribution's mean: a value the samples of a healthy run take,
+# inside any bounds centred on it. Rejection samplers loop until no element is out of range
+# (torch 2.14's nn.init.trunc_normal_: `while ((r < a) | (r > b)).any()`); read as the
+# placeholder 1, a weight drawn with std 0.02 and bounds +-3 std was out of range forever.
+# Factories (randn, rand), which scripts use as stand-ins for data, keep the placeholder.
+_RANDOM_MEANS: dict[Any, Callable[[tuple, dict], Any]] = {
+    aten.normal_.default: lambda a, k: _arg(a, k, 1, "mean", 0.0),
+    aten.uniform_.default: lambda a, k: (_arg(a, k, 1, "from", 0.0) + _arg(a, k, 2, "to", 1.0)) / 2,
 }
 _FROM_SECOND = {aten.copy_.default, aten._copy_from.default, aten.fill_.Tensor, aten.fill.Tensor}
 _KEEP_EXTRA = {aten._to_copy.default, aten.clone.default, aten.lift_fresh.default, aten.lift_fresh_copy.default,
@@ -453,6 +476,10 @@ def _result_value(func: Any, args: tuple, kwargs: dict) -> Number | None:
         return 0
     if func is aten.isfinite.default:
         return 1
+    mean = _RANDOM_MEANS.get(func)
+    if mean is not None:
+        v = mean(args, kwargs)
+        return v if isinstance(v, (int, float)) else None
     fill = _FILLS.get(func)
     if fill is not None:
         try:
