@@ -97,6 +97,36 @@ GPUS: tuple[GPUSpec, ...] = (
         pageable_copy_bandwidth=25e9,  # estimate: staged copies reach about half of pinned
     ),
     GPUSpec(
+        # The H100s of TorchTitan's published Llama 3 benchmarks (pytorch/torchtitan
+        # benchmarks/llama3_h100_202412_torchtitan.md, Meta's Grand Teton hosts): "96GB HBM2e with
+        # 2.4 TB/sec peak memory bandwidth", "the default 500W power limit", and (its footnote)
+        # "the actual peak TFLOPs number is between SXM and NVL". Same GH100 die as the SXM 80 GB
+        # (132 SMs, 50 MiB L2, NVLink 4). Peak math: NVIDIA's datasheets give the bf16 dense peak
+        # at 989.4 TFLOP/s for the SXM at 700 W and 835 for the H100 NVL (same 132 SMs) at 400 W;
+        # interpolated linearly in power to 500 W: 835 + (989.4 - 835) / 3 = 886.5 TFLOP/s, i.e. a
+        # sustained tensor clock of 886.5e12 / (132 SMs x 4096 FLOP/clk) = 1.64 GHz instead of 1.83.
+        # Every compute type scales by that ratio (0.896). An estimate, not a measurement.
+        key="h100-sxm-96gb-500w",
+        aliases=("h100-96gb",),
+        device_name="NVIDIA H100 96GB HBM2e",  # not read from a real card
+        # 96 GiB less what the driver keeps on the 80 GB card (80 GiB - 85,017,493,504 B)
+        total_memory=96 * GiB - (80 * GiB - 85_017_493_504),
+        capability=(9, 0),
+        sm_count=132,
+        l2_cache_bytes=50 * MiB,
+        peak_flops={"fp64": 60.0e12, "fp32": 60.0e12, "tf32": 443.3e12, "bf16": 886.5e12,
+                    "fp16": 886.5e12, "fp8": 1773e12, "int8": 1773e12},
+        hbm_bandwidth=2.4e12,
+        pcie_bandwidth=64e9,
+        nvlink_bandwidth=450e9,
+        # As the H100 SXM 80 GB (measured there); the lower clock is in peak_flops already
+        gemm_efficiency=0.78,
+        memory_efficiency=0.90,
+        attention_efficiency={"cudnn": 0.84, "flash": 0.57, "efficient": 0.29},
+        pinned_copy_bandwidth=55e9,
+        pageable_copy_bandwidth=25e9,
+    ),
+    GPUSpec(
         key="h200-sxm-141gb",
         aliases=("h200", "h200-sxm"),
         device_name="NVIDIA H200",
