@@ -6,7 +6,7 @@ Needs the CUDA build of torch 2.14 with torchtitan 0.3.0: $PHANTORA_CUDA_TORCH_P
 environment the test suite builds under phantora's cache dir (tests/conftest.py,
 frameworks_cuda_python). The tokenizer and c4_test data are generated stand-ins
 (tests/frameworks/torchtitan/assets.py). Figures: step time from the trace (distance between
-the fused AdamW kernels of consecutive steps, mean over steps 2..N on rank 0), tokens/s/GPU and
+the last fused AdamW kernels of consecutive steps, mean over steps 2..N on rank 0), tokens/s/GPU and
 MFU from TorchTitan's own last log line, peak allocated memory from the trace.
 
 Llama 3 8B is TorchTitan's published benchmark configuration (benchmarks/
@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 
 from benchmarks.frameworks import Case, Row
-from tests.frameworks.torchtitan.run import GiB, optimizer_kernel_ends_us, peak_memory, torchtitan
+from tests.frameworks.torchtitan.run import GiB, peak_memory, step_ends_us, torchtitan
 
 STEPS = 5
 EAGER = "--training.disable_cuda_graphs"  # CUDA graphs capture FSDP/TP collectives: not simulated yet
@@ -54,7 +54,7 @@ def _run(workdir: Path, *, name: str, config: str, ranks: int, overrides: tuple[
         raise RuntimeError(f"exit {run.proc.returncode}: {run.output[-1500:]}")
     lines = run.steps()
     last = max(lines, key=lambda s: s.step)
-    ends = optimizer_kernel_ends_us(run.trace, 0)
+    ends = step_ends_us(run.trace, 0, STEPS)
     step_ms = statistics.mean(b - a for a, b in zip(ends, ends[1:])) / 1e3 if len(ends) > 1 else None
     peaks = peak_memory(run.trace)
     peak = max((a for _, a, _ in peaks if a is not None), default=None)

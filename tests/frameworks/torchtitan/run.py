@@ -79,12 +79,22 @@ def torchtitan(workdir: Path, python: str, nproc: int, *overrides: str, config: 
 
 
 def optimizer_kernel_ends_us(trace: Path, rank: int) -> list[float]:
-    """End times (us) of the fused AdamW kernels on one rank, in trace order (one per step)."""
+    """End times (us) of the fused AdamW kernels on one rank, in trace order: one per step and
+    model part (an interleaved pipeline schedule holds two stages, each with its optimizer)."""
     from phantora.trace.check import load_chrome_trace
 
     events = load_chrome_trace(trace)["traceEvents"]
     return sorted(e["ts"] + e["dur"] for e in events if e.get("ph") == "X" and e.get("pid") == rank + 1
                   and e["name"].startswith("multi_tensor_apply_kernel<FusedAdam"))
+
+
+def step_ends_us(trace: Path, rank: int, steps: int) -> list[float]:
+    """When each optimizer step ended on one rank (us): the last fused AdamW kernel of each step."""
+    ends = optimizer_kernel_ends_us(trace, rank)
+    if not ends or len(ends) % steps:
+        raise AssertionError(f"rank {rank}: {len(ends)} fused AdamW kernels for {steps} steps")
+    per = len(ends) // steps
+    return ends[per - 1::per]
 
 
 def peak_memory(trace: Path) -> list[tuple[int, float, float]]:
