@@ -144,8 +144,13 @@ def _patch(cpp_extension: types.ModuleType) -> None:
     @functools.wraps(original_load)
     def load(name: str, sources: str | list[str], *args: Any, **kwargs: Any) -> Any:
         paths = [sources] if isinstance(sources, str) else list(sources)
-        if not _is_cuda(paths, kwargs.get("with_cuda")) or not kwargs.get("is_python_module", True):
+        if not _is_cuda(paths, kwargs.get("with_cuda")):
             return original_load(name, sources, *args, **kwargs)
+        if not kwargs.get("is_python_module", True):
+            raise NotImplementedError(
+                f"phantora: rank {_rank()}: the custom CUDA extension '{name}' registers its kernels as "
+                f"torch ops (is_python_module=False); phantora does not compile CUDA extensions and cannot "
+                f"time a kernel from its source. Use PyTorch ops instead under phantora.")
         return extension_module(name, _exported(_read(paths)))
 
     @functools.wraps(original_inline)

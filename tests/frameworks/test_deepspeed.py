@@ -294,6 +294,8 @@ def test_only_cuda_extensions_are_replaced() -> None:
     adam = fake.load(name="fused_adam", sources=[str(ROOT / "no-such-frontend.cpp"), "multi_tensor_adam.cu"])
     assert isinstance(adam, types.ModuleType) and calls == [("load", "cpu_op"), ("inline", "cpu_inline")]
     assert fake.load("x", ["x.cpp"], with_cuda=True).__name__ == "x"
+    with pytest.raises(NotImplementedError, match="'ops_lib' registers its kernels as torch ops"):
+        fake.load("ops_lib", ["k.cu"], is_python_module=False)
     inline = fake.load_inline("k", "void f();", "__global__ void g() {}", functions=["f", "multi_tensor_adam"])
     assert inline.multi_tensor_adam is cuda_extensions.multi_tensor_adam
     with pytest.raises(NotImplementedError, match=r"k\.f is a kernel of the custom CUDA extension 'k'"):
