@@ -34,7 +34,8 @@ from factories, and integer CPU factories up to REAL_CPU_INT_FACTORY_MAX_NUMEL e
 (randperm for a sampler), are real CPU tensors (interpose/observer.py).
 
 Views of a shadowed tensor shadow views of its shadow, so in-place writes through a view reach
-the base. interpose/distributed.py carries shadows and values across collectives (tensors up to
+the base. A value belongs to the memory (the storage), not to one tensor object: a write through
+any view is read through every view of it, the last write winning (_StorageAttr). interpose/distributed.py carries shadows and values across collectives (tensors up to
 COPY_SHADOW_MAX_NUMEL elements; larger ones take every member to hold this rank's value): each
 rank posts its contribution to the c10d store when it issues the collective and reads the
 others' when the result is first used (`defer`), so issuing a collective never blocks the host.
