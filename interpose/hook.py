@@ -54,6 +54,7 @@ def after_torch_import() -> None:
     from interpose import runtime as rt_mod
     from interpose.clock import VirtualClock, install_clock, restore_real_clock
     from interpose.cuda_api import install_cuda_api
+    from interpose.cuda_extensions import install_cuda_extensions
     from interpose.cuda_dispatch import install_cuda_dispatch
     from interpose.data_parallel import install_data_parallel
     from interpose.fake import install_fake_fixes, make_fake_mode
@@ -66,6 +67,7 @@ def after_torch_import() -> None:
     install_value_hints()
     install_cuda_api()
     install_data_parallel()
+    install_cuda_extensions()
     clock = VirtualClock(rt.client, rt.host_thread)
     install_clock(clock)
 

@@ -35,7 +35,8 @@ from factories, and integer CPU factories up to REAL_CPU_INT_FACTORY_MAX_NUMEL e
 (randperm for a sampler), are real CPU tensors (interpose/observer.py).
 
 Views of a shadowed tensor shadow views of its shadow, so in-place writes through a view reach
-the base. interpose/distributed.py carries shadows and values across collectives (tensors up to
+the base. A value belongs to the memory (the storage), not to one tensor object: a write through
+any view is read through every view of it, the last write winning (_StorageAttr). interpose/distributed.py carries shadows and values across collectives (tensors up to
 COPY_SHADOW_MAX_NUMEL elements; larger ones take every member to hold this rank's value): each
 rank posts its contribution to the c10d store when it issues the collective and reads the
 others' when the result is first used (`defer`), so issuing a collective never blocks the host.
@@ -98,8 +99,43 @@ class _TensorAttr:
         t.__dict__.pop(self.name, None)
 
 
+class _StorageAttr(_TensorAttr):
+    """State of the memory a tensor views rather than of the tensor: kept in its storage's
+    __dict__ (torch keeps one Python object per storage), so a write through one view is read
+    through every other view and the base, as on a GPU. DeepSpeed ZeRO-3 zero-fills a flat
+    gradient buffer, takes per-parameter views of it, later copies each gradient in through
+    fresh views of the same memory and reads the norm through the first ones: per tensor,
+    they kept reading the zeros (grad norm 0). The last write wins (one number per storage).
+    The tensor keeps a copy, read where its storage has none (a deepcopy that copied the
+    tensor's __dict__ but not an observed op); wrapper subclasses (DTensor) have no storage of
+    their own and keep it per tensor."""
+
+    def _storage(self, t: torch.Tensor) -> dict | None:
+        if not isinstance(t, FakeTensor):
+            return None
+        return t.untyped_storage().__dict__
+
+    def set(self, t: torch.Tensor, value: Any) -> None:
+        if value is None:
+            t.__dict__.pop(self.name, None)
+        else:
+            t.__dict__[self.name] = value
+        storage = self._storage(t)
+        if storage is not None:
+            storage[self.name] = value  # None too: the memory now reads as the default
+
+    def get(self, t: torch.Tensor) -> Any:
+        storage = self._storage(t)
+        if storage is not None and self.name in storage:
+            return storage[self.name]
+        return t.__dict__.get(self.name)
+
+    def drop(self, t: torch.Tensor) -> None:
+        self.set(t, None)
+
+
 _shadows = _TensorAttr("_phantora_shadow")  # virtual tensor -> real CPU tensor holding its data
-_values = _TensorAttr("_phantora_value")    # virtual tensor -> its value, where not its dtype's default
+_values = _StorageAttr("_phantora_value")   # virtual memory -> its value, where not its dtype's default
 
 
 _pending = _TensorAttr("_phantora_pending")  # virtual tensor -> values other ranks still owe it
@@ -512,6 +548,12 @@ def note_result(func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         if is_virtual(out):
             set_value(out, _result_value(func, args, kwargs))
     elif isinstance(out, (tuple, list)):
+        if getattr(func, "is_view", False):  # unbind, split, chunk: views of the input's memory
+            src = _first_tensor(args)
+            for o in out:
+                if isinstance(o, torch.Tensor) and is_virtual(o) and src is not None:
+                    set_value(o, value_of(src))
+            return
         first = True
         for o in out:
             if isinstance(o, torch.Tensor) and is_virtual(o):

@@ -322,6 +322,9 @@ QUALIFIED_FAMILIES: dict[str, Family] = {
     # higher-order ops reported as one fused kernel (interpose/hops.py)
     "higher_order::flex_attention": Family("attention", attention.flex_attention),
     "higher_order::flex_attention_backward": Family("attention", attention.flex_attention),
+    # kernels of CUDA extensions built at run time, which phantora never compiles
+    # (interpose/cuda_extensions.py)
+    "cuda_extension::multi_tensor_adam": Family("optimizer", optimizers.extension_multi_tensor_adam),
 }
 
 

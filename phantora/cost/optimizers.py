@@ -159,3 +159,20 @@ def fused_optimizer(sig: OpSignature, ctx: CostContext) -> OpCost:
     return OpCost(multi_tensor_kernels(f"multi_tensor_apply_kernel<{functor}>", [t.numel for t in params],
                                        min(depth, 5), total, FLOPS_PER_ELEMENT[family], ctx,
                                        efficiency=FUSED_OPTIMIZER_EFFICIENCY))
+
+
+def extension_multi_tensor_adam(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """cuda_extension::multi_tensor_adam(chunk_size, noop_flag, grads, params, exp_avgs,
+    exp_avg_sqs, ...): the multi-tensor Adam kernel of a CUDA extension built at run time
+    (DeepSpeed's FusedAdam, Apex's amp_C; interpose/cuda_extensions.py). Its source cannot be
+    timed, so it is costed as torch's _fused_adam(w)_ on the same tensors: the same bytes (grads
+    read; params, exp_avgs and exp_avg_sqs read and written), the same launch rule (it is the
+    multi_tensor_apply these kernels share: depth 4, 320 blocks of 65,536 elements; DeepSpeed and
+    Apex pass chunk_size 2048 * 32, torch's chunk), the same arithmetic and efficiency. An
+    assumption, not a measurement of the extension's kernel."""
+    grads, params, exp_avgs, exp_avg_sqs = (_tensor_list(sig.args[i]) for i in (2, 3, 4, 5))
+    total = sum(footprint_bytes(t) for t in grads) + 2.0 * sum(
+        footprint_bytes(t) for lst in (params, exp_avgs, exp_avg_sqs) for t in lst)
+    kernels = multi_tensor_kernels("multi_tensor_apply_kernel<AdamFunctor>", [t.numel for t in params], 4, total,
+                                   FLOPS_PER_ELEMENT["adam"], ctx, efficiency=FUSED_OPTIMIZER_EFFICIENCY)
+    return OpCost(kernels)
