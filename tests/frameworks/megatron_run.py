@@ -49,6 +49,7 @@ class Iteration:
     n: int
     elapsed_ms: float       # time.time() around the iteration
     event_ms: float         # torch.cuda.Event elapsed_time over the iteration
+    tflops_per_gpu: float   # model FLOPs per second per GPU, Megatron's count
     tokens_per_s_per_gpu: float
     loss: float
     grad_norm: float
@@ -58,7 +59,7 @@ class Iteration:
 
 _ITERATION = re.compile(
     r"iteration\s+(\d+)/\s*\d+ \| elapsed time per iteration \(ms\): ([\d.]+) \| cuda event time \(ms\): ([\d.]+) \| "
-    r"tokens per second per GPU: ([\d.]+) \| learning rate: \S+ \| lm loss: (\S+) \| grad norm: (\S+) \| "
+    r"throughput per GPU \(TFLOP/s/GPU\): ([\d.]+) \| tokens per second per GPU: ([\d.]+) \| learning rate: \S+ \| lm loss: (\S+) \| grad norm: (\S+) \| "
     r"update successful: (True|False) \| number of skipped iterations:\s+(\d+)")
 _PEAK = re.compile(r"peak memory allocated \(GiB\): ([\d.]+)")
 
@@ -66,8 +67,8 @@ _PEAK = re.compile(r"peak memory allocated \(GiB\): ([\d.]+)")
 def iterations(stdout: str) -> list[Iteration]:
     # not anchored at a line start: ranks share one pipe (only the last rank logs, but warnings
     # from the others can land between a print's text and its newline)
-    return [Iteration(int(n), float(e), float(ev), float(tps), float(loss), float(gn), ok == "True", int(sk))
-            for n, e, ev, tps, loss, gn, ok, sk in _ITERATION.findall(stdout)]
+    return [Iteration(int(n), float(e), float(ev), float(tf), float(tps), float(loss), float(gn), ok == "True", int(sk))
+            for n, e, ev, tf, tps, loss, gn, ok, sk in _ITERATION.findall(stdout)]
 
 
 def logged_peak_gib(stdout: str) -> float | None:

@@ -35,6 +35,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.rerun_state_machine import get_rerun_state_machine
 from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -53,9 +54,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-microbatches", type=int, default=4)
     p.add_argument("--train-iters", type=int, default=5)
     p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false")
     p.add_argument("--no-overlap-param-gather", dest="overlap_param_gather", action="store_false")
+    p.add_argument("--no-check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad",
+                   action="store_false", help="as in Megatron-LM, the check is on by default")
     p.add_argument("--ddp-bucket-size", type=int, default=None,
                    help="parameters per gradient bucket (Megatron's default: max(40M, 1M x DP size))")
     return p.parse_args()
@@ -78,7 +80,6 @@ def model_provider(args: argparse.Namespace) -> tuple[GPTModel, TransformerConfi
         ffn_hidden_size=args.ffn_hidden_size,
         tensor_model_parallel_size=args.tp,
         pipeline_model_parallel_size=args.pp,
-        sequence_parallel=args.sequence_parallel,
         bf16=True,
         params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16,
@@ -111,7 +112,7 @@ def mock_batches(args: argparse.Namespace) -> Iterator[dict[str, torch.Tensor]]:
                "loss_mask": torch.ones(b, s, dtype=torch.float), "position_ids": position_ids}
 
 
-def forward_step(data_iterator: Iterator, model: torch.nn.Module):
+def forward_step(data_iterator: Iterator, model: torch.nn.Module, check_for_nan: bool = True):
     data = next(data_iterator)
     tokens = data["tokens"].cuda(non_blocking=True)
     labels = data["labels"].cuda(non_blocking=True)
@@ -124,9 +125,27 @@ def forward_step(data_iterator: Iterator, model: torch.nn.Module):
         losses = output_tensor.float().view(-1)
         mask = loss_mask.view(-1)
         loss = torch.sum(losses * mask) / mask.sum()
+        if check_for_nan:  # as pretrain_gpt.py's loss_func does
+            rerun_state_machine = get_rerun_state_machine()
+            rerun_state_machine.validate_result(result=loss, rejection_func=torch.isnan,
+                                                message="found NaN in local forward loss calculation",
+                                                tolerance=0.0, fatal=True)
+            rerun_state_machine.validate_result(result=loss, rejection_func=torch.isinf,
+                                                message="found Inf in local forward loss calculation",
+                                                tolerance=0.0, fatal=True)
         return loss, {"lm loss": loss.detach()}
 
     return output_tensor, loss_func
+
+
+def num_floating_point_operations(args: argparse.Namespace, batch_size: int) -> float:
+    """Model FLOPs of one iteration, as megatron/training/training.py counts them for a dense GPT
+    (no SwiGLU, one query group per head): forward + weight and data gradients (3x) of the
+    QKV/output projections, the MLP, causal core attention and the logits."""
+    h, s, n_layers = args.hidden_size, args.seq_length, args.num_layers
+    ffn = args.ffn_hidden_size or 4 * h
+    per_token = 3 * 2 * (n_layers * (h * 3 * h + h * h + 2 * h * ffn + h * s) + h * args.vocab_size)
+    return float(batch_size * s * per_token)
 
 
 def main() -> None:
@@ -151,6 +170,7 @@ def main() -> None:
         overlap_param_gather=args.overlap_param_gather,
         use_distributed_optimizer=True,
         bucket_size=args.ddp_bucket_size,
+        check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
     )
     model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model,
                                     disable_bucketing=parallel_state.get_pipeline_model_parallel_rank() > 0)
@@ -173,7 +193,9 @@ def main() -> None:
 
     forward_backward_func = get_forward_backward_func()
     data_iterator = mock_batches(args)
-    tokens_per_iter = args.micro_batch_size * args.num_microbatches * dp * args.seq_length
+    global_batch = args.micro_batch_size * args.num_microbatches * dp
+    tokens_per_iter = global_batch * args.seq_length
+    flops_per_iter = num_floating_point_operations(args, global_batch)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     skipped = 0
     for iteration in range(1, args.train_iters + 1):
@@ -184,7 +206,7 @@ def main() -> None:
         model.zero_grad_buffer()
         optimizer.zero_grad()
         losses_reduced = forward_backward_func(
-            forward_step_func=forward_step,
+            forward_step_func=partial(forward_step, check_for_nan=args.check_for_nan_in_loss_and_grad),
             data_iterator=data_iterator,
             model=model,
             num_microbatches=args.num_microbatches,
@@ -208,6 +230,7 @@ def main() -> None:
         if rank == world - 1:  # Megatron logs from the last rank (print_rank_last)
             print(f" [{time.strftime('%Y-%m-%d %H:%M:%S')}] iteration {iteration:8d}/{args.train_iters:8d} | "
                   f"elapsed time per iteration (ms): {elapsed_ms:.1f} | cuda event time (ms): {event_ms:.1f} | "
+                  f"throughput per GPU (TFLOP/s/GPU): {flops_per_iter / (elapsed_ms / 1000.0) / world / 1e12:.1f} | "
                   f"tokens per second per GPU: {tokens_per_iter / (elapsed_ms / 1000.0) / world:.1f} | "
                   f"learning rate: {args.lr:.6E} | lm loss: {loss:.6E} | "
                   f"grad norm: {float(grad_norm):.3f} | update successful: {update_successful} | "
