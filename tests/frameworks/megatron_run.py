@@ -59,7 +59,8 @@ class Iteration:
 
 _ITERATION = re.compile(
     r"iteration\s+(\d+)/\s*\d+ \| elapsed time per iteration \(ms\): ([\d.]+) \| cuda event time \(ms\): ([\d.]+) \| "
-    r"throughput per GPU \(TFLOP/s/GPU\): ([\d.]+) \| tokens per second per GPU: ([\d.]+) \| learning rate: \S+ \| lm loss: (\S+) \| grad norm: (\S+) \| "
+    r"throughput per GPU \(TFLOP/s/GPU\): ([\d.]+) \| tokens per second per GPU: ([\d.]+) \| "
+    r"learning rate: \S+ \| lm loss: (\S+) \| grad norm: (\S+) \| "
     r"update successful: (True|False) \| number of skipped iterations:\s+(\d+)")
 _PEAK = re.compile(r"peak memory allocated \(GiB\): ([\d.]+)")
 
@@ -67,7 +68,8 @@ _PEAK = re.compile(r"peak memory allocated \(GiB\): ([\d.]+)")
 def iterations(stdout: str) -> list[Iteration]:
     # not anchored at a line start: ranks share one pipe (only the last rank logs, but warnings
     # from the others can land between a print's text and its newline)
-    return [Iteration(int(n), float(e), float(ev), float(tf), float(tps), float(loss), float(gn), ok == "True", int(sk))
+    return [Iteration(int(n), float(e), float(ev), float(tf), float(tps), float(loss), float(gn), ok == "True",
+                      int(sk))
             for n, e, ev, tf, tps, loss, gn, ok, sk in _ITERATION.findall(stdout)]
 
 

@@ -99,7 +99,8 @@ def check_run(run: Run, cfg: GPTConfig, world: int) -> None:
             if e.get("ph") == "X" and e["pid"] == pid_of(rank) and e.get("cat") == "cpu_op" and e["name"] in ADAM_OPS:
                 step = next(k for k, (a, b) in enumerate(windows) if a <= e["ts"] < b)
                 launches[(step, e["name"])] += 1
-        assert launches == Counter({(k, op): ADAM_GROUPS for k in range(cfg.iters) for op in ADAM_OPS}), (rank, launches)
+        expected = Counter({(k, op): ADAM_GROUPS for k in range(cfg.iters) for op in ADAM_OPS})
+        assert launches == expected, (rank, launches)
         # ... and each launch ran its kernel on the GPU
         kernels = Counter(e["args"]["op"].split(".")[0] for e in compute_kernels(events, rank))
         for op in ADAM_OPS:
