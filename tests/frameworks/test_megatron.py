@@ -14,7 +14,6 @@ and optimizer state. 8-rank configurations (TP x PP x DP) are in benchmarks/fram
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 
 import pytest
