@@ -22,6 +22,7 @@ class GPTConfig:
     """The script's model and schedule arguments (its defaults where not given)."""
     tp: int = 1
     pp: int = 1
+    vp: int | None = None  # model chunks per pipeline rank (interleaved 1F1B)
     layers: int = 2
     hidden: int = 256
     heads: int = 4
@@ -38,6 +39,8 @@ class GPTConfig:
              "--seq-length", str(self.seq), "--vocab-size", str(self.vocab),
              "--micro-batch-size", str(self.micro_batch), "--num-microbatches", str(self.microbatches),
              "--train-iters", str(self.iters)]
+        if self.vp is not None:
+            a += ["--virtual-pipeline-model-parallel-size", str(self.vp)]
         if self.bucket_size is not None:
             a += ["--ddp-bucket-size", str(self.bucket_size)]
         return a
@@ -111,7 +114,7 @@ def gpt_params(cfg: GPTConfig, stage: int) -> int:
     norm and an untied vocab-parallel output layer on the last stage."""
     h, tp = cfg.hidden, cfg.tp
     layer = 2 * 2 * h + (3 * h * h + 3 * h) // tp + h * h // tp + h + (4 * h * h + 4 * h) // tp + 4 * h * h // tp + h
-    n = cfg.layers // cfg.pp * layer
+    n = cfg.layers // cfg.pp * layer  # interleaved: the same layers per rank, in vp chunks
     if stage == 0:
         n += cfg.vocab * h // tp + cfg.seq * h
     if stage == cfg.pp - 1:

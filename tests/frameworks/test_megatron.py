@@ -194,3 +194,19 @@ def test_pipeline_parallel_1f1b(tmp_path, frameworks_cuda_python):
     for step in range(cfg.iters):
         ops = [op for _, op in p2p[step * n_p2p:(step + 1) * n_p2p]]
         assert ops.index("recv") < len(ops) - 1 - ops[::-1].index("send"), (step, ops)
+
+
+def test_pipeline_parallel_interleaved(tmp_path, frameworks_cuda_python):
+    # 4 layers in 4 chunks: rank 0 holds layers 0 and 2, rank 1 layers 1 and 3
+    cfg = GPTConfig(pp=2, vp=2, layers=4)
+    run = run_megatron(tmp_path, frameworks_cuda_python, 2, cfg)
+    check_run(run, cfg, world=2)
+    assert f"model parallel rank (0, 0): {gpt_params(cfg, 0)}" in run.proc.stdout
+    assert f"model parallel rank (0, 1): {gpt_params(cfg, 1)}" in run.proc.stdout
+    events = trace_events(run)
+    activation = cfg.micro_batch * cfg.seq * cfg.hidden * 2
+    for rank in range(2):
+        ops = Counter(k["args"]["op"] for k in nccl(events, rank) if k["args"]["bytes"] == activation)
+        # each microbatch crosses the 3 chunk boundaries (0-1, 1-2, 2-3), forward and backward:
+        # every rank sends and receives 3 per microbatch per step
+        assert ops["send"] == ops["recv"] == 3 * cfg.microbatches * cfg.iters, (rank, ops)

@@ -44,6 +44,8 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tp", type=int, default=1, help="tensor model parallel size")
     p.add_argument("--pp", type=int, default=1, help="pipeline model parallel size")
+    p.add_argument("--virtual-pipeline-model-parallel-size", dest="vp", type=int, default=None,
+                   help="model chunks per pipeline rank (interleaved 1F1B)")
     p.add_argument("--num-layers", type=int, default=4)
     p.add_argument("--hidden-size", type=int, default=512)
     p.add_argument("--num-attention-heads", type=int, default=8)
@@ -63,16 +65,19 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def initialize_distributed(tp: int, pp: int) -> None:
+def initialize_distributed(tp: int, pp: int, vp: int | None) -> None:
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
     torch.distributed.init_process_group(backend="nccl", rank=int(os.environ["RANK"]),
                                          world_size=int(os.environ["WORLD_SIZE"]))
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                             virtual_pipeline_model_parallel_size=vp)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
 
 
-def model_provider(args: argparse.Namespace) -> tuple[GPTModel, TransformerConfig]:
+def model_provider(args: argparse.Namespace) -> tuple[list[GPTModel], TransformerConfig]:
+    """One model chunk per virtual pipeline stage (one without interleaving), as
+    megatron/training/training.py's get_model builds them."""
     config = TransformerConfig(
         num_layers=args.num_layers,
         hidden_size=args.hidden_size,
@@ -80,6 +85,7 @@ def model_provider(args: argparse.Namespace) -> tuple[GPTModel, TransformerConfi
         ffn_hidden_size=args.ffn_hidden_size,
         tensor_model_parallel_size=args.tp,
         pipeline_model_parallel_size=args.pp,
+        virtual_pipeline_model_parallel_size=args.vp,
         bf16=True,
         params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16,
@@ -87,17 +93,22 @@ def model_provider(args: argparse.Namespace) -> tuple[GPTModel, TransformerConfi
         hidden_dropout=0.0,
         attention_dropout=0.0,
     )
-    model = GPTModel(
-        config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(),
-        vocab_size=args.vocab_size,
-        max_sequence_length=args.seq_length,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
-    )
-    for param in model.parameters():
-        tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
-    return model, config
+    chunks = []
+    for vp_stage in range(args.vp or 1):
+        vp = vp_stage if args.vp else None
+        chunks.append(GPTModel(
+            config=config,
+            transformer_layer_spec=get_gpt_layer_local_spec(),
+            vocab_size=args.vocab_size,
+            max_sequence_length=args.seq_length,
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=args.vp is None, vp_stage=vp),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=args.vp is None, vp_stage=vp),
+            vp_stage=vp,
+        ))
+    for chunk in chunks:
+        for param in chunk.parameters():
+            tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+    return chunks, config
 
 
 def mock_batches(args: argparse.Namespace) -> Iterator[dict[str, torch.Tensor]]:
@@ -150,19 +161,20 @@ def num_floating_point_operations(args: argparse.Namespace, batch_size: int) -> 
 
 def main() -> None:
     args = parse_args()
-    initialize_distributed(args.tp, args.pp)
+    initialize_distributed(args.tp, args.pp, args.vp)
     rank = torch.distributed.get_rank()
     world = torch.distributed.get_world_size()
     dp = parallel_state.get_data_parallel_world_size()
 
-    model, config = model_provider(args)
-    model.cuda(torch.cuda.current_device())
-    n_params = sum(p.numel() for p in model.parameters())
+    chunks, config = model_provider(args)
+    for chunk in chunks:
+        chunk.cuda(torch.cuda.current_device())
+    n_params = sum(p.numel() for chunk in chunks for p in chunk.parameters())
     if parallel_state.get_data_parallel_rank() == 0:
         print(f" > number of parameters on (tensor, pipeline) model parallel rank "
               f"({parallel_state.get_tensor_model_parallel_rank()}, "
               f"{parallel_state.get_pipeline_model_parallel_rank()}): {n_params}", flush=True)
-    model = Float16Module(config, model)
+    chunks = [Float16Module(config, chunk) for chunk in chunks]
 
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
@@ -172,27 +184,35 @@ def main() -> None:
         bucket_size=args.ddp_bucket_size,
         check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
     )
-    model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model,
-                                    disable_bucketing=parallel_state.get_pipeline_model_parallel_rank() > 0)
+    # training.py: bucketing only for the first chunk of the first pipeline rank
+    chunks = [DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
+                                      disable_bucketing=i > 0 or parallel_state.get_pipeline_model_parallel_rank() > 0)
+              for i, chunk in enumerate(chunks)]
+    model = chunks[0] if len(chunks) == 1 else chunks
 
     optimizer = get_megatron_optimizer(
         OptimizerConfig(optimizer="adam", lr=args.lr, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95,
                         clip_grad=1.0, bf16=True, params_dtype=torch.bfloat16,
                         use_distributed_optimizer=True, overlap_param_gather=args.overlap_param_gather),
-        [model],
+        chunks,
     )
 
     # As megatron/training/training.py wires the schedule to DDP and the optimizer.
     config.grad_scale_func = optimizer.scale_loss
+    def one_or_list(fns: list):
+        return fns[0] if len(fns) == 1 else fns
+
     if args.overlap_grad_reduce:
-        config.no_sync_func = model.no_sync
-        config.grad_sync_func = model.start_grad_sync
+        config.no_sync_func = one_or_list([c.no_sync for c in chunks])
+        config.grad_sync_func = one_or_list([c.start_grad_sync for c in chunks])
     if args.overlap_param_gather:
-        config.param_sync_func = model.start_param_sync
+        config.param_sync_func = one_or_list([c.start_param_sync for c in chunks])
     config.finalize_model_grads_func = finalize_model_grads
 
     forward_backward_func = get_forward_backward_func()
     data_iterator = mock_batches(args)
+    if len(chunks) > 1:  # one iterator per chunk; the schedule reads the first and last chunk's
+        data_iterator = [data_iterator] * len(chunks)
     global_batch = args.micro_batch_size * args.num_microbatches * dp
     tokens_per_iter = global_batch * args.seq_length
     flops_per_iter = num_floating_point_operations(args, global_batch)
@@ -203,7 +223,8 @@ def main() -> None:
         t0 = time.time()
         start.record()
 
-        model.zero_grad_buffer()
+        for chunk in chunks:
+            chunk.zero_grad_buffer()
         optimizer.zero_grad()
         losses_reduced = forward_backward_func(
             forward_step_func=partial(forward_step, check_for_nan=args.check_for_nan_in_loss_and_grad),
