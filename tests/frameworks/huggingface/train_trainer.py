@@ -42,6 +42,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=sorted(CONFIGS), default="gpt2")
     ap.add_argument("--layers", type=int)
+    ap.add_argument("--hidden", type=int, help="llama: width (heads of 64, a quarter as many KV heads)")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=4, help="per device")
     ap.add_argument("--steps", type=int, default=4)
@@ -54,6 +55,9 @@ def main() -> None:
     cfg = dict(CONFIGS[args.model])
     if args.layers:
         cfg["n_layer" if args.model == "gpt2" else "num_hidden_layers"] = args.layers
+    if args.hidden and args.model == "llama":
+        cfg.update(hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4,
+                   num_attention_heads=args.hidden // 64, num_key_value_heads=args.hidden // 256)
     config = AutoConfig.for_model(**cfg)
     model = AutoModelForCausalLM.from_config(config)
 
