@@ -200,6 +200,18 @@ def test_trainer_gpt2_one_gpu(tmp_path: Path) -> None:
     check_trainer(run, 3, 4, gpt2_params(GPT2_LAYERS), 1, activation_bound(4, 512, 768, 50257, GPT2_LAYERS))
 
 
+def test_trainer_llama_gradient_checkpointing_cuda_build(tmp_path: Path, frameworks_cuda_python: str) -> None:
+    """The same on the CUDA build of torch (no GPU, no driver): a Llama with gradient
+    checkpointing on one GPU."""
+    run = trace(tmp_path, [frameworks_cuda_python, TRAINER, "--model", "llama", "--steps", "3",
+                           "--gradient-checkpointing"], 1, env={"CUDA_VISIBLE_DEVICES": "0"})
+    n = llama_params(**LLAMA)
+    check_trainer(run, 3, 4, n, 1, activation_bound(4, 512, 1024, 32000, LLAMA["layers"]))
+    with load(run.trace, engine="builtin") as db:
+        recomputed = db.query("SELECT COUNT(*) FROM slice WHERE name = 'python: checkpoint'").scalar()
+    assert recomputed, "no checkpointed forward in the trace"
+
+
 def test_trainer_gpt2_ddp(tmp_path: Path) -> None:
     """torchrun, 2 ranks: Trainer wraps the model in DDP with its default
     find_unused_parameters (True without gradient checkpointing)."""
