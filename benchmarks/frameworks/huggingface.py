@@ -67,7 +67,7 @@ def trainer(config: str, ranks: int, model: str, batch: int, seq: int, steps: in
         launcher = [] if data_parallel else _launcher(ranks)
         proc, out, wall = _trace(cwd, [*launcher, *python, str(HF / "train_trainer.py"), "--model", model,
                                        "--batch", str(batch), "--seq", str(seq), "--steps", str(steps), *extra], env)
-        metrics = json.loads(re.search(r"train_result (\{.*\})", proc.stdout).group(1))
+        metrics = json.loads(re.search(r"train_result (\{[^{}]*\})", proc.stdout).group(1))
         note = (f"Trainer: train_runtime {metrics['train_runtime']:.4f} s, "
                 f"{metrics['train_samples_per_second']:,.1f} samples/s")
         return _row(config, ranks, batch * seq, out, wall, note)  # batch: per GPU, as Trainer's is

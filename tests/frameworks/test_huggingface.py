@@ -172,7 +172,7 @@ def check_trainer(run: Run, steps: int, batch: int, params: int, shards: int, ac
     for log in step_logs:
         assert math.isfinite(log["loss"]) and 0 < log["grad_norm"] < math.inf, log
     assert final, run.out[-3000:]
-    metrics = json.loads(re.search(r"train_result (\{.*\})", run.proc.stdout).group(1))
+    metrics = json.loads(re.search(r"train_result (\{[^{}]*\})", run.proc.stdout).group(1))
     runtime, samples_per_s = metrics["train_runtime"], metrics["train_samples_per_second"]
     assert final[0]["train_runtime"] == pytest.approx(runtime, abs=1e-4)
     # Trainer times train() from before its first step to after the last step's loss was read
@@ -239,7 +239,18 @@ def test_trainer_llama_fsdp2_gradient_checkpointing(tmp_path: Path) -> None:
 ACCELERATE = str(HF / "train_accelerate.py")
 
 
-def check_accelerate(run: Run, samples: int, batch: int, shards: int) -> None:
+def seeded_order(samples: int, seed: int) -> list[int]:
+    """The order a DataLoader(shuffle=True, generator=torch.Generator().manual_seed(seed)) gives
+    on a GPU, computed here on real tensors: the loader's iterator draws its base seed from the
+    generator, then the RandomSampler draws one permutation from it."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    torch.empty((), dtype=torch.int64).random_(generator=g)
+    return torch.randperm(samples, generator=g).tolist()
+
+
+def check_accelerate(run: Run, samples: int, batch: int, shards: int, seed: int | None = None) -> None:
     lines = re.findall(r"rank (\d+) step (\d+): loss (\S+) grad_norm (\S+) time (\S+) ms", run.proc.stdout)
     steps = samples // (batch * run.ranks)
     assert len(lines) == steps * run.ranks, run.proc.stdout[-3000:]
@@ -256,16 +267,22 @@ def check_accelerate(run: Run, samples: int, batch: int, shards: int) -> None:
     assert sorted(orders) == list(range(run.ranks)), orders
     assert sorted(i for o in orders.values() for i in o) == list(range(samples)), orders
     assert all(len(o) == samples // run.ranks for o in orders.values()), orders
+    if seed is not None:  # batches of the one order go to the ranks in turn (BatchSamplerShard)
+        expected = seeded_order(samples, seed)
+        for rank, order in orders.items():
+            mine = [i for b in range(rank * batch, samples, batch * run.ranks) for i in expected[b:b + batch]]
+            assert order == mine, (rank, order, mine)
     n = llama_params(2, 1024, 2816, 4, 16)
     check_common(run, steps, n, shards, activation_bound(batch, 512, 1024, 32000, 2) + 4 * n)
 
 
 def test_accelerate_launch_ddp(tmp_path: Path) -> None:
     """`accelerate launch --multi_gpu --num_processes 2`: an Accelerator loop (prepare,
-    backward, clip, step) with a shuffled DataLoader, DDP."""
+    backward, clip, step) with a shuffled DataLoader, DDP; the loader's generator is seeded, so
+    each rank's order is the one a GPU run gives."""
     run = trace(tmp_path, [*accelerate_launch("--multi_gpu", "--num_processes", "2", "--mixed_precision", "bf16"),
-                           ACCELERATE, "--samples", "24"], 2)
-    check_accelerate(run, 24, 4, 1)
+                           ACCELERATE, "--samples", "24", "--data-seed", "1234"], 2)
+    check_accelerate(run, 24, 4, 1, seed=1234)
 
 
 def test_accelerate_launch_fsdp2(tmp_path: Path) -> None:

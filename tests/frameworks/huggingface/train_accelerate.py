@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4, help="per device")
     ap.add_argument("--samples", type=int, default=32, help="data set size (one epoch)")
     ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--data-seed", type=int, help="seed the shuffling generator (else Accelerate seeds it)")
     args = ap.parse_args()
 
     accelerator = Accelerator(mixed_precision="bf16")
@@ -50,7 +51,9 @@ def main() -> None:
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
-    loader = DataLoader(RandomTokens(args.samples, args.seq, config.vocab_size), batch_size=args.batch, shuffle=True)
+    generator = None if args.data_seed is None else torch.Generator().manual_seed(args.data_seed)
+    loader = DataLoader(RandomTokens(args.samples, args.seq, config.vocab_size), batch_size=args.batch, shuffle=True,
+                        generator=generator)
     scheduler = get_linear_schedule_with_warmup(optimizer, 2, len(loader))
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
 
