@@ -60,6 +60,7 @@ def llama_params(layers: int, hidden: int, inter: int, kv_heads: int, heads: int
 
 # fp32 parameter, fp32 gradient, Adam's exp_avg and exp_avg_sq (bf16 autocast keeps fp32 masters)
 STATE_BYTES_PER_PARAM = 16
+ADAM_BYTES_PER_PARAM = 28  # one AdamW update: 3 fp32 tensors read and written, the fp32 gradient read
 
 
 def activation_bound(batch: int, seq: int, hidden: int, vocab: int, layers: int) -> int:
@@ -115,22 +116,24 @@ def step_durations(run: Run) -> dict[int, list[float]]:
     return {r.rank: [d / 1e9 for d in r.durations_ns] for r in run.summary.steps.per_rank}
 
 
-def optimizer_kernels_per_step(run: Run) -> dict[int, list[int]]:
-    """rank -> the number of fused AdamW kernels its host launched inside each step."""
+def optimizer_kernels_per_step(run: Run) -> dict[int, list[tuple[int, float]]]:
+    """rank -> (the number of fused AdamW kernels its host launched inside each step, the bytes
+    they move)."""
     with load(run.trace, engine="builtin") as db:
         names = dict(db.query("SELECT upid, name FROM process WHERE name LIKE 'rank %'").rows)
         rank_of = {upid: int(re.match(r"rank (\d+)", n).group(1)) for upid, n in names.items()}
         steps = db.query("SELECT th.upid, s.ts, s.dur FROM slice s JOIN thread_track tt ON s.track_id = tt.id "
                          "JOIN thread th ON th.utid = tt.utid WHERE th.name = 'steps (optimizer.step)' "
                          "ORDER BY th.upid, s.ts").rows
-        launches = db.query("SELECT th.upid, h.ts FROM slice k JOIN flow f ON f.slice_in = k.id "
+        launches = db.query("SELECT th.upid, h.ts, EXTRACT_ARG(k.arg_set_id, 'args.bytes') FROM slice k "
+                            "JOIN flow f ON f.slice_in = k.id "
                             "JOIN slice h ON h.id = f.slice_out JOIN thread_track tt ON h.track_id = tt.id "
                             "JOIN thread th ON th.utid = tt.utid WHERE k.category = 'kernel' "
                             "AND EXTRACT_ARG(k.arg_set_id, 'args.op') LIKE 'aten::_fused_adamw_%'").rows
-    counts: dict[int, list[int]] = {}
+    counts: dict[int, list[tuple[int, float]]] = {}
     for upid, ts, dur in steps:
-        n = sum(1 for u, t in launches if u == upid and ts <= t < ts + dur)
-        counts.setdefault(rank_of[upid], []).append(n)
+        mine = [float(b) for u, t, b in launches if u == upid and ts <= t < ts + dur]
+        counts.setdefault(rank_of[upid], []).append((len(mine), sum(mine)))
     return counts
 
 
@@ -149,11 +152,16 @@ def trainer_logs(text: str) -> list[dict[str, float]]:
 
 
 def check_common(run: Run, steps: int, params: int, shards: int, activations: int) -> None:
-    # the optimizer steps on every rank in every step: fused AdamW kernels in each step's slice
+    # The optimizer steps on every rank in every step: fused AdamW kernels in each step's slice,
+    # over every parameter of the rank's shard once: AdamW reads and writes the fp32 parameter,
+    # exp_avg and exp_avg_sq and reads the fp32 gradient, 28 bytes per parameter. (With every
+    # FakeTensor's data_ptr() 0, Accelerate's FSDP2 prepare once handed the optimizer one
+    # parameter N times: the kernels ran, over the wrong tensors.)
     kernels = optimizer_kernels_per_step(run)
     assert sorted(kernels) == list(range(run.ranks)), kernels
     for rank, per_step in kernels.items():
-        assert len(per_step) == steps and min(per_step) >= 1 and len(set(per_step)) == 1, (rank, per_step)
+        assert len(per_step) == steps and min(n for n, _ in per_step) >= 1 and len(set(per_step)) == 1, (rank, per_step)
+        assert per_step[0][1] == pytest.approx(ADAM_BYTES_PER_PARAM * params / shards, rel=0.01), (rank, per_step)
     # peak memory: what the script read from torch, and plausible against a hand count
     printed = [int(m) for m in re.findall(r"max_memory_allocated (\d+)", run.proc.stdout)]
     assert len(printed) == run.ranks, run.proc.stdout[-2000:]
@@ -168,7 +176,7 @@ def check_trainer(run: Run, steps: int, batch: int, params: int, shards: int, ac
     logs = trainer_logs(run.out)
     step_logs = [log for log in logs if "loss" in log]
     final = [log for log in logs if "train_runtime" in log]
-    assert len(step_logs) == steps * run.ranks or len(step_logs) == steps, logs  # rank 0 logs
+    assert len(step_logs) == steps, logs  # rank 0 logs, every step (logging_steps=1)
     for log in step_logs:
         assert math.isfinite(log["loss"]) and 0 < log["grad_norm"] < math.inf, log
     assert final, run.out[-3000:]
