@@ -95,9 +95,9 @@ CASES: list[Case] = [
     trainer("Trainer Llama FSDP1, 2 GPUs", 2, "llama", 4, 512, 3, "--fsdp", "full_shard auto_wrap",
             "--fsdp-version", "1"),
     trainer("Trainer GPT-2 124M DDP, 8 GPUs", 8, "gpt2", 8, 1024, 3, "--layers", "12"),
-    trainer("Trainer Llama 0.3B FSDP2 + GC, 8 GPUs", 8, "llama", 4, 2048, 3, "--layers", "4", "--hidden", "2048",
+    trainer("Trainer Llama 0.85B FSDP2 + GC, 8 GPUs", 8, "llama", 4, 2048, 3, "--layers", "16", "--hidden", "2048",
             "--gradient-checkpointing", "--fsdp", "full_shard auto_wrap", "--fsdp-version", "2"),
     accelerate("Accelerator loop Llama, 1 GPU", 1, 4, 20),
-    accelerate("accelerate launch FSDP2 Llama 0.3B, 8 GPUs", 8, 4, 96, "--config_file", str(HF / "fsdp2.yaml"),
-               "--num_processes", "8", model=("--layers", "4", "--hidden", "2048")),
+    accelerate("accelerate launch FSDP2 Llama 0.85B, 8 GPUs", 8, 4, 96, "--config_file", str(HF / "fsdp2.yaml"),
+               "--num_processes", "8", model=("--layers", "16", "--hidden", "2048")),
 ]
