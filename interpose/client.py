@@ -34,6 +34,7 @@ class SimClient:
         self._lock = threading.RLock()
         self._next_call = 0
         self.disabled_reason: str | None = None
+        self._closed = False
         self.hello_reply: dict[str, Any] = {}
 
     @property
@@ -49,6 +50,9 @@ class SimClient:
     def _connect(self) -> None:
         if self.disabled_reason:
             raise SimulatorGone(f"phantora: this process cannot use the virtual GPUs: {self.disabled_reason}")
+        if self._closed:
+            raise SimulatorGone("phantora: this rank already closed its connection to the simulator (at exit); "
+                                "GPU work after that is not simulated")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self._timeout)
         try:
@@ -86,6 +90,10 @@ class SimClient:
 
     def record(self, rec: list[Any]) -> None:
         with self._lock:
+            if self._closed:
+                # After the goodbye (atexit), storages freed by the interpreter's teardown
+                # still report; reconnecting would claim this rank a second time.
+                return
             if self._sock is None:  # the first GPU activity makes this process a rank
                 self._connect()
             self._records.append(rec)
@@ -136,6 +144,7 @@ class SimClient:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._sock is None:
                 return
             try:

@@ -354,6 +354,34 @@ class SimProcessGroup(dist.ProcessGroup):
 
         self._resolve_when_used([o for per_input in outputs for o in per_input], gather, keys)
 
+    def _gather_base_values(self, seq: int, output: torch.Tensor, input: torch.Tensor) -> None:
+        """all_gather_into_tensor: the output holds the members' inputs one after another
+        (Accelerate's gather of a per-rank count, e.g. Trainer's num_items_in_batch). With every
+        member's shadow the output's shadow is their concatenation; else it reads as member 0's
+        value (one value stands for every element)."""
+        with values.real_cpu():
+            if not (values.exchanges_values(input) and values.exchanges_values(output)):
+                _write_held(output, _Held(None, values.value_of(input)))
+                return
+        key = f"phantora/values/{self._group_name}/{seq}"
+        me = self.global_ranks[self.rank()]
+        with values.real_cpu():  # the shadow's clone is phantora's bookkeeping, not the script's op
+            mine = [_held(input)]
+        self._post(f"{key}/{me}", mine)
+        keys = [f"{key}/{r}" for r in self.global_ranks]
+
+        def gather() -> None:
+            with values.real_cpu():
+                everyone = [member[0] for member in self._collect(key, keys, self.size(), [mine] * len(keys))]
+                shadows = [h.shadow for h in everyone]
+                if all(s is not None for s in shadows) and sum(s.numel() for s in shadows) == output.numel():
+                    _write_shadow(output, torch.cat([s.reshape(-1) for s in shadows]).reshape(output.shape))
+                    values.set_value(output, None)
+                else:
+                    _write_held(output, _Held(None, everyone[0].value))
+
+        self._resolve_when_used([output], gather, keys)
+
     def next_p2p_seq(self, src: int, dst: int) -> int:
         """The sequence number the next send from global rank src to dst will carry."""
         return self._p2p_seq.get((src, dst), 0)
@@ -398,7 +426,10 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         check.allgather_base(output, input, self.size())
-        return self._collective("all_gather", [output], output.nbytes)
+        seq = self._seq
+        work = self._collective("all_gather", [output], output.nbytes)
+        self._gather_base_values(seq, output, input)
+        return work
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> SimWork:

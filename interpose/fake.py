@@ -5,6 +5,7 @@ FakeTensor needs for that (each one is a trap documented in notes/torch-interpos
 from __future__ import annotations
 
 import builtins
+import threading
 import types
 from typing import Any
 
@@ -24,6 +25,25 @@ class VirtualCudaFakeMode(FakeTensorMode):
     @property
     def avoid_device_init(self) -> bool:  # type: ignore[override]
         return True
+
+    # While a fake kernel runs, FakeTensor.device reads "meta" (in_kernel_invocation). Stock
+    # FakeTensorMode keeps that flag on the mode, shared by all threads, so a thread reading a
+    # tensor's device while another ran an op saw "meta" (nn.DataParallel's replica threads:
+    # Transformers' mask code's `.to(result.device)` moved the mask to meta, at random). The
+    # flag belongs to the thread running the kernel, as the meta dispatch key it goes with is.
+    @property
+    def in_kernel_invocation(self) -> bool:  # type: ignore[override]
+        return getattr(self._kernel_flag(), "active", False)
+
+    @in_kernel_invocation.setter
+    def in_kernel_invocation(self, active: bool) -> None:
+        self._kernel_flag().active = active
+
+    def _kernel_flag(self) -> threading.local:
+        flag = self.__dict__.get("_phantora_kernel_flag")
+        if flag is None:
+            flag = self.__dict__.setdefault("_phantora_kernel_flag", threading.local())
+        return flag
 
 
 def _from_meta_and_device(self: Any, fake_mode: Any, t: torch.Tensor, device: torch.device,

@@ -83,6 +83,9 @@ def after_torch_import() -> None:
     from interpose.observer import install_storage_resize
 
     install_storage_resize(rt)
+    from interpose.addresses import install_virtual_addresses
+
+    install_virtual_addresses(rt)
     from interpose.distributed import install_distributed
 
     install_distributed(rt)

@@ -316,6 +316,11 @@ class Runtime:
 
         self._pinned[key] = weakref.ref(storage, forget)
 
+    def storage_address(self, storage: Any, device: int) -> int:
+        """The simulated allocator's address of a device storage's block (0: none, e.g. 0 bytes)."""
+        dm = self.devices.get(device)
+        return 0 if dm is None else dm.blocks.get(storage._cdata, 0)
+
     def storage_is_pinned(self, storage: Any) -> bool:
         ref = self._pinned.get(storage._cdata)
         if ref is not None and ref() is storage:

@@ -354,6 +354,11 @@ def _on_cpu(a: Any, is_fake: Callable[[Any], bool]) -> Any:
 
 
 # Ops that copy data unchanged (or a view of it): their results keep shadows up to the copy cap.
+# Ops whose result holds no defined data (on a GPU: whatever the caching allocator's block
+# held). Their shadows read as the default value, as a tensor nothing is known about does; a
+# shadow of the CPU's uninitialized memory made runs read different garbage each time.
+_UNINITIALIZED = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,
+                  aten.new_empty.default, aten.new_empty_strided.default}
 _COPIES = {aten._to_copy.default, aten.clone.default, aten.copy_.default, aten.lift_fresh.default,
            aten.lift_fresh_copy.default, aten.detach.default, aten.alias.default, aten._copy_from.default,
            aten.contiguous.default}
@@ -382,6 +387,8 @@ def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Callabl
                 ckwargs["pin_memory"] = False
             with real_mode():
                 res = func(*cargs, **ckwargs)
+                if func in _UNINITIALIZED:
+                    res.fill_(default_value(res.dtype))
         except Exception:  # no shadow for an input, or an op the CPU does not run: value unknown
             res = None
     results = res if isinstance(res, (tuple, list)) else (res,)

@@ -74,6 +74,7 @@ def cuda_torch_python() -> str:
 FRAMEWORKS_CUDA: tuple[tuple[str, ...], ...] = (
     ("torchtitan==0.3.0",),
     ("--ignore-requires-python", "megatron-core==0.19.2"),
+    ("transformers==5.24.0", "accelerate==1.15.0"),
 )
 
 
