@@ -140,7 +140,7 @@ def test_attention_backends_differ(estimator):
 def test_minimum_kernel_duration(estimator, h100):
     x = tensor((1,), "float32")
     e = estimator.estimate(sig("add_", (x, x, 1), (x,), ("pointwise", "inplace"), "Tensor"))
-    assert e.duration_ns == h100.min_kernel_ns == 2000
+    assert e.duration_ns == h100.min_kernel_ns == 1400  # H100 profile: kernels under 3 us, median 1.4 us
     assert e.host_ns == HOST_COSTS.dispatch_ns + HOST_COSTS.launch_ns == 6400  # measured 6.39 us
 
 
