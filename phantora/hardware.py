@@ -76,6 +76,11 @@ class GPUSpec:
     # Fraction of hbm_bandwidth that large streaming kernels (copy, add) sustain, counting bytes
     # read plus bytes written.
     memory_efficiency: float = 0.90
+    # Bytes per clock per SM that the SMs move for a streaming kernel at the boost clock. Kernels
+    # that reach well under the streaming rate (BatchNorm's channels_last passes, column
+    # reductions, unaligned convolutions: phantora/cost/roofline.py SM_BOUND_BELOW) are limited
+    # on the SM side, not by DRAM, so they run at a fraction of this rate whatever the HBM.
+    sm_stream_bytes_per_clk: float = 11.54
     # Fraction of the bf16/fp16 dense peak that the main loop of each fused SDPA backend
     # sustains at head dim 128 on long sequences ("cudnn", "flash" = FlashAttention-2 kernels
     # bundled with torch, "efficient" = the CUTLASS memory-efficient kernels).
@@ -117,6 +122,11 @@ class GPUSpec:
         """Bytes/s large streaming kernels sustain (read plus written)."""
         return self.hbm_bandwidth * self.memory_efficiency
 
+    @property
+    def sm_stream_bandwidth(self) -> float:
+        """Bytes/s the SMs move for a streaming kernel: SMs x boost clock x bytes/clk/SM."""
+        return self.sm_count * self.boost_clock_mhz * 1e6 * self.sm_stream_bytes_per_clk
+
 
 H100_SXM_80GB = GPUSpec(
     key="h100-sxm-80gb",
@@ -143,6 +153,10 @@ H100_SXM_80GB = GPUSpec(
     # 4096x8192x8192 ~795; fp32 4096^3 ~51 of 67 TFLOP/s. 0.78 fits the large shapes.
     gemm_efficiency=0.78,
     memory_efficiency=0.90,  # measured: add/copy on 2^28 elements ~3.0 TB/s of 3.35
+    # The Hopper SM's streaming rate: on this H100 the SMs and DRAM sustain the same ~3.0 TB/s
+    # (3.015e12 / (132 x 1.98 GHz) = 11.54 B/clk/SM), which is what the H100-fitted fractions of
+    # streaming bandwidth below it were measured against.
+    sm_stream_bytes_per_clk=11.54,
     # Fitted with phantora/cost/attention.py's constants to the calibration SDPA points
     # (cuDNN, the backend torch 2.11 picked on this H100) and to torch.profiler kernel
     # times of each backend (tests/data/groundtruth/h100_kernel_profile.json): cuDNN 146 us, FA2 273 us,
@@ -176,6 +190,7 @@ H200_SXM_141GB = GPUSpec(
     # the datasheet peak; the H100's large-shape fit is kept where no H200 shape table exists.
     gemm_efficiency=0.79,
     memory_efficiency=0.90,  # seen on the lent H200: a d2d copy moved ~4.3 TB/s of 4.8
+    sm_stream_bytes_per_clk=11.54,  # the H100's SM at the H100's clock: SM-bound kernels run as fast as there
     attention_efficiency={"cudnn": 0.84, "flash": 0.57, "efficient": 0.29},  # estimate: as H100 (same SM)
     pinned_copy_bandwidth=55e9,  # estimate: same PCIe gen5 host link as the H100
     pageable_copy_bandwidth=25e9,
@@ -205,6 +220,7 @@ A100_SXM_80GB = GPUSpec(
     # streaming kernels ~1.75-1.85 TB/s; FA2 was tuned for this chip.
     gemm_efficiency=0.86,
     memory_efficiency=0.88,
+    sm_stream_bytes_per_clk=11.8,  # estimate: SM side matched to its DRAM, as measured on the H100
     attention_efficiency={"cudnn": 0.75, "flash": 0.80, "efficient": 0.55},
     exp_cost_flops=128.0,
     pinned_copy_bandwidth=25e9,  # PCIe gen4 x16
@@ -236,6 +252,7 @@ B200_SXM_180GB = GPUSpec(
     # kernels in torch are sm80 code without Blackwell tensor-core instructions.
     gemm_efficiency=0.72,
     memory_efficiency=0.85,
+    sm_stream_bytes_per_clk=23.2,  # estimate: SM side matched to its DRAM, as measured on the H100
     attention_efficiency={"cudnn": 0.80, "flash": 0.30, "efficient": 0.20},
     exp_cost_flops=512.0,
     pinned_copy_bandwidth=55e9,
