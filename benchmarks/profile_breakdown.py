@@ -144,6 +144,7 @@ def main() -> None:
         if trace is None:
             trace = Path(tmp) / "run.json"
             proc = subprocess.run([sys.executable, "-m", "phantora.cli", "trace", "--kernel-times", args.kernel_times,
+                                   "--host", "lent-h100",  # the host the real profiles were taken on
                                    "-o", str(trace), "--", sys.executable, *CONFIGS[args.config]], cwd=ROOT,
                                   capture_output=True, text=True, timeout=1200)
             if proc.returncode != 0:

@@ -107,6 +107,7 @@ def main() -> None:
     ap.add_argument("--embd", type=int, default=768)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--checkpoint", action="store_true", help="activation checkpointing per block")
+    ap.add_argument("--accum", type=int, default=1, help="gradient accumulation: micro-batches of --batch per step")
     ap.add_argument("--peak-tflops", type=float, default=989.4, help="GPU bf16 peak for MFU (H100 SXM)")
     args = ap.parse_args()
 
@@ -124,19 +125,22 @@ def main() -> None:
         x, y = data[:, :-1].pin_memory(), data[:, 1:].pin_memory()
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
-    tokens_per_step = args.batch * args.seq
+    tokens_per_step = args.batch * args.seq * args.accum
     step_times = []
     for step in range(args.steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        x, y = get_batch()
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
-            loss = model(x, y)
-        loss.backward()
+        for _ in range(args.accum):
+            x, y = get_batch()
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                loss = model(x, y)
+            if args.accum > 1:
+                loss = loss / args.accum  # the mean over the step's micro-batches
+            loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        loss_value = loss.item()  # waits for the step to finish
+        loss_value = loss.item() * args.accum  # waits for the step to finish
         dt = time.perf_counter() - t0
         step_times.append(dt)
         mfu = model.flops_per_token() * tokens_per_step / dt / (args.peak_tflops * 1e12)

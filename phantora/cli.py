@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from phantora import __version__
+from phantora.cost.host import DEFAULT_HOST, HOSTS, UnknownHostError, lookup_host
 from phantora.hardware import DEFAULT_GPU, GPUS, UnknownGPUError, lookup_gpu
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
@@ -38,6 +39,20 @@ class _GpuType(click.ParamType):
         try:
             return lookup_gpu(value)
         except UnknownGPUError as e:
+            self.fail(str(e), param, ctx)
+
+
+def _host_help() -> str:
+    return ", ".join(f"{h.key} (host time x{h.speed:.2f})" for h in HOSTS)
+
+
+class _HostType(click.ParamType):
+    name = "HOST"
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        try:
+            return lookup_host(value)
+        except UnknownHostError as e:
             self.fail(str(e), param, ctx)
 
 
@@ -79,6 +94,9 @@ def main() -> None:
 @click.option("--gpu", "gpu", default=None, type=_GpuType(),
               help=f"GPU model to simulate, short or full name (case-insensitive): {_gpu_help()}. "
                    f"Default: the cluster's GPU ({DEFAULT_GPU} for the default cluster).")
+@click.option("--host", "host", default=None, type=_HostType(),
+              help=f"Host CPU the script runs on, which sets its host (launch, Python) time: {_host_help()}. "
+                   f"Default: {DEFAULT_HOST}.")
 @click.option("--vram", type=_SizeType(), default=None,
               help="Memory per GPU instead of the model's, e.g. 40GiB (G/GiB binary, GB decimal).")
 @click.option("--gpus-per-node", type=click.IntRange(1, 256), default=None,
@@ -124,7 +142,7 @@ def main() -> None:
               help="When stderr is not a terminal, print the status (phase, steps per rank, simulated and wall time) "
                    "every SECONDS; a collective waiting or a rank silent this long is reported once.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluster_name: str, nnodes: int,  # type: ignore[no-untyped-def]
+def trace(output: Path, gpu, host, vram: int | None, gpus_per_node: int | None, cluster_name: str, nnodes: int,  # type: ignore[no-untyped-def]
           nproc_per_node: int | None, collective_timeout: float, call_timeout: float, comm_slowdown: float,
           sync: str, kineto_dir: Path | None, kernel_times: str, calibration: Path | None, quiet: bool,
           status_every: float, command: tuple[str, ...]) -> None:
@@ -160,6 +178,7 @@ def trace(output: Path, gpu, vram: int | None, gpus_per_node: int | None, cluste
         raise click.BadParameter(f"{cluster.name} nodes have {cluster.gpus_per_node} GPUs; describe a different "
                                  "node in a cluster file instead", param_hint="'--gpus-per-node'")
     run = TraceRun(command=list(command), output=output, gpu=gpu or cluster.gpu_spec, vram_bytes=vram,
+                   host=host or lookup_host(DEFAULT_HOST),
                    gpus_per_node=gpus_per_node or cluster.gpus_per_node, call_timeout_s=call_timeout,
                    cluster=cluster, nproc_per_node=nproc_per_node, collective_timeout_s=collective_timeout,
                    comm_slowdown=comm_slowdown, sync=sync, kineto_dir=kineto_dir, estimator=kernel_times,

@@ -199,8 +199,7 @@ def _conv_gemm(shape: GemmShape, dtype: str, out_dtype: str, nbytes: float, ctx:
     k = gemm_kernel(shape, dtype, out_dtype, nbytes, ctx, tf32=ctx.cudnn_allow_tf32)
     work = k.duration_ns - ctx.gpu.kernel_ramp_ns
     if unaligned:
-        bandwidth = ctx.gpu.hbm_bandwidth * ctx.gpu.memory_efficiency * UNALIGNED_CONV_BANDWIDTH_FRACTION
-        work = max(work, nbytes / bandwidth * 1e9)
+        work = max(work, memory_ns(nbytes, ctx.gpu, UNALIGNED_CONV_BANDWIDTH_FRACTION) - ctx.gpu.kernel_ramp_ns)
         if gather_compute:
             rate = peak_flops(ctx.gpu, matmul_compute_type(dtype, ctx.cudnn_allow_tf32)) * UNALIGNED_CONV_PEAK_FRACTION
             work = max(work, shape.flops / rate * 1e9)

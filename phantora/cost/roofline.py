@@ -133,9 +133,17 @@ def largest_tensor(tensors: list[TensorMeta]) -> TensorMeta | None:
 
 # --- time ----------------------------------------------------------------------------------
 
+# A kernel fitted at less than this fraction of the streaming rate does not saturate DRAM on the
+# GPU it was fitted on (the H100): its limit is on the SM side, so its rate is that fraction of
+# the SMs' streaming rate (GPUSpec.sm_stream_bandwidth), which more HBM bandwidth does not raise.
+SM_BOUND_BELOW = 0.8
+
+
 def memory_ns(nbytes: float, gpu: GPUSpec, efficiency: float = 1.0) -> float:
     """Time to stream `nbytes` through HBM, ramp included (the achieved-bandwidth curve)."""
-    bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency * efficiency
+    bandwidth = gpu.achieved_memory_bandwidth * efficiency
+    if efficiency < SM_BOUND_BELOW:
+        bandwidth = min(gpu.achieved_memory_bandwidth, gpu.sm_stream_bandwidth * efficiency)
     return gpu.kernel_ramp_ns + nbytes / bandwidth * 1e9
 
 

@@ -106,7 +106,7 @@ class CollectiveLifecycle:
         comm = self.comm_stream(st, call)
         tl = st.timeline
         launch_begin = tl.host_ns
-        tl.advance_host(HOST_COSTS.collective_ns)
+        tl.charge_host(HOST_COSTS.collective_ns)
         self._launches[(call.key, rank)] = (launch_begin, tl.host_ns, call)
         self.trace.collective_call_open(st.info.trace_pid, call, launch_begin, tl.host_ns)
         current = self.placement.stream(st, call.device, call.stream)

@@ -80,9 +80,9 @@ class HostRecords:
         # The Python and autograd code around a GPU op runs before it is dispatched; the op's
         # host slice covers both, with the overhead in its args.
         overhead = python_overhead_ns(flags, est.kernels > 0) if device is not None else 0
-        tl.advance_host(overhead)
+        tl.charge_host(overhead)
         launch = tl.host_ns
-        tl.advance_host(est.host_ns)
+        tl.charge_host(est.host_ns)
         pid = st.info.trace_pid
         if est.kind == NO_GPU_WORK or device is None or est.kernels == 0:
             self.trace.host_slice(pid, sig.name, begin, tl.host_ns, "cpu_op",
@@ -119,7 +119,7 @@ class HostRecords:
     def event_record(self, st: RankState, event_id: int, device: int, stream_id: int) -> None:
         stream = self.placement.stream(st, device, stream_id)
         tl = st.timeline
-        tl.advance_host(self.timing.event_record_host_ns)
+        tl.charge_host(self.timing.event_record_host_ns)
         if st.graphs.capture_on(device, stream_id) is not None:
             return  # a node of the graph being captured: nothing happens on the GPU now
         record = EventRecord(self.placement.next_seq(), stream, event_id, tl.host_ns)
@@ -128,7 +128,7 @@ class HostRecords:
 
     def event_wait(self, st: RankState, event_id: int, device: int, stream_id: int) -> None:
         stream = self.placement.stream(st, device, stream_id)
-        st.timeline.advance_host(self.timing.event_record_host_ns)
+        st.timeline.charge_host(self.timing.event_record_host_ns)
         if st.graphs.capture_on(device, stream_id) is not None:
             return
         # waiting on an event that was never recorded is a no-op, as in CUDA
@@ -143,19 +143,19 @@ class HostRecords:
         try:
             if kind == P.R_GRAPH_BEGIN:
                 graphs.begin(graph_id, int(rec[2]), int(rec[3]))
-                tl.advance_host(HOST_COSTS.graph_capture_ns)
+                tl.charge_host(HOST_COSTS.graph_capture_ns)
                 self.trace.host_slice(pid, "cudaStreamBeginCapture", begin, tl.host_ns, "cuda_runtime",
                                       {"graph": graph_id, "device": rec[2], "stream": rec[3]})
             elif kind == P.R_GRAPH_JOIN:
                 graphs.join(graph_id, int(rec[2]), int(rec[3]))
             elif kind == P.R_GRAPH_END:
                 g = graphs.end(graph_id)
-                tl.advance_host(HOST_COSTS.graph_capture_ns)
+                tl.charge_host(HOST_COSTS.graph_capture_ns)
                 self.trace.host_slice(pid, "cudaStreamEndCapture", begin, tl.host_ns, "cuda_runtime",
                                       {"graph": graph_id, "ops": len(g.nodes), "kernels": g.kernels})
             elif kind == P.R_GRAPH_INSTANTIATE:
                 g = graphs.replayable(graph_id)
-                tl.advance_host(HOST_COSTS.graph_instantiate_ns + HOST_COSTS.graph_node_ns * g.kernels)
+                tl.charge_host(HOST_COSTS.graph_instantiate_ns + HOST_COSTS.graph_node_ns * g.kernels)
                 self.trace.host_slice(pid, "cudaGraphInstantiate", begin, tl.host_ns, "cuda_runtime",
                                       {"graph": graph_id, "kernels": g.kernels})
             elif kind == P.R_GRAPH_REPLAY:
@@ -169,7 +169,7 @@ class HostRecords:
         """cudaGraphLaunch: one host launch; the kernels are placed by Placement._place_replay."""
         tl = st.timeline
         begin = tl.host_ns
-        tl.advance_host(HOST_COSTS.graph_launch_ns)
+        tl.charge_host(HOST_COSTS.graph_launch_ns)
         stream = self.placement.stream(st, device, stream_id)
         flow = self.trace.next_flow()
         replay = GraphReplay(self.placement.next_seq(), stream, g.graph_id, g.nodes, g.replays, begin, flow, device,
@@ -203,7 +203,7 @@ class HostRecords:
         """Python work on the host the op stream does not show (module calls, hooks, ...)."""
         tl = st.timeline
         start = tl.host_ns
-        tl.advance_host(host_event_ns(kind, count))
+        tl.charge_host(host_event_ns(kind, count))
         if kind != "module_call":  # module calls are too many and too short to show one by one
             self.trace.host_slice(st.info.trace_pid, f"python: {kind}", start, tl.host_ns, "python", {"count": count})
 

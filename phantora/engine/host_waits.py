@@ -177,7 +177,7 @@ class HostWaits:
         if t is None:
             return NOT_YET
         tl = st.timeline
-        tl.advance_host(self.timing.event_query_host_ns)
+        tl.charge_host(self.timing.event_query_host_ns)
         return t <= tl.host_ns
 
     def query_stream(self, st: RankState, device: int, stream_id: int) -> bool | NotYet:
@@ -185,7 +185,7 @@ class HostWaits:
         if t is None:
             return NOT_YET
         tl = st.timeline
-        tl.advance_host(self.timing.event_query_host_ns)
+        tl.charge_host(self.timing.event_query_host_ns)
         return t <= tl.host_ns
 
     # --- held ranks ---------------------------------------------------------------------------

@@ -149,8 +149,12 @@ class Placement:
 
     def _place_op(self, st: RankState, a: OpWork, force: bool) -> bool:
         s, est = a.stream, a.est
-        start = max(a.launch_ns + self.timing.launch_latency_ns, s.tail_ns)
-        raw_end = start + est.duration_ns
+        # A busy stream leaves kernel_gap_ns between one kernel's end and the next one's start,
+        # also between the kernels of one op (the op's slice covers them and their gaps).
+        gap = self.timing.kernel_gap_ns
+        busy_until = s.tail_ns + gap if s.tail_ns else 0
+        start = max(a.launch_ns + self.timing.launch_latency_ns, busy_until)
+        raw_end = start + est.duration_ns + gap * max(0, est.kernels - 1)
         slowed = 0
         if a.slows:
             overlap = self._comm_overlap(st, a.device, a.seq, start, raw_end, force)

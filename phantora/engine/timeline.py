@@ -24,6 +24,12 @@ class TimingConfig:
     # fraction slower for the overlapping part. NCCL takes 16-32 of an H100's 132 SMs; 0.1 is
     # an assumption, not a measurement (`phantora trace --comm-slowdown`).
     comm_slowdown: float = 0.1
+    # Modelled host costs (phantora/cost/host.py) times this: the simulated host's speed against
+    # the host the model was fitted on (cost/host.py HostSpec; `phantora trace --host`).
+    host_speed: float = 1.0
+    # Idle time a busy stream leaves between the end of one kernel and the start of the next
+    # (GPUSpec.kernel_gap_ns; 0 in unit tests of the engine).
+    kernel_gap_ns: int = 0
 
 
 @dataclass
@@ -68,7 +74,12 @@ class RankTimeline:
 
     # --- host ---------------------------------------------------------------------------------
     def advance_host(self, ns: int) -> None:
+        """Time that passes on the host whatever its speed (the user's own sleeps)."""
         self.host_ns += max(0, ns)
+
+    def charge_host(self, ns: int) -> None:
+        """A modelled host cost: scaled by the simulated host's speed."""
+        self.host_ns += max(0, round(ns * self.config.host_speed))
 
     def wait_host_until(self, t_ns: int, overhead_ns: int = 0) -> None:
         """Block the host until t_ns (if later), then pay overhead_ns."""

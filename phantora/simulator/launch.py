@@ -24,6 +24,7 @@ from pathlib import Path
 import interpose
 from phantora import __version__
 from phantora.cost import EstimatorChoice, choose_estimator
+from phantora.cost.host import DEFAULT_HOST, HostSpec, lookup_host
 from phantora.engine.engine import Engine, EngineSummary
 from phantora.engine.timeline import TimingConfig
 from phantora.hardware import GPUSpec
@@ -51,6 +52,7 @@ class TraceRun:
     output: Path
     gpu: GPUSpec
     vram_bytes: int | None = None
+    host: HostSpec = field(default_factory=lambda: lookup_host(DEFAULT_HOST))  # --host: the CPU's speed
     gpus_per_node: int = 8
     estimator: str = "auto"  # --kernel-times: auto, analytical, calibrated, measured
     calibration: Path | None = None  # --calibration: a measured table (shared/calibration format)
@@ -144,7 +146,8 @@ def run_trace(run: TraceRun) -> TraceResult:
     sink: TraceSink = open_sink(run.output)
     if kineto is not None:
         sink = TeeSink([sink, kineto])
-    engine = Engine(run.gpu, kernel_times.estimator, sink, TimingConfig(comm_slowdown=run.comm_slowdown),
+    engine = Engine(run.gpu, kernel_times.estimator, sink, TimingConfig(comm_slowdown=run.comm_slowdown, host_speed=run.host.speed,
+                                                                  kernel_gap_ns=run.gpu.kernel_gap_ns),
                     network=Network(run.cluster), sync=run.sync)
     server = SimulatorServer(engine, collective_timeout_s=run.collective_timeout_s)
     exit_code = 1
@@ -239,7 +242,7 @@ def format_summary(run: TraceRun, result: TraceResult) -> str:
     for (rank, dev), peak in sorted(s.peak_allocated.items()):
         lines.append(f"  peak memory rank {rank} cuda:{dev}: {format_bytes(peak)} allocated, "
                      f"{format_bytes(s.peak_reserved[(rank, dev)])} reserved (of {format_bytes(total)})")
-    lines.extend(kernel_times_lines(result))
+    lines.extend(kernel_times_lines(result, run))
     if s.unknown_ops:
         calls = sum(s.unknown_ops.values())
         top = ", ".join(f"{k} ({v})" for k, v in sorted(s.unknown_ops.items(), key=lambda kv: -kv[1])[:5])
@@ -299,12 +302,15 @@ def _hidden_gpus_note(run: TraceRun) -> str:
     return ""
 
 
-def kernel_times_lines(result: TraceResult) -> list[str]:
+def kernel_times_lines(result: TraceResult, run: TraceRun | None = None) -> list[str]:
     """Which estimator timed the kernels, how many each timed, and what the user must know."""
     choice = result.kernel_times
     if choice is None:
         return []
     lines = [f"  kernel times: {choice.description}"]
+    if run is not None:
+        lines.append(f"  host: {run.host.key}, modelled host costs x{run.host.speed:.2f} ({run.host.description}; "
+                     "--host)")
     by = result.summary.kernels_by_estimator
     if by:
         # Labels are "estimator (why)": count per estimator first, so the line never reads as if

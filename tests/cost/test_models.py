@@ -140,7 +140,8 @@ def test_attention_backends_differ(estimator):
 def test_minimum_kernel_duration(estimator, h100):
     x = tensor((1,), "float32")
     e = estimator.estimate(sig("add_", (x, x, 1), (x,), ("pointwise", "inplace"), "Tensor"))
-    assert e.duration_ns == h100.min_kernel_ns == 2000
+    # H100 ResNet-50 profile: kernels under 3 us last 1.4 us at the median; the ramp (1.5 us) is above it
+    assert e.duration_ns == max(h100.min_kernel_ns, h100.kernel_ramp_ns) == 1500
     assert e.host_ns == HOST_COSTS.dispatch_ns + HOST_COSTS.launch_ns == 6400  # measured 6.39 us
 
 

