@@ -13,10 +13,12 @@ from phantora.hardware import GPUS, HOPPER_SM, TENSOR_TYPES, lookup_gpu
 DATASHEET_TFLOPS = {
     "h100-sxm-80gb": {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9, "fp8": 1978.9},
     "h200-sxm-141gb": {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9, "fp8": 1978.9},
+    # TorchTitan's 500 W H100s: the SXM die's datasheet peaks; its power limit is in the efficiency
+    "h100-sxm-96gb-500w": {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9, "fp8": 1978.9},
     "a100-sxm-80gb": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5, "int8": 624.0},
     "b200-sxm-180gb": {"bf16": 2250.0, "fp8": 4500.0, "fp32": 75.0},
 }
-DATASHEET_HBM_TBPS = {"h100-sxm-80gb": 3.35, "h200-sxm-141gb": 4.8, "a100-sxm-80gb": 2.039, "b200-sxm-180gb": 8.0}
+DATASHEET_HBM_TBPS = {"h100-sxm-80gb": 3.35, "h100-sxm-96gb-500w": 2.4, "h200-sxm-141gb": 4.8, "a100-sxm-80gb": 2.039, "b200-sxm-180gb": 8.0}
 
 
 @pytest.mark.parametrize("gpu", GPUS, ids=[g.key for g in GPUS])
@@ -50,3 +52,12 @@ def test_a_power_limited_variant_is_one_replace_of_its_base():
     assert variant.peak_flops["bf16"] == pytest.approx(h100.peak_flops["bf16"] * 1600 / 1830)
     assert variant.peak_flops["fp32"] == h100.peak_flops["fp32"]  # SIMT peaks at the boost clock
     assert h100.peak_flops["bf16"] / 1e12 == pytest.approx(989.4, rel=1e-3)  # the base is untouched
+
+
+def test_the_500w_h100_sustains_the_power_interpolated_peak():
+    """TorchTitan's published H100s (96 GB, 500 W): BF16 dense interpolated in power between the
+    SXM (989.4 TFLOP/s at 700 W) and the NVL (835 at 400 W) datasheets: 835 + 154.4 / 3 = 886.5."""
+    h100, h500 = lookup_gpu("h100"), lookup_gpu("h100-96gb")
+    sustained = h500.peak_flops["bf16"] * h500.gemm_efficiency / h100.gemm_efficiency
+    assert sustained / 1e12 == pytest.approx(886.5, rel=1e-3)
+    assert h500.total_memory > 95 * 1024**3 and h500.hbm_bandwidth == 2.4e12
