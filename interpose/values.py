@@ -203,7 +203,7 @@ def value_of(t: torch.Tensor) -> Number:
     """The one number t reads as where it has no shadow to read (see the module's table)."""
     _settle(t)
     data = _shadows.get(t)
-    if data is None and not is_virtual(t):
+    if data is None and not is_virtual(t) and t.device.type != "meta":  # meta tensors have no data either
         data = t  # a real tensor (a CPU scalar in `x * torch.tensor(2.0)`)
     if data is not None and data.numel() > 0:
         with real_cpu():
@@ -268,8 +268,10 @@ def set_value(t: torch.Tensor, v: Number | None) -> None:
 
 # --- shadows ----------------------------------------------------------------------------------
 def shadowable(t: Any, cap: int = SHADOW_MAX_NUMEL) -> bool:
-    """A tensor (virtual GPU, or a fake CPU copy of one) small enough to keep a real shadow."""
-    return isinstance(t, FakeTensor) and t.numel() <= cap
+    """A tensor (virtual GPU, or a fake CPU copy of one) small enough to keep a real shadow. Not
+    one on the meta device (FLOP counting on a meta model, as Lightning's measure_flops does): it
+    has no data on a GPU either, and its shadow would be a meta tensor nothing can read."""
+    return isinstance(t, FakeTensor) and t.device.type != "meta" and t.numel() <= cap
 
 
 def exchanges_values(t: torch.Tensor) -> bool:
