@@ -7,6 +7,7 @@ from __future__ import annotations
 import builtins
 import threading
 import types
+import warnings
 from typing import Any
 
 import torch
@@ -299,7 +300,16 @@ def _cuda_kernel_placeholder(name: str) -> Any:
     return kernel
 
 
+def _quiet_data_ptr_warning() -> None:
+    # torch's Tensor.__deepcopy__ asks data_ptr() of every tensor that is not a plain Tensor, and
+    # a virtual tensor is a FakeTensor: deepcopy of one (Lightning's ModelCheckpoint deep-copies
+    # the logged metrics) printed a FakeTensor deprecation warning that a GPU run never prints.
+    warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor is deprecated",
+                            category=UserWarning)
+
+
 def install_fake_fixes() -> None:
+    _quiet_data_ptr_warning()
     _count_fake_tensors_as_foreach_capable()
     _register_cuda_kernels_of_fused_ops()
     _ft.FakeTensorConverter.from_meta_and_device = _from_meta_and_device

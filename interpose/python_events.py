@@ -51,9 +51,29 @@ def install_python_events(rt: Any) -> None:
     torch.nn.modules.module.register_module_forward_pre_hook(module_pre_hook)
     torch.nn.modules.module.register_module_forward_hook(module_post_hook, always_call=True)
 
-    def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    def outside_optimizer(closure: Any) -> Any:
+        # optimizer.step(closure) runs the closure (Lightning's forward and backward, LBFGS's
+        # re-evaluation) inside the step: its ops are model code, charged as such, not as the
+        # optimizer's own ops (whose Python is charged per step and parameter).
+        @functools.wraps(closure)
+        def run(*a: Any, **k: Any) -> Any:
+            depth = rt.in_optimizer
+            rt.in_optimizer = depth - 1
+            try:
+                return closure(*a, **k)
+            finally:
+                rt.in_optimizer = depth
+
+        return run
+
+    def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> tuple[tuple, dict] | None:
         rt.in_optimizer += 1
         record("optimizer_step", sum(len(g["params"]) for g in optimizer.param_groups))
+        if callable(kwargs.get("closure")):
+            return args, {**kwargs, "closure": outside_optimizer(kwargs["closure"])}
+        if len(args) > 1 and callable(args[1]):  # args[0] is the optimizer itself
+            return (args[0], outside_optimizer(args[1]), *args[2:]), kwargs
+        return None
 
     stepping: list[int] = []  # id() of the optimizer whose steps mark training steps
 

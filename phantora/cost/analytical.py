@@ -78,7 +78,8 @@ class AnalyticalEstimator:
         family = self.family(sig)
         family_name = family.name if family is not None else "unknown"
         if cost.kind == NO_GPU_WORK or not kernels:
-            cpu_bytes = 0.0 if sig.cuda_device() is not None else float(bytes_read(sig) + bytes_written(sig))
+            cpu_bytes = 0.0 if sig.cuda_device() is not None or _on_meta(sig) else \
+                float(bytes_read(sig) + bytes_written(sig))
             return KernelEstimate(
                 duration_ns=0, kernels=0, flops=0.0, bytes=0.0, kind=NO_GPU_WORK,
                 estimator=self.name, known=known, kernel_name=sig.short_name,
@@ -113,3 +114,10 @@ class AnalyticalEstimator:
             # A signature shape the model does not expect (a new overload, say): time it with the
             # fallback and let the caller report it rather than stop the simulation.
             return fallback_cost(sig, self.ctx), False
+
+
+def _on_meta(sig: OpSignature) -> bool:
+    """Every tensor of the op is on the meta device: torch only propagates shapes and touches no
+    data (FLOP counting on a meta copy of the model, as Lightning's measure_flops does)."""
+    tensors = sig.tensors_in() + sig.tensors_out()
+    return bool(tensors) and all(t.device == "meta" for t in tensors)
