@@ -70,7 +70,8 @@ def main() -> int:
         table.add_row(row.stack, row.config, str(row.ranks), _fmt(row.step_ms, ".1f"),
                       _fmt(row.tokens_per_s_per_gpu, ",.0f"), _fmt(None if row.mfu is None else 100 * row.mfu, ".1f"),
                       _fmt(row.peak_gib, ".2f"), f"{row.wall_s:.0f}", row.note)
-    Console().print(table)
+    # a pipe or a file gets the whole table, not one squeezed to 80 columns
+    Console(width=None if sys.stdout.isatty() else 240).print(table)
     return 1 if failed else 0
 
 
