@@ -1,0 +1,223 @@
+"""torch.compile on virtual GPUs: Dynamo, AOTAutograd and Inductor compile the user's code as on
+a GPU machine, and the compiled code runs on virtual tensors, launching the kernels Inductor
+decided on.
+
+* The op observer declares `ignore_compile_internals`: Dynamo traces frames while it is on the
+  mode stack, compiles with every dispatch mode off (its own fake tensors, no op reported), and
+  the compiled artifact runs with the modes back on.
+* Inductor generates its code for the simulated GPU: Dynamo's CUDA device interface and Triton's
+  driver answer for the virtual GPU (its compute capability, SM count, shared memory), so the
+  choices Inductor makes from them (block sizes, split reductions, persistent reductions) are
+  the ones it makes on that GPU. Nothing is compiled for a GPU and nothing is autotuned.
+* What the compiled code runs is Inductor's generated wrapper: its buffer allocations and extern
+  kernels (GEMMs, attention, convolutions) are aten ops the observer reports as for eager code;
+  each generated Triton kernel is reported as one fused kernel (interpose/compiled_kernels.py).
+  Ops of compiled code carry OP_COMPILED: they pay the launch, not the eager Python around ops.
+* Compilation is host work done once: while it runs, the program's clock stands still (Dynamo
+  times itself; none of it is the simulated program's time) and at its end the host is charged
+  the modelled compile time (phantora/cost/host.py), shown as one `torch.compile` host slice.
+* A backend phantora cannot see inside (a custom `backend=` callable) is refused with one line
+  that says why, rather than silently running its (real CUDA) code or eager ops.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import torch
+
+from phantora import protocol as P
+
+# Backends whose compiled code phantora runs: Inductor's (its kernels are simulated), and
+# torch's own debugging backends that run the captured graph's aten ops (reported one by one).
+SIMULATED_BACKENDS = frozenset({"inductor", "eager", "aot_eager", "aot_eager_default_partitioner",
+                                "aot_eager_decomp_partition", "cudagraphs"})
+
+
+class UnsupportedBackend(RuntimeError):
+    pass
+
+
+def _point_dynamo_at_virtual_cuda() -> None:
+    """Dynamo's CUDA device interface bound torch.cuda's functions when torch._dynamo was
+    imported (before phantora replaced them): rebind them to the virtual GPU's."""
+    from torch._dynamo import device_interface as di
+
+    cuda = torch.cuda
+    iface = di.CudaInterface
+    for name in ("current_device", "set_device", "device_count", "stream", "current_stream", "set_stream",
+                 "synchronize", "get_device_properties", "is_bf16_supported"):
+        setattr(iface, name, staticmethod(getattr(cuda, name)))
+    iface.exchange_device = staticmethod(cuda._exchange_device)
+    iface.maybe_exchange_device = staticmethod(cuda._maybe_exchange_device)
+    iface.get_raw_stream = staticmethod(_raw_stream)
+    iface.Event = cuda.Event
+    iface.Stream = cuda.Stream
+
+
+def _raw_stream(device: int = 0) -> int:
+    """What generated code passes as `stream=`: phantora's id of the device's current stream."""
+    return torch._C._accelerator_getStream(device).stream_id
+
+
+def _empty_strided_cuda(size: Any, stride: Any, dtype: torch.dtype) -> torch.Tensor:
+    """Inductor's buffer allocation (torch._C._dynamo.guards._empty_strided_cuda calls the CUDA
+    allocator directly, beside dispatch): a virtual tensor on the current device, allocated
+    through the observer like every other."""
+    return torch.empty_strided(size, stride, dtype=dtype,
+                               device=torch.device("cuda", torch._C._accelerator_getDeviceIndex()))
+
+
+def _reinterpret_tensor(base: torch.Tensor, size: Any, stride: Any, offset_increment: int = 0) -> torch.Tensor:
+    """Inductor's view of a buffer with another size and stride (a C++ helper that makes the
+    view beside dispatch, which on a virtual tensor loses its device): the same view, made by
+    an op."""
+    return base.as_strided(size, stride, base.storage_offset() + offset_increment)
+
+
+def _install_virtual_triton_driver(gpu: Any) -> None:
+    """Triton's CUDA driver loads libcuda to learn the current GPU; this one answers for the
+    simulated GPU (what Inductor asks while generating code: target, device properties)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaDriver
+    from triton.runtime import driver as triton_driver
+
+    major, minor = gpu.capability
+
+    props = torch.cuda.get_device_properties(0)
+
+    class _Utils:
+        def get_device_properties(self, device: int) -> dict[str, int]:
+            return {"max_shared_mem": props.shared_memory_per_block_optin,
+                    "multiprocessor_count": props.multi_processor_count, "max_num_regs": gpu.regs_per_sm,
+                    "warpSize": gpu.warp_size, "sm_clock_rate": props.clock_rate,
+                    "mem_clock_rate": props.memory_clock_rate, "mem_bus_width": props.memory_bus_width}
+
+        def get_device_capability(self, device: int) -> tuple[int, int]:
+            return (major, minor)
+
+    class VirtualCudaDriver(CudaDriver):
+        def __init__(self) -> None:
+            self.utils = _Utils()
+            self.launcher_cls = None
+            self.get_device_capability = lambda device=None: (major, minor)
+            self.get_current_stream = _raw_stream
+            self.get_current_device = lambda: torch._C._accelerator_getDeviceIndex()
+            self.set_current_device = torch.cuda.set_device
+
+        def get_current_target(self) -> GPUTarget:
+            return GPUTarget("cuda", major * 10 + minor, 32)
+
+    triton_driver.set_active(VirtualCudaDriver())
+
+
+class CompileClock:
+    """Keeps the program's clock still while torch compiles, and charges the compile once."""
+
+    def __init__(self, rt: Any, clock: Any) -> None:
+        self.rt = rt
+        self.clock = clock
+        self.kernels = 0  # Triton kernels generated by the current compile
+
+    def start(self, args: Any = None) -> None:
+        self.kernels = 0
+        self.clock.hold()
+
+    def end(self, args: Any = None) -> None:
+        self.clock.release()
+        rt = self.rt
+        if rt.active and rt.client.connected:
+            rt.client.record([P.R_HOST, "compile", self.kernels])
+
+    def count_kernel(self) -> None:
+        self.kernels += 1
+
+
+def _refuse_opaque_backends() -> None:
+    """torch.compile(backend=callable): phantora runs the compiled code it knows (Inductor's
+    generated wrapper and kernels, or graphs of aten ops); a user backend may run anything (real
+    CUDA code, another compiler), which phantora cannot simulate, so it says so at the call."""
+    original = torch.compile
+
+    def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
+        backend = kwargs.get("backend", "inductor")
+        if not isinstance(backend, str) and backend is not None:
+            name = getattr(backend, "__name__", type(backend).__name__)
+            raise UnsupportedBackend(
+                f"phantora: torch.compile(backend={name}) runs code phantora cannot see inside; "
+                f"use the default Inductor backend (or 'eager' / 'aot_eager'), whose kernels phantora simulates")
+        if isinstance(backend, str) and backend not in SIMULATED_BACKENDS:
+            raise UnsupportedBackend(
+                f"phantora: torch.compile(backend={backend!r}) is not simulated; use the default Inductor backend "
+                f"(or one of {', '.join(sorted(SIMULATED_BACKENDS - {'inductor'}))})")
+        return original(model, *args, **kwargs)
+
+    compile.__doc__ = original.__doc__
+    compile.__wrapped__ = original  # type: ignore[attr-defined]
+    torch.compile = compile
+
+
+def _mark_compiled_runs() -> None:
+    """Every op an Inductor-compiled graph runs is launched by generated code."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    from interpose.observer import compiled_code
+
+    call = CompiledFxGraph.__call__
+
+    def __call__(self: Any, inputs: Any) -> Any:
+        with compiled_code():
+            return call(self, inputs)
+
+    CompiledFxGraph.__call__ = __call__  # type: ignore[method-assign]
+
+
+def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
+    # Dynamo compiles while the observer is active (with every mode off while it compiles) and
+    # the observer sees what the compiled artifact runs.
+    observer_cls.ignore_compile_internals = classmethod(lambda cls: True)  # type: ignore[attr-defined]
+    _point_dynamo_at_virtual_cuda()
+    torch._C._dynamo.guards._empty_strided_cuda = _empty_strided_cuda
+    torch._C._dynamo.guards._reinterpret_tensor = _reinterpret_tensor
+    # Inductor copies an input whose data pointer is misaligned; virtual blocks are aligned as
+    # the caching allocator's are (and a fake tensor has no data pointer to ask).
+    torch._C._dynamo.guards.copy_if_misaligned = lambda t: t
+    torch._C._cuda_getCurrentRawStream = _raw_stream
+    _refuse_opaque_backends()
+
+    import torch._inductor.config as inductor_config
+
+    # Kernels are loaded, not compiled: no compile workers (each would be another interposed
+    # Python process).
+    inductor_config.compile_threads = 1
+    compile_clock = CompileClock(rt, clock)
+    from torch._dynamo.callback import on_compile_end, on_compile_start
+
+    on_compile_start(compile_clock.start)
+    on_compile_end(compile_clock.end)
+    _mark_compiled_runs()
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return  # Inductor then says that it needs Triton for CUDA, as on a GPU machine without it
+    _install_virtual_triton_driver(rt.config.gpu)
+    from torch._inductor.async_compile import AsyncCompile
+
+    from interpose.compiled_kernels import virtual_kernel_loader
+
+    def report(sig: Any, args: tuple, stream: int) -> None:
+        device = next((a.device.index or 0 for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"), 0)
+        if stream < 0:
+            stream = _raw_stream(device)
+        rt.observer.report_kernel(sig, device, stream)
+
+    AsyncCompile.triton = _counting(virtual_kernel_loader(report), compile_clock.count_kernel)
+
+
+def _counting(fn: Callable[..., Any], count: Callable[[], None]) -> Callable[..., Any]:
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        count()
+        return fn(*args, **kwargs)
+
+    return counted
