@@ -42,6 +42,10 @@ class KernelInfo:
     arg_names: tuple[str, ...]  # the kernel function's parameters, in launch order
     fused_ops: tuple[str, ...]  # the aten ops Inductor fused into it ("aten.gelu", ...)
     kind: str  # pointwise / reduction / persistent_reduction / template / foreach / ...
+    kv_block: int = 0  # flex attention's template: its SPARSE_KV_BLOCK_SIZE
+
+
+_SPARSE_KV_BLOCK = re.compile(r"SPARSE_KV_BLOCK_SIZE\s*:\s*tl\.constexpr\s*=\s*(\d+)")
 
 
 _ORIGINAL_ATEN = re.compile(r"Original ATen: \[([^\]]*)\]")
@@ -132,13 +136,29 @@ def launch_signature(info: KernelInfo, args: tuple) -> OpSignature:
             if axis in numel:
                 numel[axis] *= int(a)
     elements = numel["x"] * numel["y"] * numel["z"] * numel["r"]
+    extra: tuple = ()
+    if "arg_Q" in info.arg_names and "arg_KV_NUM_BLKS" in info.arg_names:
+        extra = (_flex_facts(info, dict(zip(info.arg_names, args))),)
     return OpSignature(
         name=f"{NAMESPACE}::{info.name}",
         overload="default",
-        args=(tuple(reads), tuple(writes), elements, info.fused_ops, info.kind),
+        args=(tuple(reads), tuple(writes), elements, info.fused_ops, info.kind, *extra),
         outputs=tuple(writes),
         tags=frozenset({"inductor"}),
     )
+
+
+def _flex_facts(info: KernelInfo, named: dict[str, Any]) -> tuple:
+    """What the flex-attention model needs of its template's launch: q, k, v, the per-query-block
+    key-block counts, the key block size, the blocks visited (from the BlockMask's real values,
+    interpose/hops.py; None when unknown) and whether it is the backward kernel."""
+    from interpose.hops import visited_blocks
+
+    counts = named.get("arg_KV_NUM_BLKS")
+    visited = visited_blocks((None, None, counts, None, named.get("arg_FULL_KV_NUM_BLKS")))
+    backward = "arg_DO" in named
+    return (_meta(named["arg_Q"]), _meta(named["arg_K"]), _meta(named["arg_V"]),
+            _meta(counts) if isinstance(counts, torch.Tensor) else None, info.kv_block, visited, backward)
 
 
 def virtual_kernel_loader(report: Callable[[OpSignature, tuple, int], None]) -> Callable[..., Any]:
@@ -151,8 +171,9 @@ def virtual_kernel_loader(report: Callable[[OpSignature, tuple, int], None]) -> 
         caller = sys._getframe(1).f_globals.get("__file__")
         fn = getattr(autotuner, "fn", None)
         arg_names = tuple(getattr(fn, "arg_names", ()) or ())
+        block = _SPARSE_KV_BLOCK.search(source_code)
         info = KernelInfo(kernel_name, arg_names, _fused_ops_from_wrapper(caller, kernel_name),
-                          _kind(autotuner, kernel_name))
+                          _kind(autotuner, kernel_name), int(block.group(1)) if block else 0)
         return VirtualTritonKernel(autotuner, info, report)
 
     return triton

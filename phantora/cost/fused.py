@@ -6,11 +6,14 @@ A fused pointwise, reduction or normalization kernel streams the buffers that en
 once through HBM (what it fused stays in registers) and does one FLOP per element per fused op:
 the same memory and SIMT rooflines, ramp and efficiency as the eager pointwise and reduction
 kernels it replaces (roofline.streaming_kernel). Inductor templates (a GEMM with its epilogue
-under max-autotune) are timed like the GEMM: their FLOPs are the product's.
+under max-autotune) are not modelled apart yet: they are timed as streaming kernels. The
+flex-attention template is timed by the flex-attention model (attention.flex_template_kernel)
+over the blocks its BlockMask visits.
 """
 
 from __future__ import annotations
 
+from phantora.cost import attention
 from phantora.cost.roofline import CostContext, OpCost, footprint_bytes, single, streaming_kernel
 from phantora.ops import OpSignature, TensorMeta
 
@@ -33,5 +36,10 @@ def _compute_type(sig: OpSignature) -> str:
 
 def triton_kernel(sig: OpSignature, ctx: CostContext) -> OpCost:
     name = sig.name.split("::", 1)[-1]
+    if len(sig.args) > 5 and isinstance(sig.args[5], tuple):
+        # flex attention's template: (q, k, v, kv_num_blocks, kv block size, visited, backward)
+        q, k, v, counts, kv_block, visited, backward = sig.args[5]
+        return single(attention.flex_template_kernel(name, q, k, v, counts, kv_block, visited,
+                                                     float(fused_bytes(sig)), bool(backward), ctx))
     return single(streaming_kernel(name, ctx.gpu, float(fused_bytes(sig)), fused_flops(sig),
                                    compute_type=_compute_type(sig)))
