@@ -173,6 +173,28 @@ def _mark_compiled_runs() -> None:
     CompiledFxGraph.__call__ = __call__  # type: ignore[method-assign]
 
 
+def _never_convert_own_frames() -> None:
+    """Code Dynamo generates calls some of phantora's functions directly (it rebuilds a stream
+    with torch.accelerator.current_stream, which is phantora's): such a call must run as it is.
+    Converting its frame traced phantora's own code, which graph-broke and rebuilt the stream
+    again, without end. Inside traced user code phantora's functions are inlined as before."""
+    import sys
+    import types
+
+    from torch._dynamo.eval_frame import skip_code
+
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("interpose.") or module is None:
+            continue
+        for value in list(vars(module).values()):
+            functions = [value] if isinstance(value, types.FunctionType) else (
+                [v for v in vars(value).values() if isinstance(v, types.FunctionType)]
+                if isinstance(value, type) and value.__module__ == name else [])
+            for fn in functions:
+                if fn.__module__ == name:
+                    skip_code(fn.__code__)
+
+
 def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
     # Dynamo compiles while the observer is active (with every mode off while it compiles) and
     # the observer sees what the compiled artifact runs.
@@ -197,6 +219,7 @@ def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
     on_compile_start(compile_clock.start)
     on_compile_end(compile_clock.end)
     _mark_compiled_runs()
+    _never_convert_own_frames()
     try:
         import triton  # noqa: F401
     except ImportError:

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import torch
 
+from interpose import values
 from phantora.ops import OpSignature, TensorMeta
 
 # The signature namespace of generated kernels (phantora/cost/fused.py times them).
@@ -105,6 +106,12 @@ class VirtualTritonKernel:
         if sig is None:
             sig = self._sigs[key] = launch_signature(self.info, args)
         self._report(sig, args, int(stream) if isinstance(stream, int) else -1)
+        for name, a in zip(self.info.arg_names, args):
+            if isinstance(a, torch.Tensor) and name.startswith(("out_ptr", "in_out_ptr")):
+                # written by code phantora does not evaluate: its data is unknown (the value
+                # policy's placeholder), whatever the buffer held before
+                values.set_shadow(a, None)
+                values.set_value(a, None)
 
     def precompile(self, *args: Any, **kwargs: Any) -> None:
         return None  # nothing to compile for a virtual GPU
