@@ -39,6 +39,12 @@ class UnsupportedBackend(RuntimeError):
     pass
 
 
+NO_TRITON_WARNING = ("torch.compile ran the captured graphs as eager aten ops: this torch build has no Triton, which "
+                     "Inductor needs to generate CUDA kernels, so fused kernels are not simulated (run the script "
+                     "with a CUDA build of torch, or install triton)")
+_pending_warnings: list[str] = []  # said before the process became a rank (sent at its first compiled run)
+
+
 def _point_dynamo_at_virtual_cuda() -> None:
     """Dynamo's CUDA device interface bound torch.cuda's functions when torch._dynamo was
     imported (before phantora replaced them): rebind them to the virtual GPU's."""
@@ -122,6 +128,9 @@ class CompileClock:
 
     def start(self, args: Any = None) -> None:
         self.kernels = 0
+        rt = self.rt
+        while _pending_warnings and rt.active and rt.client.connected:
+            rt.client.record([P.R_WARN, _pending_warnings.pop()])
         self.clock.hold()
 
     def end(self, args: Any = None) -> None:
@@ -134,7 +143,13 @@ class CompileClock:
         self.kernels += 1
 
 
-def _refuse_opaque_backends() -> None:
+def _triton_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
+def _refuse_opaque_backends(rt: Any, has_triton: bool) -> None:
     """torch.compile(backend=callable): phantora runs the compiled code it knows (Inductor's
     generated wrapper and kernels, or graphs of aten ops); a user backend may run anything (real
     CUDA code, another compiler), which phantora cannot simulate, so it says so at the call."""
@@ -151,6 +166,17 @@ def _refuse_opaque_backends() -> None:
             raise UnsupportedBackend(
                 f"phantora: torch.compile(backend={backend!r}) is not simulated; use the default Inductor backend "
                 f"(or one of {', '.join(sorted(SIMULATED_BACKENDS - {'inductor'}))})")
+        if not has_triton and backend in ("inductor", None):
+            # Inductor needs Triton to generate CUDA kernels, and this torch build (the CPU
+            # wheel) has none: Dynamo still captures the graphs (fullgraph and graph breaks
+            # behave as on a GPU), and their aten ops run as eager kernels, with a warning.
+            if rt.active and rt.client.connected:
+                rt.client.record([P.R_WARN, NO_TRITON_WARNING])
+            else:
+                _pending_warnings.append(NO_TRITON_WARNING)
+            kwargs = {**kwargs, "backend": "eager"}
+            kwargs.pop("mode", None)
+            kwargs.pop("options", None)
         return original(model, *args, **kwargs)
 
     compile.__doc__ = original.__doc__
@@ -206,7 +232,8 @@ def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
     # the caching allocator's are (and a fake tensor has no data pointer to ask).
     torch._C._dynamo.guards.copy_if_misaligned = lambda t: t
     torch._C._cuda_getCurrentRawStream = _raw_stream
-    _refuse_opaque_backends()
+    has_triton = _triton_available()
+    _refuse_opaque_backends(rt, has_triton)
 
     import torch._inductor.config as inductor_config
 
@@ -220,10 +247,8 @@ def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
     on_compile_end(compile_clock.end)
     _mark_compiled_runs()
     _never_convert_own_frames()
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return  # Inductor then says that it needs Triton for CUDA, as on a GPU machine without it
+    if not has_triton:
+        return
     _install_virtual_triton_driver(rt.config.gpu)
     from torch._inductor.async_compile import AsyncCompile
 
