@@ -226,6 +226,10 @@ def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
     # the observer sees what the compiled artifact runs.
     observer_cls.ignore_compile_internals = classmethod(lambda cls: True)  # type: ignore[attr-defined]
     _point_dynamo_at_virtual_cuda()
+    # Dynamo's rules for torch's own functions (torch.cuda.current_stream is traced as a stream
+    # of the graph, not inlined) are keyed by the objects torch's names held when the map was
+    # first built: build it again with phantora's replacements.
+    torch._dynamo.trace_rules.get_torch_obj_rule_map.cache_clear()
     torch._C._dynamo.guards._empty_strided_cuda = _empty_strided_cuda
     torch._C._dynamo.guards._reinterpret_tensor = _reinterpret_tensor
     # Inductor copies an input whose data pointer is misaligned; virtual blocks are aligned as

@@ -67,10 +67,6 @@ def _fused_ops_from_wrapper(wrapper_file: str | None, kernel_name: str) -> tuple
             found = _ORIGINAL_ATEN.findall(header)
             if found:
                 return tuple(op.strip() for op in found[-1].split(",") if op.strip())
-    parts = kernel_name.split("_fused_", 1)
-    if len(parts) == 2:
-        body = re.sub(r"_\d+$", "", parts[1])
-        return tuple(f"aten.{body}".split(",")) if body else ()
     return ()
 
 
@@ -115,6 +111,16 @@ class VirtualTritonKernel:
 
     def precompile(self, *args: Any, **kwargs: Any) -> None:
         return None  # nothing to compile for a virtual GPU
+
+
+def _wrapper_file() -> str | None:
+    """The file of the generated wrapper module whose top level is defining kernels now."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if "async_compile" in frame.f_globals and frame.f_code.co_name == "<module>":
+            return frame.f_globals.get("__file__")
+        frame = frame.f_back
+    return None
 
 
 def _meta(t: torch.Tensor) -> TensorMeta:
@@ -175,7 +181,7 @@ def virtual_kernel_loader(report: Callable[[OpSignature, tuple, int], None]) -> 
 
     def triton(self: Any, kernel_name: str, source_code: str, device_str: str = "cuda") -> VirtualTritonKernel:
         autotuner = getattr(PyCodeCache.load(source_code), kernel_name)
-        caller = sys._getframe(1).f_globals.get("__file__")
+        caller = _wrapper_file()
         fn = getattr(autotuner, "fn", None)
         arg_names = tuple(getattr(fn, "arg_names", ()) or ())
         block = _SPARSE_KV_BLOCK.search(source_code)

@@ -24,9 +24,17 @@ def fused_bytes(sig: OpSignature) -> int:
     return sum(footprint_bytes(t) for t in reads) + sum(footprint_bytes(t) for t in writes)
 
 
+# Fused ops that only re-index (no arithmetic): they cost no FLOPs in the fused kernel.
+_VIEWS = frozenset({"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "unsqueeze",
+                    "squeeze", "slice", "select", "as_strided", "alias", "clone", "_to_copy", "copy",
+                    "split", "split_with_sizes", "cat", "constant_pad_nd", "full", "zeros", "ones"})
+
+
 def fused_flops(sig: OpSignature) -> float:
+    """One FLOP per element processed per fused op that computes (views and copies excluded)."""
     elements, ops = sig.args[2], sig.args[3]
-    return float(elements) * max(1, len(ops))
+    computing = [op for op in ops if op.rsplit(".", 1)[-1] not in _VIEWS]
+    return float(elements) * max(1, len(computing))
 
 
 def _compute_type(sig: OpSignature) -> str:
