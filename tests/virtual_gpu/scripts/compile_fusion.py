@@ -2,8 +2,8 @@
 
     compile_fusion.py eager|compiled
 
-Runs a pointwise chain relu(x * 2 + 1) once, then NVTX-marked steps of an MLP block (LayerNorm,
-Linear, GELU, Linear, residual) forward and backward, eagerly or compiled with the default
+Runs a pointwise chain relu(x * 2 + 1) once, then NVTX-marked steps of a Llama-style MLP block
+(RMSNorm, SwiGLU, residual) forward and backward, eagerly or compiled with the default
 Inductor backend and fullgraph=True (which raises on any graph break).
 """
 
@@ -21,15 +21,19 @@ def chain(x: torch.Tensor) -> torch.Tensor:
 
 
 class MLPBlock(nn.Module):
+    """A Llama-style MLP sub-block: RMSNorm written out (as Llama's reference code has it),
+    SwiGLU, residual."""
+
     def __init__(self, d: int) -> None:
         super().__init__()
-        self.ln = nn.LayerNorm(d)
-        self.up = nn.Linear(d, 4 * d)
-        self.act = nn.GELU(approximate="tanh")
-        self.down = nn.Linear(4 * d, d)
+        self.norm_weight = nn.Parameter(torch.ones(d))
+        self.w1 = nn.Linear(d, 4 * d, bias=False)
+        self.w3 = nn.Linear(d, 4 * d, bias=False)
+        self.w2 = nn.Linear(4 * d, d, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(self.act(self.up(self.ln(x))))
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norm_weight
+        return x + self.w2(torch.nn.functional.silu(self.w1(h)) * self.w3(h))
 
 
 x = torch.randn(1024, 1024, device="cuda")
@@ -49,5 +53,5 @@ for step in range(3):
     out.sum().backward()
     torch.cuda.nvtx.range_pop()
 torch.cuda.synchronize()
-assert block.up.weight.grad is not None and block.up.weight.grad.shape == (2048, 512)
+assert block.w1.weight.grad is not None and block.w1.weight.grad.shape == (2048, 512)
 print("ok block")
