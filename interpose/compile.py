@@ -261,6 +261,16 @@ def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
     # Kernels are loaded, not compiled: no compile workers (each would be another interposed
     # Python process).
     inductor_config.compile_threads = 1
+    # mode="reduce-overhead": CUDA graph trees manage their memory through the real caching
+    # allocator's private pools and checkpoints (C++ beside phantora's allocator model); Inductor's
+    # plain CUDA graphs (one torch.cuda.CUDAGraph per compiled graph, simulated by
+    # interpose/cuda_graphs.py) capture and replay the same kernels.
+    inductor_config.triton.cudagraph_trees = False
+    # Inductor checks input alignment with data_ptr(); a virtual tensor answers 0 (aligned) and
+    # torch warns that FakeTensor data pointers are deprecated, which a GPU user never sees.
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor is deprecated")
     compile_clock = CompileClock(rt, clock)
     from torch._dynamo.callback import on_compile_end, on_compile_start
 
