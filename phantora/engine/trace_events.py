@@ -199,6 +199,7 @@ class TraceEvents:
                 "kernels": est.kernels, "estimator": estimator_label(est), "device": a.device,
                 "stream": s.stream_id, "graph": a.graph_id, "graph replay": a.replay, "correlation": a.flow,
                 **({"slowed by concurrent communication ns": slowed} if slowed else {}),
+                **_fused_args(sig),
             })
 
     def collective_kernel(self, pid: int, stream: Stream, name: str, call: CollectiveCall, ready: int, start: int,

@@ -79,7 +79,8 @@ def test_compiled_kernels_are_inductors_fused_kernels(tmp_path: Path, cuda_torch
 def test_compile_graph_breaks_checkpoint_optimizer_flex(tmp_path: Path, cuda_torch_python: str) -> None:
     proc, trace = run_traced(tmp_path, cuda_torch_python, "compile_modes.py")
     assert_ran(proc, "graph_break", "checkpoint", "optimizer", "flex_causal", "flex_sliding", "flex_document",
-               "custom_backend_refused")
+               "reduce_overhead", "custom_backend_refused")
+    events = _events(trace)
     generated = _generated(_kernels(trace))
     # graph break: sin*2 and cos+1 are two graphs, one kernel each
     assert [k["args"]["fused aten ops"] for k in generated[:2]] == [["aten.sin", "aten.mul"], ["aten.cos", "aten.add"]]
@@ -95,6 +96,13 @@ def test_compile_graph_breaks_checkpoint_optimizer_flex(tmp_path: Path, cuda_tor
     assert [k["args"]["flops"] for k in forward] == [full * 10 / 16, full * 7 / 16, full]
     assert [k["args"]["flops"] for k in backward] == [2.5 * full * 10 / 16, 2.5 * full * 7 / 16, 2.5 * full]
     assert forward[1]["dur"] <= forward[0]["dur"] <= forward[2]["dur"]  # equal while memory-bound (small S)
+    # reduce-overhead: Inductor warms up eagerly, captures its graph once, then replays it (the
+    # fused tanh*3+x kernel runs inside the replays)
+    names = Counter(e["name"] for e in events)
+    assert names["cudaStreamBeginCapture"] == 1 and names["cudaGraphInstantiate"] == 1, names
+    assert names["cudaGraphLaunch"] >= 2 and names["graph replay"] == names["cudaGraphLaunch"]
+    tanh = [e for e in events if e.get("args", {}).get("fused aten ops") == ["aten.tanh", "aten.mul", "aten.add"]]
+    assert sum("graph replay" in e["args"] for e in tanh) == names["graph replay"]
 
 
 def test_compile_without_triton_runs_graphs_eagerly_and_says_so(tmp_path: Path) -> None:

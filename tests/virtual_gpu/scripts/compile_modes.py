@@ -1,7 +1,8 @@
 """torch.compile features beyond one full graph (tests/virtual_gpu/test_compile.py): graph breaks
 with fullgraph=False, dynamic=False, a compiled optimizer step, activation checkpointing inside a
 compiled region, compiled flex_attention forward and backward with causal, sliding-window and
-document masks, and a custom backend callable refused with one line."""
+document masks, mode="reduce-overhead" (CUDA graphs), and a custom backend callable refused with
+one line."""
 
 import torch
 import torch.nn as nn
@@ -81,6 +82,19 @@ for name, mod in (("causal", causal), ("sliding", sliding), ("document", documen
     torch.cuda.nvtx.range_pop()
     assert o.shape == (B, H, S, D) and q.grad.shape == q.shape
     print(f"ok flex_{name}")
+
+# --- mode="reduce-overhead": the compiled graph captured once into a CUDA graph, then replayed --
+def pointwise(t: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(t) * 3 + t
+
+
+fast = torch.compile(pointwise, mode="reduce-overhead")
+xs = torch.randn(512, 512, device="cuda")
+for _ in range(4):
+    ys = fast(xs)
+torch.cuda.synchronize()
+assert ys.shape == (512, 512)
+print("ok reduce_overhead")
 
 # --- a backend phantora cannot see inside ------------------------------------------------------
 def my_backend(gm, example_inputs):
