@@ -156,6 +156,14 @@ def _triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def _warn(rt: Any, text: str) -> None:
+    """A line for the run's summary (sent once the process is a rank)."""
+    if rt.active and rt.client.connected:
+        rt.client.record([P.R_WARN, text])
+    else:
+        _pending_warnings.append(text)
+
+
 def _refuse_opaque_backends(rt: Any, has_triton: bool) -> None:
     """torch.compile(backend=callable): phantora runs the compiled code it knows (Inductor's
     generated wrapper and kernels, or graphs of aten ops); a user backend may run anything (real
@@ -173,14 +181,20 @@ def _refuse_opaque_backends(rt: Any, has_triton: bool) -> None:
             raise UnsupportedBackend(
                 f"phantora: torch.compile(backend={backend!r}) is not simulated; use the default Inductor backend "
                 f"(or one of {', '.join(sorted(SIMULATED_BACKENDS - {'inductor'}))})")
+        mode = kwargs.get("mode")
+        if isinstance(mode, str) and mode.startswith("max-autotune"):
+            # Autotuning benchmarks candidate kernels on the GPU; there is none to time them on.
+            # The same graphs compile with Inductor's heuristic choices (and CUDA graphs where
+            # max-autotune enables them), and the summary says so.
+            _warn(rt, f"torch.compile(mode={mode!r}): autotuning is not simulated; compiled with Inductor's "
+                      "heuristic kernel choices (GEMMs stay cuBLAS)" + ("" if "no-cudagraphs" in mode else
+                                                                         ", with CUDA graphs as the mode has them"))
+            kwargs = {**kwargs, "mode": "default" if "no-cudagraphs" in mode else "reduce-overhead"}
         if not has_triton and backend in ("inductor", None):
             # Inductor needs Triton to generate CUDA kernels, and this torch build (the CPU
             # wheel) has none: Dynamo still captures the graphs (fullgraph and graph breaks
             # behave as on a GPU), and their aten ops run as eager kernels, with a warning.
-            if rt.active and rt.client.connected:
-                rt.client.record([P.R_WARN, NO_TRITON_WARNING])
-            else:
-                _pending_warnings.append(NO_TRITON_WARNING)
+            _warn(rt, NO_TRITON_WARNING)
             kwargs = {**kwargs, "backend": "eager"}
             kwargs.pop("mode", None)
             kwargs.pop("options", None)
