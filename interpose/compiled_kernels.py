@@ -12,8 +12,8 @@ What a fused kernel moves and computes comes from its launch, as Inductor genera
 pointer arguments are exactly the buffers that enter or leave the kernel (everything fused
 inside stays in registers): `in_ptr*` are read, `out_ptr*` written, `in_out_ptr*` both, each
 counted once over the elements its view addresses. Its FLOPs are one per element per fused aten
-op (the count the eager pointwise model uses), over the elements it processes (xnumel times
-r0_numel). The aten ops it fused are those of Inductor's own comment above the kernel in the
+op that computes (the count the eager pointwise model uses; phantora/cost/fused.py), over the
+elements it processes (xnumel times r0_numel). The aten ops it fused are those of Inductor's own comment above the kernel in the
 wrapper ("Original ATen: [...]"); the trace shows them in the kernel's args.
 """
 
@@ -54,7 +54,7 @@ _ORIGINAL_ATEN = re.compile(r"Original ATen: \[([^\]]*)\]")
 
 def _fused_ops_from_wrapper(wrapper_file: str | None, kernel_name: str) -> tuple[str, ...]:
     """The "Original ATen: [...]" list of Inductor's comment above the kernel's definition in
-    the wrapper module being loaded, or, without one, the op names in the kernel's name."""
+    the wrapper module being loaded (empty when there is none)."""
     if wrapper_file:
         try:
             text = _read(wrapper_file)
@@ -96,11 +96,14 @@ class VirtualTritonKernel:
         return getattr(self._autotuner, name)
 
     def run(self, *args: Any, stream: Any = None, **kwargs: Any) -> None:
-        key = tuple((tuple(a.shape), a.dtype, a.stride(), a.device) if isinstance(a, torch.Tensor) else a
-                    for a in args)
-        sig = self._sigs.get(key)
-        if sig is None:
-            sig = self._sigs[key] = launch_signature(self.info, args)
+        if self.info.kv_block:
+            sig = launch_signature(self.info, args)  # its cost follows the BlockMask's values
+        else:
+            key = tuple((tuple(a.shape), a.dtype, a.stride(), a.device) if isinstance(a, torch.Tensor) else a
+                        for a in args)
+            sig = self._sigs.get(key)
+            if sig is None:
+                sig = self._sigs[key] = launch_signature(self.info, args)
         self._report(sig, args, int(stream) if isinstance(stream, int) else -1)
         for name, a in zip(self.info.arg_names, args):
             if isinstance(a, torch.Tensor) and name.startswith(("out_ptr", "in_out_ptr")):
