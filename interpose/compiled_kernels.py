@@ -53,21 +53,28 @@ _ORIGINAL_ATEN = re.compile(r"Original ATen: \[([^\]]*)\]")
 
 
 def _fused_ops_from_wrapper(wrapper_file: str | None, kernel_name: str) -> tuple[str, ...]:
-    """The "Original ATen: [...]" list of Inductor's comment above the kernel's definition in
-    the wrapper module being loaded (empty when there is none)."""
-    if wrapper_file:
-        try:
-            text = _read(wrapper_file)
-        except OSError:
-            text = ""
-        at = text.find(f"{kernel_name} = async_compile.")
-        if at >= 0:
-            line_start = text.rfind("\n# kernel path:", 0, at)
-            header = text[max(0, line_start - 2000 if line_start >= 0 else at - 2000):at]
-            found = _ORIGINAL_ATEN.findall(header)
-            if found:
-                return tuple(op.strip() for op in found[-1].split(",") if op.strip())
-    return ()
+    """The aten ops Inductor fused into the kernel, from its comment above the kernel's
+    definition in the wrapper module being loaded: the "Original ATen: [...]" list, or for
+    templates (which have none) the ops their "Graph fragment" calls; empty without a comment."""
+    if not wrapper_file:
+        return ()
+    try:
+        text = _read(wrapper_file)
+    except OSError:
+        return ()
+    at = text.find(f"{kernel_name} = async_compile.")
+    if at < 0:
+        return ()
+    previous = text.rfind("async_compile.", 0, at)  # the comment starts after the kernel before
+    header = text[max(0, previous):at]
+    found = _ORIGINAL_ATEN.findall(header)
+    if found:
+        return tuple(op.strip() for op in found[-1].split(",") if op.strip())
+    calls = dict.fromkeys(f"{ns}.{op}" for ns, op in _FRAGMENT_CALL.findall(header))
+    return tuple(calls)
+
+
+_FRAGMENT_CALL = re.compile(r"call_function\[target=torch\.ops\.(\w+)\.(\w+)")
 
 
 @functools.lru_cache(maxsize=64)
