@@ -164,6 +164,13 @@ def _warn(rt: Any, text: str) -> None:
         _pending_warnings.append(text)
 
 
+def _is_torchs_own(backend: Any) -> bool:
+    """A backend object torch itself passes (torch.cond and other higher-order ops compile
+    their bodies with torch's eager backends): it runs the captured aten ops."""
+    module = getattr(backend, "__module__", None) or type(backend).__module__
+    return module == "torch" or module.startswith("torch.")
+
+
 def _refuse_opaque_backends(rt: Any, has_triton: bool) -> None:
     """torch.compile(backend=callable): phantora runs the compiled code it knows (Inductor's
     generated wrapper and kernels, or graphs of aten ops); a user backend may run anything (real
@@ -172,7 +179,7 @@ def _refuse_opaque_backends(rt: Any, has_triton: bool) -> None:
 
     def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
         backend = kwargs.get("backend", "inductor")
-        if not isinstance(backend, str) and backend is not None:
+        if not isinstance(backend, str) and backend is not None and not _is_torchs_own(backend):
             name = getattr(backend, "__name__", type(backend).__name__)
             raise UnsupportedBackend(
                 f"phantora: torch.compile(backend={name}) runs code phantora cannot see inside; "
