@@ -91,10 +91,9 @@ def _install_virtual_triton_driver(gpu: Any) -> None:
 
     major, minor = gpu.capability
 
-    props = torch.cuda.get_device_properties(0)
-
     class _Utils:
         def get_device_properties(self, device: int) -> dict[str, int]:
+            props = torch.cuda.get_device_properties(device)  # asked when compiling (a process may see no GPU)
             return {"max_shared_mem": props.shared_memory_per_block_optin,
                     "multiprocessor_count": props.multi_processor_count, "max_num_regs": gpu.regs_per_sm,
                     "warpSize": gpu.warp_size, "sm_clock_rate": props.clock_rate,
