@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--no-reshard", action="store_true", help="reshard_after_forward=False for every block")
     ap.add_argument("--checkpoint", action="store_true", help="activation checkpointing of each block")
+    ap.add_argument("--compile", action="store_true", help="torch.compile each block (as TorchTitan does)")
     args = ap.parse_args()
 
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -47,7 +48,9 @@ def main() -> None:
     with torch.device("cuda"):
         model = GPT(cfg, activation_checkpointing=args.checkpoint)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in model.blocks:
+    for i, block in enumerate(model.blocks):
+        if args.compile:
+            block = model.blocks[i] = torch.compile(block, fullgraph=True)
         fully_shard(block, mp_policy=mp, reshard_after_forward=not args.no_reshard)
     fully_shard(model, mp_policy=mp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, fused=True)

@@ -5,7 +5,7 @@ Plain PyTorch: runs unchanged on a real GPU, and under phantora on a virtual one
     phantora trace -o run.json -- python examples/gpt_train.py
 
 bf16 autocast, fused AdamW, scaled_dot_product_attention, pinned non_blocking input copies,
-optional activation checkpointing. Prints step time, tokens/s, MFU and peak memory.
+optional activation checkpointing and torch.compile. Prints step time, tokens/s, MFU and peak memory.
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--checkpoint", action="store_true", help="activation checkpointing per block")
     ap.add_argument("--accum", type=int, default=1, help="gradient accumulation: micro-batches of --batch per step")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (nanoGPT's default)")
     ap.add_argument("--peak-tflops", type=float, default=989.4, help="GPU bf16 peak for MFU (H100 SXM)")
     args = ap.parse_args()
 
@@ -116,6 +117,8 @@ def main() -> None:
     cfg = GPTConfig(block_size=args.seq, n_layer=args.layers, n_head=args.heads, n_embd=args.embd)
     model = GPT(cfg, activation_checkpointing=args.checkpoint).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, betas=(0.9, 0.95), fused=True)
+    if args.compile:
+        model = torch.compile(model)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"GPT: {n_params / 1e6:.1f}M parameters, batch {args.batch} x {args.seq} tokens, "
           f"on {torch.cuda.get_device_name()}")

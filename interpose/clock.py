@@ -89,11 +89,23 @@ class VirtualClock:
         self.host_thread = host_thread
         self.bases: _Bases | None = None
         self.enabled = True
+        self._held: list[int | None] = []  # the reading at each hold() (torch.compile, nested)
+
+    def hold(self) -> None:
+        """Stop the clock: until release(), it reads what it reads now and sleeps are real.
+        The host work in between (torch.compile) is charged by the simulator as modelled."""
+        self._held.append(self._sim_ns())
+
+    def release(self) -> None:
+        if self._held:
+            self._held.pop()
 
     def _sim_ns(self) -> int | None:
         """Simulated host ns since the rank started, or None while this is not a rank."""
         if not self.enabled or not self.client.connected:  # type: ignore[attr-defined]
             return None
+        if self._held and self._held[-1] is not None:
+            return self._held[-1]
         if self.bases is None:
             self.bases = _Bases(_real["time_ns"](), _real["perf_counter_ns"](), _real["monotonic_ns"]())
         return int(self.client.call(P.C_NOW))  # type: ignore[attr-defined]
@@ -113,7 +125,7 @@ class VirtualClock:
     def sleep(self, seconds: float) -> None:
         if seconds < 0:
             raise ValueError("sleep length must be non-negative")
-        if self.enabled and self.client.connected:  # type: ignore[attr-defined]
+        if self.enabled and self.client.connected and not self._held:  # type: ignore[attr-defined]
             with self.host_thread.lock:
                 simulated = self.host_thread.is_current()
                 if simulated:

@@ -465,8 +465,19 @@ def install_cuda_api() -> None:
 
     # torch.accelerator hands out plain torch.Stream objects; give ours so that their
     # wait_event/record_event/synchronize reach the simulator.
+    # Each gets its own function object: Dynamo keys its handlers by identity and registers
+    # torch.accelerator.current_stream and torch.cuda.current_stream both ("Handler already
+    # registered" when they are one object).
     acc = torch.accelerator
-    acc.current_stream = current_stream  # type: ignore[assignment]
-    acc.synchronize = synchronize  # type: ignore[assignment]
-    acc.device_count = device_count  # type: ignore[assignment]
-    acc.is_available = is_available  # type: ignore[assignment]
+    acc.current_stream = _own_object(current_stream)  # type: ignore[assignment]
+    acc.synchronize = _own_object(synchronize)  # type: ignore[assignment]
+    acc.device_count = _own_object(device_count)  # type: ignore[assignment]
+    acc.is_available = _own_object(is_available)  # type: ignore[assignment]
+
+
+def _own_object(fn: Any) -> Any:
+    """A new function object with `fn`'s code and globals (same behavior, another identity)."""
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__doc__ = fn.__doc__
+    copy.__qualname__ = fn.__qualname__
+    return copy

@@ -313,6 +313,10 @@ def install_fake_fixes() -> None:
     _count_fake_tensors_as_foreach_capable()
     _register_cuda_kernels_of_fused_ops()
     _ft.FakeTensorConverter.from_meta_and_device = _from_meta_and_device
+    # Every FakeTensorMode of the process, not only phantora's: torch.compile makes its own
+    # (Dynamo, AOTAutograd, Inductor's pattern matcher), and one that believes CUDA is there
+    # constant-folds `torch.tensor(..., device="cuda")` with a real CUDA kernel.
+    FakeTensorMode.avoid_device_init = property(lambda self: True)  # type: ignore[assignment]
     FakeTensor.data = property(_get_data, _set_data)  # type: ignore[assignment]
     _install_module_conversion()
     FakeTensor.__repr__ = _fake_repr  # type: ignore[method-assign]

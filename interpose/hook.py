@@ -79,6 +79,9 @@ def after_torch_import() -> None:
     observer = OpObserver(rt)
     install_metadata_only_regions()
     rt.observer = observer
+    from interpose.compile import install_compile
+
+    install_compile(OpObserver, rt, clock)
     install_python_events(rt)
     from interpose.observer import install_storage_resize
 

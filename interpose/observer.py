@@ -29,6 +29,7 @@ from interpose.python_events import op_flags
 from interpose.signature import signature_of
 from phantora import protocol as P
 from phantora.engine.memory import OutOfMemory
+from phantora.ops import OpSignature
 
 aten = torch.ops.aten
 
@@ -127,6 +128,8 @@ class OpObserver(TorchDispatchMode):
                 device = peer[0]
             stream = current_stream_id(device) if device >= 0 else 0
             flags = op_flags(args, rt.in_optimizer > 0) if device >= 0 else 0
+            if device >= 0 and getattr(_compiled, "depth", 0):
+                flags |= P.OP_COMPILED
             if rt.capturing and device >= 0:
                 capture = rt.capturing.get((device, stream))
                 if capture is not None:  # recorded into a CUDA graph, not run (interpose/cuda_graphs.py)
@@ -141,6 +144,30 @@ class OpObserver(TorchDispatchMode):
             if device >= 0:
                 rt.host_thread.launched_gpu_work()
                 self._account_outputs(func, out, stream)
+
+    def report_kernel(self, sig: OpSignature, device: int, stream: int) -> None:
+        """One kernel of compiled code that no aten op launches (a generated Triton kernel,
+        interpose/compiled_kernels.py): reported like an op whose outputs already exist."""
+        rt = self.rt
+        if not rt.active or not rt.client.connected:
+            return
+        self.ops_seen += 1
+        key = ("kernel", sig)
+        with rt.lock:
+            sig_id = rt.sig_ids.get(key)
+            if sig_id is None:
+                sig_id = rt.sig_ids[key] = len(rt.sig_ids)
+                rt.client.record([P.R_SIG, sig_id, sig.to_wire()])
+            flags = P.OP_COMPILED | (P.OP_IN_OPTIMIZER if rt.in_optimizer > 0 else 0)
+            if torch._C._current_autograd_node() is not None:
+                flags |= P.OP_BACKWARD
+            if rt.capturing:
+                capture = rt.capturing.get((device, stream))
+                if capture is not None:
+                    flags |= P.OP_CAPTURED
+                    capture.ops.append(sig.name)
+            rt.client.record([P.R_OP, sig_id, stream, flags])
+            rt.host_thread.launched_gpu_work()
 
     def _account_outputs(self, func: Any, out: Any, stream: int) -> None:
         rt = self.rt
@@ -164,6 +191,17 @@ class OpObserver(TorchDispatchMode):
 
 
 _metadata_only = threading.local()  # .depth: inside code torch runs only to learn shapes
+_compiled = threading.local()  # .depth: inside a graph compiled by Inductor (interpose/compile.py)
+
+
+@contextlib.contextmanager
+def compiled_code() -> Iterator[None]:
+    """Ops reported inside are launched by compiled code (no Python around them)."""
+    _compiled.depth = getattr(_compiled, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _compiled.depth -= 1
 
 
 @contextlib.contextmanager

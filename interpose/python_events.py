@@ -42,14 +42,22 @@ def install_python_events(rt: Any) -> None:
             rt.client.record([P.R_HOST, kind, count])
 
     def module_pre_hook(module: Any, args: Any) -> None:
+        # Dynamo traces the hooks of the modules it compiles: they trace to nothing, as the
+        # compiled code has no module calls to charge.
+        if torch.compiler.is_compiling():
+            return
         _modules.depth = getattr(_modules, "depth", 0) + 1
         record("module_call", 1)
 
     def module_post_hook(module: Any, args: Any, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         _modules.depth = max(0, getattr(_modules, "depth", 0) - 1)
 
-    torch.nn.modules.module.register_module_forward_pre_hook(module_pre_hook)
-    torch.nn.modules.module.register_module_forward_hook(module_post_hook, always_call=True)
+    modules = torch.nn.modules.module
+    own = (modules.register_module_forward_pre_hook(module_pre_hook),
+           modules.register_module_forward_hook(module_post_hook, always_call=True))
+    _hide_own_global_hooks(modules, own)
 
     def outside_optimizer(closure: Any) -> Any:
         # optimizer.step(closure) runs the closure (Lightning's forward and backward, LBFGS's
@@ -97,6 +105,8 @@ def install_python_events(rt: Any) -> None:
 
     @functools.wraps(original)
     def checkpoint(function: Any, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # compiled code has no Python region to charge
+            return original(function, *args, **kwargs)
         record("checkpoint", 1)
         out = original(function, *args, **kwargs)
         # The region's Python runs again when backward recomputes it: charge it when the
@@ -108,3 +118,21 @@ def install_python_events(rt: Any) -> None:
         return out
 
     ckpt.checkpoint = checkpoint
+
+
+def _hide_own_global_hooks(modules: Any, own: tuple) -> None:
+    """torch.compile(module) warns that global module hooks fire an extra time when any are
+    registered (torch.nn.modules.module._has_any_global_hook): phantora's own are left out of
+    that question, so the warning appears when the user's program registers one, as on a GPU."""
+    original = modules._has_any_global_hook
+    ids = {h.id for h in own}
+
+    def _has_any_global_hook() -> bool:
+        user_pre = any(k not in ids for k in modules._global_forward_pre_hooks)
+        user_post = any(k not in ids for k in modules._global_forward_hooks)
+        return bool(user_pre or user_post or modules._global_backward_pre_hooks or modules._global_backward_hooks
+                    or modules._global_forward_hooks_with_kwargs
+                    or any(k not in ids for k in modules._global_forward_hooks_always_called))
+
+    _has_any_global_hook.__doc__ = original.__doc__
+    modules._has_any_global_hook = _has_any_global_hook

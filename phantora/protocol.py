@@ -52,6 +52,7 @@ OP_RECORDS_GRAD = 2  # forward op whose output requires grad: an autograd node i
 OP_IN_OPTIMIZER = 4  # inside Optimizer.step
 OP_IN_MODULE = 8  # forward op inside an nn.Module's forward (model code, not a bare loop)
 OP_CAPTURED = 32  # launched on a stream that is capturing a CUDA graph: recorded, not run
+OP_COMPILED = 64  # launched by code torch.compile generated: no Python or autograd around it
 
 # --- calls (reply expected) --------------------------------------------------------------------
 C_HELLO = 0  # [id, C_HELLO, info dict: rank, local_rank, node, world_size, certain, devices] -> config dict

@@ -349,3 +349,24 @@ def flex_attention(sig: OpSignature, ctx: CostContext) -> OpCost:
     delta_ns = memory_ns(delta_bytes, gpu) - gpu.kernel_ramp_ns
     return OpCost((Kernel(FLEX_KERNEL_NAMES[1], main_ns + delta_ns, 2.5 * shape.forward_flops(),
                           io_bytes + delta_bytes),))
+
+
+def flex_template_kernel(name: str, q: TensorMeta, k: TensorMeta, v: TensorMeta, counts: TensorMeta | None,
+                         kv_block: int, visited: tuple[int, int] | None, io_bytes: float, backward: bool,
+                         ctx: CostContext) -> Kernel:
+    """The flex-attention Triton template of compiled code (interpose/compiled_kernels.py): the
+    eager model's main loop over the blocks its BlockMask visits. Compiled backward runs the
+    rowsum(dO * O) preprocessing as a kernel of its own (reported and timed apart), so it is not
+    folded in here."""
+    fraction, longest = None, None
+    if visited is not None and counts is not None and kv_block > 0:
+        grid = counts.numel * ceil_div(k.shape[2], kv_block)
+        if grid > 0:
+            fraction = min(1.0, visited[0] / grid)
+            longest = ceil_div(visited[1] * kv_block, BLOCK_KV)
+    shape = AttentionShape(q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3], False,
+                           block_fraction=1.0 if fraction is None else fraction, longest_row=longest)
+    main_ns = max(main_loop_ns(shape, "flex", ctx, q.dtype, backward) + ctx.gpu.kernel_ramp_ns,
+                  memory_ns(io_bytes, ctx.gpu))
+    flops = shape.forward_flops() * (2.5 if backward else 1.0)
+    return Kernel(name, main_ns, flops, io_bytes)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from phantora.cost import attention, conv, copies, gemm, indexing, losses, movement, normalization
+from phantora.cost import attention, conv, copies, fused, gemm, indexing, losses, movement, normalization
 from phantora.cost import optimizers, pointwise, recurrent, reductions, spectral
 from phantora.cost.roofline import CostContext, OpCost
 from phantora.ops import OpSignature
@@ -54,6 +54,7 @@ NAMESPACE_FAMILIES = {
     "c10d_functional": COLLECTIVE,
     "_dtensor": COLLECTIVE,
     "symm_mem": COLLECTIVE,
+    "triton": Family("fused", fused.triton_kernel),  # kernels torch.compile generates
 }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from phantora.cost import COMPUTE, COPY_D2D, COPY_D2H, COPY_H2D, NO_GPU_WORK
-from phantora.protocol import OP_BACKWARD, OP_IN_MODULE, OP_IN_OPTIMIZER, OP_RECORDS_GRAD
+from phantora.protocol import OP_BACKWARD, OP_COMPILED, OP_IN_MODULE, OP_IN_OPTIMIZER, OP_RECORDS_GRAD
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +82,11 @@ class PythonOverhead:
     checkpoint_region_ns: int = 512_000
     optimizer_step_ns: int = 575_000
     optimizer_param_ns: int = 9_600
+    # torch.compile, once per compiled graph (forward and backward each). Not measured: the
+    # order of what a GPU host takes with cold caches (Dynamo + AOTAutograd + Inductor ~1 s a
+    # graph, Triton compiling ~0.25 s a kernel across its compile workers).
+    compile_graph_ns: int = 1_000_000_000
+    compile_kernel_ns: int = 250_000_000
 
 
 PYTHON_OVERHEAD = PythonOverhead()
@@ -89,6 +94,8 @@ PYTHON_OVERHEAD = PythonOverhead()
 
 def python_overhead_ns(flags: int, launches_gpu_work: bool, costs: PythonOverhead = PYTHON_OVERHEAD) -> int:
     """Host time the code around one GPU op spends before the op is dispatched."""
+    if flags & OP_COMPILED:
+        return 0  # Inductor's generated wrapper calls the op (or launches the kernel) directly
     if flags & OP_IN_OPTIMIZER:
         return 0  # the optimizer's own Python is charged per step and parameter
     if flags & OP_BACKWARD:
@@ -106,6 +113,8 @@ def host_event_ns(kind: str, count: int, costs: PythonOverhead = PYTHON_OVERHEAD
         return costs.module_call_ns * count
     if kind == "checkpoint":
         return costs.checkpoint_region_ns * count
+    if kind == "compile":
+        return costs.compile_graph_ns + costs.compile_kernel_ns * count
     if kind == "optimizer_step":
         return costs.optimizer_step_ns + costs.optimizer_param_ns * count
     raise ValueError(f"unknown host event {kind!r}")

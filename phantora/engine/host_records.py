@@ -204,7 +204,10 @@ class HostRecords:
         tl = st.timeline
         start = tl.host_ns
         tl.charge_host(host_event_ns(kind, count))
-        if kind != "module_call":  # module calls are too many and too short to show one by one
+        if kind == "compile":  # once per compiled graph: host time, shown as such
+            self.trace.host_slice(st.info.trace_pid, "torch.compile", start, tl.host_ns, "python",
+                                  {"triton kernels generated": count, "modelled": "phantora/cost/host.py"})
+        elif kind != "module_call":  # module calls are too many and too short to show one by one
             self.trace.host_slice(st.info.trace_pid, f"python: {kind}", start, tl.host_ns, "python", {"count": count})
 
     def step(self, st: RankState) -> None:

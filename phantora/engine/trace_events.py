@@ -67,6 +67,13 @@ def shape_args(sig: OpSignature) -> tuple[list[Any], list[str]]:
     return shapes, dtypes
 
 
+def _fused_args(sig: OpSignature) -> dict[str, Any]:
+    """A kernel torch.compile generated (phantora/cost/fused.py): the aten ops fused into it."""
+    if not sig.name.startswith("triton::") or len(sig.args) < 5:
+        return {}
+    return {"fused aten ops": list(sig.args[3]), "inductor kind": sig.args[4]}
+
+
 def estimator_label(est: KernelEstimate) -> str:
     """The args.estimator of a kernel slice (and the key of EngineSummary.kernels_by_estimator)."""
     return est.estimator if est.known else f"{est.estimator} (unknown op: generic)"
@@ -172,6 +179,7 @@ class TraceEvents:
             "kernels": est.kernels, "estimator": estimator_label(est),
             "device": a.device, "stream": s.stream_id, "correlation": a.flow,
             **({"slowed by concurrent communication ns": slowed} if slowed else {}),
+            **_fused_args(sig),
         }, flow_in=a.flow)
 
     def graph_replay(self, pid: int, a: GraphReplay, start: int, end: int,
@@ -191,6 +199,7 @@ class TraceEvents:
                 "kernels": est.kernels, "estimator": estimator_label(est), "device": a.device,
                 "stream": s.stream_id, "graph": a.graph_id, "graph replay": a.replay, "correlation": a.flow,
                 **({"slowed by concurrent communication ns": slowed} if slowed else {}),
+                **_fused_args(sig),
             })
 
     def collective_kernel(self, pid: int, stream: Stream, name: str, call: CollectiveCall, ready: int, start: int,

@@ -13,29 +13,23 @@ kernels in the trace:
 import torch
 from torch._higher_order_ops.wrap import tag_activation_checkpoint, wrap
 
-taken = []
-
-
+# Branches without side effects: torch.cond compiles them with Dynamo (fullgraph), which refuses
+# a branch that mutates outer state (on a GPU too). Which branch ran is read from the trace.
 def true_fn(x):
-    taken.append("true")
     return x.cos() * 2
 
 
 def false_fn(x):
-    taken.append("false")
     return x.sin()
 
 
 x = torch.randn(3, 5, device="cuda")
 out = torch.cond(x.sum() < 0, true_fn, false_fn, (x,))
-assert taken == ["false"], taken
 assert out.shape == (3, 5) and out.device.type == "cuda"
 print("ok cond_virtual_predicate")
 
-taken.clear()
 x = torch.randn(3, 6, device="cuda")
 out = torch.cond(torch.isfinite(x).all(), true_fn, false_fn, (x,))
-assert taken == ["true"], taken
 assert out.shape == (3, 6)
 print("ok cond_hinted_predicate")
 

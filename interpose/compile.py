@@ -1,0 +1,322 @@
+"""torch.compile on virtual GPUs: Dynamo, AOTAutograd and Inductor compile the user's code as on
+a GPU machine, and the compiled code runs on virtual tensors, launching the kernels Inductor
+decided on.
+
+* The op observer declares `ignore_compile_internals`: Dynamo traces frames while it is on the
+  mode stack, compiles with every dispatch mode off (its own fake tensors, no op reported), and
+  the compiled artifact runs with the modes back on.
+* Inductor generates its code for the simulated GPU: Dynamo's CUDA device interface and Triton's
+  driver answer for the virtual GPU (its compute capability, SM count, shared memory), so the
+  choices Inductor makes from them (block sizes, split reductions, persistent reductions) are
+  the ones it makes on that GPU. Nothing is compiled for a GPU and nothing is autotuned.
+* What the compiled code runs is Inductor's generated wrapper: its buffer allocations and extern
+  kernels (GEMMs, attention, convolutions) are aten ops the observer reports as for eager code;
+  each generated Triton kernel is reported as one fused kernel (interpose/compiled_kernels.py).
+  Ops of compiled code carry OP_COMPILED: they pay the launch, not the eager Python around ops.
+* Compilation is host work done once: while it runs, the program's clock stands still (Dynamo
+  times itself; none of it is the simulated program's time) and at its end the host is charged
+  the modelled compile time (phantora/cost/host.py), shown as one `torch.compile` host slice.
+* A backend phantora cannot see inside (a custom `backend=` callable) is refused with one line
+  that says why, rather than silently running its (real CUDA) code or eager ops.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import torch
+
+from phantora import protocol as P
+
+# Backends whose compiled code phantora runs: Inductor's (its kernels are simulated), and
+# torch's own debugging backends that run the captured graph's aten ops (reported one by one).
+SIMULATED_BACKENDS = frozenset({"inductor", "eager", "aot_eager", "aot_eager_default_partitioner",
+                                "aot_eager_decomp_partition", "cudagraphs"})
+
+
+class UnsupportedBackend(RuntimeError):
+    pass
+
+
+NO_TRITON_WARNING = ("torch.compile ran the captured graphs as eager aten ops: this torch build has no Triton, which "
+                     "Inductor needs to generate CUDA kernels, so fused kernels are not simulated (run the script "
+                     "with a CUDA build of torch, or install triton)")
+_pending_warnings: list[str] = []  # said before the process became a rank (sent at its first compiled run)
+
+
+def _point_dynamo_at_virtual_cuda() -> None:
+    """Dynamo's CUDA device interface bound torch.cuda's functions when torch._dynamo was
+    imported (before phantora replaced them): rebind them to the virtual GPU's."""
+    from torch._dynamo import device_interface as di
+
+    cuda = torch.cuda
+    iface = di.CudaInterface
+    for name in ("current_device", "set_device", "device_count", "stream", "current_stream", "set_stream",
+                 "synchronize", "get_device_properties", "is_bf16_supported"):
+        setattr(iface, name, staticmethod(getattr(cuda, name)))
+    iface.exchange_device = staticmethod(cuda._exchange_device)
+    iface.maybe_exchange_device = staticmethod(cuda._maybe_exchange_device)
+    iface.get_raw_stream = staticmethod(_raw_stream)
+    iface.Event = cuda.Event
+    iface.Stream = cuda.Stream
+
+
+def _raw_stream(device: int = 0) -> int:
+    """What generated code passes as `stream=`: phantora's id of the device's current stream."""
+    return torch._C._accelerator_getStream(device).stream_id
+
+
+def _empty_strided_cuda(size: Any, stride: Any, dtype: torch.dtype) -> torch.Tensor:
+    """Inductor's buffer allocation (torch._C._dynamo.guards._empty_strided_cuda calls the CUDA
+    allocator directly, beside dispatch): a virtual tensor on the current device, allocated
+    through the observer like every other."""
+    return torch.empty_strided(size, stride, dtype=dtype,
+                               device=torch.device("cuda", torch._C._accelerator_getDeviceIndex()))
+
+
+def _reinterpret_tensor(base: torch.Tensor, size: Any, stride: Any, offset_increment: int = 0) -> torch.Tensor:
+    """Inductor's view of a buffer with another size and stride (a C++ helper that makes the
+    view beside dispatch, which on a virtual tensor loses its device): the same view, made by
+    an op."""
+    return base.as_strided(size, stride, base.storage_offset() + offset_increment)
+
+
+def _install_virtual_triton_driver(gpu: Any) -> None:
+    """Triton's CUDA driver loads libcuda to learn the current GPU; this one answers for the
+    simulated GPU (what Inductor asks while generating code: target, device properties)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaDriver
+    from triton.runtime import driver as triton_driver
+
+    major, minor = gpu.capability
+
+    class _Utils:
+        def get_device_properties(self, device: int) -> dict[str, int]:
+            props = torch.cuda.get_device_properties(device)  # asked when compiling (a process may see no GPU)
+            return {"max_shared_mem": props.shared_memory_per_block_optin,
+                    "multiprocessor_count": props.multi_processor_count, "max_num_regs": gpu.regs_per_sm,
+                    "warpSize": gpu.warp_size, "sm_clock_rate": props.clock_rate,
+                    "mem_clock_rate": props.memory_clock_rate, "mem_bus_width": props.memory_bus_width}
+
+        def get_device_capability(self, device: int) -> tuple[int, int]:
+            return (major, minor)
+
+    class VirtualCudaDriver(CudaDriver):
+        def __init__(self) -> None:
+            self.utils = _Utils()
+            self.launcher_cls = None
+            self.get_device_capability = lambda device=None: (major, minor)
+            self.get_current_stream = _raw_stream
+            self.get_current_device = lambda: torch._C._accelerator_getDeviceIndex()
+            self.set_current_device = torch.cuda.set_device
+
+        def get_current_target(self) -> GPUTarget:
+            return GPUTarget("cuda", major * 10 + minor, 32)
+
+    triton_driver.set_active(VirtualCudaDriver())
+
+
+class CompileClock:
+    """Keeps the program's clock still while torch compiles, and charges the compile once."""
+
+    def __init__(self, rt: Any, clock: Any) -> None:
+        self.rt = rt
+        self.clock = clock
+        self.kernels = 0  # Triton kernels generated by the current compile
+        self.graphs = 0  # graphs Inductor compiled in it (a frame Dynamo finds no graph in: none)
+
+    def start(self, args: Any = None) -> None:
+        self.kernels = 0
+        self.graphs = 0
+        rt = self.rt
+        while _pending_warnings and rt.active and rt.client.connected:
+            rt.client.record([P.R_WARN, _pending_warnings.pop()])
+        self.clock.hold()
+
+    def end(self, args: Any = None) -> None:
+        self.clock.release()
+        rt = self.rt
+        if rt.active and rt.client.connected:
+            # one host slice per compiled graph, the kernels generated on the first
+            for i in range(self.graphs):
+                rt.client.record([P.R_HOST, "compile", self.kernels if i == 0 else 0])
+
+    def count_kernel(self) -> None:
+        self.kernels += 1
+
+    def count_graph(self) -> None:
+        self.graphs += 1
+
+
+def _triton_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
+def _warn(rt: Any, text: str) -> None:
+    """A line for the run's summary (sent once the process is a rank)."""
+    if rt.active and rt.client.connected:
+        rt.client.record([P.R_WARN, text])
+    else:
+        _pending_warnings.append(text)
+
+
+def _is_torchs_own(backend: Any) -> bool:
+    """A backend object torch itself passes (torch.cond and other higher-order ops compile
+    their bodies with torch's eager backends): it runs the captured aten ops."""
+    module = getattr(backend, "__module__", None) or type(backend).__module__
+    return module == "torch" or module.startswith("torch.")
+
+
+def _refuse_opaque_backends(rt: Any, has_triton: bool) -> None:
+    """torch.compile(backend=callable): phantora runs the compiled code it knows (Inductor's
+    generated wrapper and kernels, or graphs of aten ops); a user backend may run anything (real
+    CUDA code, another compiler), which phantora cannot simulate, so it says so at the call."""
+    original = torch.compile
+
+    def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
+        backend = kwargs.get("backend", "inductor")
+        if not isinstance(backend, str) and backend is not None and not _is_torchs_own(backend):
+            name = getattr(backend, "__name__", type(backend).__name__)
+            raise UnsupportedBackend(
+                f"phantora: torch.compile(backend={name}) runs code phantora cannot see inside; "
+                f"use the default Inductor backend (or 'eager' / 'aot_eager'), whose kernels phantora simulates")
+        if isinstance(backend, str) and backend not in SIMULATED_BACKENDS:
+            raise UnsupportedBackend(
+                f"phantora: torch.compile(backend={backend!r}) is not simulated; use the default Inductor backend "
+                f"(or one of {', '.join(sorted(SIMULATED_BACKENDS - {'inductor'}))})")
+        mode = kwargs.get("mode")
+        if isinstance(mode, str) and mode.startswith("max-autotune"):
+            # Autotuning benchmarks candidate kernels on the GPU; there is none to time them on.
+            # The same graphs compile with Inductor's heuristic choices (and CUDA graphs where
+            # max-autotune enables them), and the summary says so.
+            _warn(rt, f"torch.compile(mode={mode!r}): autotuning is not simulated; compiled with Inductor's "
+                      "heuristic kernel choices (GEMMs stay cuBLAS)" + ("" if "no-cudagraphs" in mode else
+                                                                         ", with CUDA graphs as the mode has them"))
+            kwargs = {**kwargs, "mode": "default" if "no-cudagraphs" in mode else "reduce-overhead"}
+        if not has_triton and backend in ("inductor", None):
+            # Inductor needs Triton to generate CUDA kernels, and this torch build (the CPU
+            # wheel) has none: Dynamo still captures the graphs (fullgraph and graph breaks
+            # behave as on a GPU), and their aten ops run as eager kernels, with a warning.
+            _warn(rt, NO_TRITON_WARNING)
+            kwargs = {**kwargs, "backend": "eager"}
+            kwargs.pop("mode", None)
+            kwargs.pop("options", None)
+        return original(model, *args, **kwargs)
+
+    compile.__doc__ = original.__doc__
+    compile.__wrapped__ = original  # type: ignore[attr-defined]
+    torch.compile = compile
+
+
+def _mark_compiled_runs(compile_clock: CompileClock) -> None:
+    """Every op an Inductor-compiled graph runs is launched by generated code; each graph
+    Inductor compiles is counted for the compile's host time."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    from interpose.observer import compiled_code
+
+    post_compile = CompiledFxGraph.post_compile
+
+    def counted_post_compile(self: Any, *args: Any, **kwargs: Any) -> None:
+        # every compiled graph passes here, fresh from Inductor or from its cache (whose state
+        # on this machine must not change the simulated time)
+        compile_clock.count_graph()
+        return post_compile(self, *args, **kwargs)
+
+    CompiledFxGraph.post_compile = counted_post_compile  # type: ignore[method-assign]
+    call = CompiledFxGraph.__call__
+
+    def __call__(self: Any, inputs: Any) -> Any:
+        with compiled_code():
+            return call(self, inputs)
+
+    CompiledFxGraph.__call__ = __call__  # type: ignore[method-assign]
+
+
+def _never_convert_own_frames() -> None:
+    """Code Dynamo generates calls some of phantora's functions directly (it rebuilds a stream
+    with torch.accelerator.current_stream, which is phantora's): such a call must run as it is.
+    Converting its frame traced phantora's own code, which graph-broke and rebuilt the stream
+    again, without end. Inside traced user code phantora's functions are inlined as before."""
+    import sys
+    import types
+
+    from torch._dynamo.eval_frame import skip_code
+
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("interpose.") or module is None:
+            continue
+        for value in list(vars(module).values()):
+            functions = [value] if isinstance(value, types.FunctionType) else (
+                [v for v in vars(value).values() if isinstance(v, types.FunctionType)]
+                if isinstance(value, type) and value.__module__ == name else [])
+            for fn in functions:
+                if fn.__module__ == name:
+                    skip_code(fn.__code__)
+
+
+def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
+    # Dynamo compiles while the observer is active (with every mode off while it compiles) and
+    # the observer sees what the compiled artifact runs.
+    observer_cls.ignore_compile_internals = classmethod(lambda cls: True)  # type: ignore[attr-defined]
+    _point_dynamo_at_virtual_cuda()
+    # Dynamo's rules for torch's own functions (torch.cuda.current_stream is traced as a stream
+    # of the graph, not inlined) are keyed by the objects torch's names held when the map was
+    # first built: build it again with phantora's replacements.
+    torch._dynamo.trace_rules.get_torch_obj_rule_map.cache_clear()
+    torch._C._dynamo.guards._empty_strided_cuda = _empty_strided_cuda
+    torch._C._dynamo.guards._reinterpret_tensor = _reinterpret_tensor
+    # Inductor copies an input whose data pointer is misaligned; virtual blocks are aligned as
+    # the caching allocator's are (and a fake tensor has no data pointer to ask).
+    torch._C._dynamo.guards.copy_if_misaligned = lambda t: t
+    torch._C._cuda_getCurrentRawStream = _raw_stream
+    has_triton = _triton_available()
+    _refuse_opaque_backends(rt, has_triton)
+
+    import torch._inductor.config as inductor_config
+
+    # Kernels are loaded, not compiled: no compile workers (each would be another interposed
+    # Python process).
+    inductor_config.compile_threads = 1
+    # mode="reduce-overhead": CUDA graph trees manage their memory through the real caching
+    # allocator's private pools and checkpoints (C++ beside phantora's allocator model); Inductor's
+    # plain CUDA graphs (one torch.cuda.CUDAGraph per compiled graph, simulated by
+    # interpose/cuda_graphs.py) capture and replay the same kernels.
+    inductor_config.triton.cudagraph_trees = False
+    # Inductor checks input alignment with data_ptr(); a virtual tensor answers 0 (aligned) and
+    # torch warns that FakeTensor data pointers are deprecated, which a GPU user never sees.
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor is deprecated")
+    compile_clock = CompileClock(rt, clock)
+    from torch._dynamo.callback import on_compile_end, on_compile_start
+
+    on_compile_start(compile_clock.start)
+    on_compile_end(compile_clock.end)
+    _mark_compiled_runs(compile_clock)
+    _never_convert_own_frames()
+    if not has_triton:
+        return
+    _install_virtual_triton_driver(rt.config.gpu)
+    from torch._inductor.async_compile import AsyncCompile
+
+    from interpose.compiled_kernels import virtual_kernel_loader
+
+    def report(sig: Any, args: tuple, stream: int) -> None:
+        device = next((a.device.index or 0 for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"), 0)
+        if stream < 0:
+            stream = _raw_stream(device)
+        rt.observer.report_kernel(sig, device, stream)
+
+    AsyncCompile.triton = _counting(virtual_kernel_loader(report), compile_clock.count_kernel)
+
+
+def _counting(fn: Callable[..., Any], count: Callable[[], None]) -> Callable[..., Any]:
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        count()
+        return fn(*args, **kwargs)
+
+    return counted

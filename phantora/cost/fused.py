@@ -1,0 +1,53 @@
+"""Kernels torch.compile generates (Inductor's Triton kernels), as interpose/compiled_kernels.py
+reports them: signature `triton::<kernel name>` with args (tensors read, tensors written,
+elements processed, the aten ops fused in, Inductor's kernel kind).
+
+A fused pointwise, reduction or normalization kernel streams the buffers that enter and leave it
+once through HBM (what it fused stays in registers) and does one FLOP per element per fused op:
+the same memory and SIMT rooflines, ramp and efficiency as the eager pointwise and reduction
+kernels it replaces (roofline.streaming_kernel). Inductor templates (a GEMM with its epilogue
+under max-autotune) are not modelled apart yet: they are timed as streaming kernels. The
+flex-attention template is timed by the flex-attention model (attention.flex_template_kernel)
+over the blocks its BlockMask visits.
+"""
+
+from __future__ import annotations
+
+from phantora.cost import attention
+from phantora.cost.roofline import CostContext, OpCost, footprint_bytes, single, streaming_kernel
+from phantora.ops import OpSignature, TensorMeta
+
+
+def fused_bytes(sig: OpSignature) -> int:
+    """Bytes the kernel moves: each buffer read once and each buffer written once."""
+    reads, writes = sig.args[0], sig.args[1]
+    return sum(footprint_bytes(t) for t in reads) + sum(footprint_bytes(t) for t in writes)
+
+
+# Fused ops that only re-index (no arithmetic): they cost no FLOPs in the fused kernel.
+_VIEWS = frozenset({"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "unsqueeze",
+                    "squeeze", "slice", "select", "as_strided", "alias", "clone", "_to_copy", "copy",
+                    "split", "split_with_sizes", "cat", "constant_pad_nd", "full", "zeros", "ones"})
+
+
+def fused_flops(sig: OpSignature) -> float:
+    """One FLOP per element processed per fused op that computes (views and copies excluded)."""
+    elements, ops = sig.args[2], sig.args[3]
+    computing = [op for op in ops if op.rsplit(".", 1)[-1] not in _VIEWS]
+    return float(elements) * max(1, len(computing))
+
+
+def _compute_type(sig: OpSignature) -> str:
+    tensors = [t for group in sig.args[:2] for t in group if isinstance(t, TensorMeta)]
+    return "fp64" if any(t.dtype in ("float64", "complex128") for t in tensors) else "fp32"
+
+
+def triton_kernel(sig: OpSignature, ctx: CostContext) -> OpCost:
+    name = sig.name.split("::", 1)[-1]
+    if len(sig.args) > 5 and isinstance(sig.args[5], tuple):
+        # flex attention's template: (q, k, v, kv_num_blocks, kv block size, visited, backward)
+        q, k, v, counts, kv_block, visited, backward = sig.args[5]
+        return single(attention.flex_template_kernel(name, q, k, v, counts, kv_block, visited,
+                                                     float(fused_bytes(sig)), bool(backward), ctx))
+    return single(streaming_kernel(name, ctx.gpu, float(fused_bytes(sig)), fused_flops(sig),
+                                   compute_type=_compute_type(sig)))

@@ -1,0 +1,134 @@
+"""torch.compile under phantora (issue 16): compiled regions run the kernels Inductor generates.
+
+On the CUDA build of torch (which has Triton) Dynamo traces under the op observer, Inductor
+generates code for the virtual GPU and its wrapper runs on virtual tensors: each generated Triton
+kernel is one fused kernel in the trace (args: the aten ops fused into it, the bytes of the
+buffers entering and leaving it). On the CPU build (no Triton) the captured graphs run as eager
+ops, with a warning in the summary. Before, `torch.compile(model)` silently ran eager and
+`fullgraph=True` raised "non-infra torch dispatch mode present".
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from phantora.trace.check import load_chrome_trace
+from tests.virtual_gpu.harness import ROOT, assert_ran, run_traced
+
+N = 1024  # compile_fusion.py's chain input is N x N fp32
+FP32 = 4
+
+
+def _events(path: Path) -> list[dict]:
+    return sorted((e for e in load_chrome_trace(path)["traceEvents"] if e.get("ph") == "X"), key=lambda e: e["ts"])
+
+
+def _kernels(path: Path) -> list[dict]:
+    return [e for e in _events(path) if e.get("cat") == "kernel"]
+
+
+def _generated(kernels: list[dict]) -> list[dict]:
+    return [k for k in kernels if k["args"].get("op", "").startswith("triton::")]
+
+
+def test_compiled_kernels_are_inductors_fused_kernels(tmp_path: Path, cuda_torch_python: str) -> None:
+    eager_proc, eager_trace = run_traced(tmp_path, cuda_torch_python, "compile_fusion.py", "eager", name="eager.json")
+    assert_ran(eager_proc, "chain", "block")
+    proc, trace = run_traced(tmp_path, cuda_torch_python, "compile_fusion.py", "compiled", name="compiled.json")
+    assert_ran(proc, "chain", "block")
+    eager, compiled = _kernels(eager_trace), _kernels(compiled_trace := trace)
+
+    # relu(x * 2 + 1): three eager kernels, each reading and writing N x N fp32; Inductor fuses
+    # them into one kernel that reads x once and writes the result once.
+    chain_ops = ("aten::mul.Tensor", "aten::add.Tensor", "aten::relu.default")
+    eager_chain = [k for k in eager if k["args"]["op"] in chain_ops and k["args"]["shapes"][0] == [N, N]]
+    assert [k["args"]["op"] for k in eager_chain] == list(chain_ops)
+    assert sum(k["args"]["bytes"] for k in eager_chain) == 3 * 2 * N * N * FP32
+    fused = [k for k in _generated(compiled) if k["args"]["fused aten ops"] == ["aten.mul", "aten.add", "aten.relu"]]
+    assert len(fused) == 1, [k["name"] for k in _generated(compiled)]
+    assert fused[0]["name"].startswith("triton_poi_fused_")
+    assert fused[0]["args"]["bytes"] == 2 * N * N * FP32
+
+    # The MLP block: Inductor fuses the RMSNorm's six pointwise/reduction ops, SiLU * gate and
+    # the residual into few kernels around the GEMMs, so the compiled run launches fewer kernels.
+    assert len(compiled) < len(eager), (len(compiled), len(eager))
+    names = Counter(k["name"].split("_fused_")[0] for k in _generated(compiled))
+    assert names["triton_poi"] and names["triton_per"], names  # pointwise and (persistent) reduction kernels
+    # Every generated kernel moves exactly the buffers that enter or leave it: its tensor
+    # arguments (reads, then writes), each once over the elements its view addresses.
+    for k in _generated(compiled):
+        moved = 0
+        for shape, dtype in zip(k["args"]["shapes"], k["args"]["dtypes"]):
+            n = 1
+            for d in shape:
+                n *= d
+            moved += n * {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1}[dtype]
+        assert k["args"]["bytes"] == moved, k
+    # The GEMMs stay cuBLAS extern kernels, as Inductor's default mode leaves them.
+    assert any(k["args"]["op"] == "aten::mm.out" for k in compiled)
+
+    # Compilation is host time, once per graph, shown as such (forward and backward of the
+    # block; the chain has no backward): 1 s a graph + 0.25 s a generated kernel (cost/host.py).
+    slices = [e for e in _events(compiled_trace) if e["name"] == "torch.compile"]
+    assert len(slices) == 3, slices
+    for s in slices:
+        assert s["dur"] == (1_000_000 + 250_000 * s["args"]["triton kernels generated"])
+
+
+def test_compile_graph_breaks_checkpoint_optimizer_flex(tmp_path: Path, cuda_torch_python: str) -> None:
+    proc, trace = run_traced(tmp_path, cuda_torch_python, "compile_modes.py")
+    assert_ran(proc, "graph_break", "checkpoint", "optimizer", "flex_causal", "flex_sliding", "flex_document",
+               "reduce_overhead", "custom_backend_refused")
+    events = _events(trace)
+    generated = _generated(_kernels(trace))
+    # graph break: sin*2 and cos+1 are two graphs, one kernel each
+    assert [k["args"]["fused aten ops"] for k in generated[:2]] == [["aten.sin", "aten.mul"], ["aten.cos", "aten.add"]]
+    # compiled optimizer step: AdamW's update is Inductor's horizontally fused (foreach) kernel
+    assert any(k["name"].startswith("triton_for_fused") for k in generated)
+    # flex attention: the forward template of each mask, timed over the blocks it visits
+    # (4 x 4 blocks of 128 tokens: causal 10, a 128-token window 7; document ids live on the
+    # virtual GPU, so that mask's sparsity is unknown and all 16 are counted, an upper bound)
+    B, H, S, D = 2, 4, 512, 64
+    full = 2 * B * H * S * S * (D + D)
+    forward = [k for k in generated if k["name"].startswith("triton_tem_fused_flex_attention_0")]
+    backward = [k for k in generated if k["name"].startswith("triton_tem_fused_flex_attention_backward")]
+    assert [k["args"]["flops"] for k in forward] == [full * 10 / 16, full * 7 / 16, full]
+    assert [k["args"]["flops"] for k in backward] == [2.5 * full * 10 / 16, 2.5 * full * 7 / 16, 2.5 * full]
+    assert forward[1]["dur"] <= forward[0]["dur"] <= forward[2]["dur"]  # equal while memory-bound (small S)
+    # reduce-overhead: Inductor warms up eagerly, captures its graph once, then replays it (the
+    # fused tanh*3+x kernel runs inside the replays)
+    names = Counter(e["name"] for e in events)
+    assert names["cudaStreamBeginCapture"] == 1 and names["cudaGraphInstantiate"] == 1, names
+    assert names["cudaGraphLaunch"] >= 2 and names["graph replay"] == names["cudaGraphLaunch"]
+    tanh = [e for e in events if e.get("args", {}).get("fused aten ops") == ["aten.tanh", "aten.mul", "aten.add"]]
+    assert sum("graph replay" in e["args"] for e in tanh) == names["graph replay"]
+
+
+def test_compile_without_triton_runs_graphs_eagerly_and_says_so(tmp_path: Path) -> None:
+    import sys
+
+    proc, trace = run_traced(tmp_path, sys.executable, "compile_fusion.py", "compiled")  # the CPU build
+    assert_ran(proc, "chain", "block")
+    assert "torch.compile ran the captured graphs as eager aten ops: this torch build has no Triton" in proc.stderr
+    kernels = _kernels(trace)
+    assert not _generated(kernels)
+    ops = [k["args"]["op"] for k in kernels if k["args"]["shapes"][:1] == [[N, N]]]
+    chain = ["aten::mul.Tensor", "aten::add.Tensor", "aten::relu.default"]
+    assert any(ops[i:i + 3] == chain for i in range(len(ops))), ops  # the chain's three eager kernels
+
+
+def test_fsdp2_of_compiled_blocks_on_two_ranks(tmp_path: Path, cuda_torch_python: str) -> None:
+    torchrun = str(Path(cuda_torch_python).with_name("torchrun"))
+    proc, trace = run_traced(tmp_path, cuda_torch_python, ROOT / "examples" / "fsdp_train.py", "--layers", "2",
+                             "--seq", "256", "--batch", "2", "--steps", "2", "--compile",
+                             launcher=(torchrun, "--nproc-per-node", "2", "--no-python"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "mean step time" in proc.stdout
+    events = _events(trace)
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    by_rank = Counter(e["pid"] for e in _generated(kernels))
+    assert len(by_rank) == 2 and len(set(by_rank.values())) == 1, by_rank  # both ranks ran the same fused kernels
+    # FSDP2's collectives still run around the compiled blocks
+    assert any(k["name"].startswith("ncclDevKernel_AllGather") for k in kernels)
+    assert any(k["name"].startswith("ncclDevKernel_ReduceScatter") for k in kernels)
