@@ -40,6 +40,13 @@ class VirtualCudaFakeMode(FakeTensorMode):
     def in_kernel_invocation(self, active: bool) -> None:
         self._kernel_flag().active = active
 
+    def __deepcopy__(self, memo: dict) -> "VirtualCudaFakeMode":
+        # The one mode of the process, not state of a tensor: a deepcopied FakeTensor (Lightning's
+        # ModelCheckpoint copies the model's state) keeps it, as stock FakeTensorMode's copy would
+        # have shared everything but the thread-local flag, which cannot be copied.
+        memo[id(self)] = self
+        return self
+
     def _kernel_flag(self) -> threading.local:
         flag = self.__dict__.get("_phantora_kernel_flag")
         if flag is None:
