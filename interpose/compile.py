@@ -170,6 +170,10 @@ def _is_torchs_own(backend: Any) -> bool:
     return module == "torch" or module.startswith("torch.")
 
 
+# Inductor options that benchmark candidate kernels on the GPU (torch/_inductor/config.py).
+AUTOTUNE_OPTIONS = frozenset({"max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning"})
+
+
 def _refuse_opaque_backends(rt: Any, has_triton: bool) -> None:
     """torch.compile(backend=callable): phantora runs the compiled code it knows (Inductor's
     generated wrapper and kernels, or graphs of aten ops); a user backend may run anything (real
@@ -196,6 +200,15 @@ def _refuse_opaque_backends(rt: Any, has_triton: bool) -> None:
                       "heuristic kernel choices (GEMMs stay cuBLAS)" + ("" if "no-cudagraphs" in mode else
                                                                          ", with CUDA graphs as the mode has them"))
             kwargs = {**kwargs, "mode": "default" if "no-cudagraphs" in mode else "reduce-overhead"}
+        options = kwargs.get("options")
+        tuned = sorted(k for k in AUTOTUNE_OPTIONS if isinstance(options, dict) and options.get(k))
+        if tuned:
+            # The same as the max-autotune modes, asked for by options (TorchTitan compiles its
+            # flex attention with max_autotune and coordinate_descent_tuning): every candidate
+            # would be benchmarked on a GPU, none can be, and Inductor raises NoValidChoicesError.
+            _warn(rt, f"torch.compile(options={{{', '.join(repr(k) + ': True' for k in tuned)}}}): autotuning is "
+                      "not simulated; compiled with Inductor's heuristic kernel choices")
+            kwargs = {**kwargs, "options": {**options, **{k: False for k in tuned}}}
         if not has_triton and backend in ("inductor", None):
             # Inductor needs Triton to generate CUDA kernels, and this torch build (the CPU
             # wheel) has none: Dynamo still captures the graphs (fullgraph and graph breaks
@@ -256,6 +269,10 @@ def _never_convert_own_frames() -> None:
             for fn in functions:
                 if fn.__module__ == name:
                     skip_code(fn.__code__)
+
+
+# Inductor options that benchmark candidate kernels on the GPU (torch/_inductor/config.py).
+AUTOTUNE_OPTIONS = frozenset({"max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning"})
 
 
 def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:

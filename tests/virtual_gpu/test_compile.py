@@ -132,3 +132,12 @@ def test_fsdp2_of_compiled_blocks_on_two_ranks(tmp_path: Path, cuda_torch_python
     # FSDP2's collectives still run around the compiled blocks
     assert any(k["name"].startswith("ncclDevKernel_AllGather") for k in kernels)
     assert any(k["name"].startswith("ncclDevKernel_ReduceScatter") for k in kernels)
+
+
+def test_autotuning_options_compile_with_heuristic_choices(tmp_path: Path, cuda_torch_python: str) -> None:
+    """options={"max_autotune": True, "coordinate_descent_tuning": True} (TorchTitan's compiled flex
+    attention) would benchmark every candidate on a GPU; Inductor then raised NoValidChoicesError.
+    phantora compiles with the heuristic choices and prints one line saying autotuning is not simulated."""
+    proc, _ = run_traced(tmp_path, cuda_torch_python, "compile_autotune_options.py")
+    assert_ran(proc, "autotune_options")
+    assert "autotuning is not simulated" in proc.stderr + proc.stdout
