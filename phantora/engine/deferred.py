@@ -115,7 +115,7 @@ class LowerBounds:
 
 
 def replay_lower_bounds(actions: list[Action], launch_latency_ns: int,
-                        end_lb: Callable[[int, int], int]) -> LowerBounds:
+                        end_lb: Callable[[int, int], int], kernel_gap_ns: int = 0) -> LowerBounds:
     """Place `actions` (a rank's waiting work, in program order) with lower bounds:
     end_lb(work, member_ready_lb) bounds a collective's end from below, kernels are not
     slowed by communication. Every time a placement computes is a max or a sum of these, so
@@ -136,8 +136,11 @@ def replay_lower_bounds(actions: list[Action], launch_latency_ns: int,
         if a.placed:
             continue
         s = a.stream
-        if isinstance(a, OpWork):
-            end = max(a.launch_ns + launch_latency_ns, tail(s)) + a.est.duration_ns
+        if isinstance(a, OpWork):  # as Placement._place_op, gaps between busy kernels included
+            t = tail(s)
+            busy_until = t + kernel_gap_ns if t else 0
+            end = max(a.launch_ns + launch_latency_ns, busy_until) + a.est.duration_ns \
+                + kernel_gap_ns * max(0, a.est.kernels - 1)
             tails[id(s)] = times[id(a)] = end
         elif isinstance(a, GraphReplay):  # its kernels back to back
             end = max(a.launch_ns + launch_latency_ns, tail(s)) + a.duration_ns

@@ -117,7 +117,7 @@ class Finality:
 
                 def end_lb(work: int, ready: int, r: int = r, known: dict = known) -> int:
                     return self._end_lower_bound(work, ready, t, r, bounds, known)
-                lb = replay_lower_bounds(list(st.actions), lat, end_lb)
+                lb = replay_lower_bounds(list(st.actions), lat, end_lb, self.timing.kernel_gap_ns)
                 for w, ready in lb.arrivals.items():
                     new_arrivals[(w, r)] = known[(w, r)] = max(ready, known.get((w, r), 0))
                 future = _NEVER if self._done(st) else st.timeline.host_ns + lat  # collectives it has not called yet
