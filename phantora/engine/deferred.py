@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from phantora.engine.timeline import Stream
+from phantora.engine.timeline import Stream, op_span
 
 
 class Action:
@@ -136,11 +136,8 @@ def replay_lower_bounds(actions: list[Action], launch_latency_ns: int,
         if a.placed:
             continue
         s = a.stream
-        if isinstance(a, OpWork):  # as Placement._place_op, gaps between busy kernels included
-            t = tail(s)
-            busy_until = t + kernel_gap_ns if t else 0
-            end = max(a.launch_ns + launch_latency_ns, busy_until) + a.est.duration_ns \
-                + kernel_gap_ns * max(0, a.est.kernels - 1)
+        if isinstance(a, OpWork):
+            _, end = op_span(a.launch_ns, tail(s), a.est.duration_ns, a.est.kernels, launch_latency_ns, kernel_gap_ns)
             tails[id(s)] = times[id(a)] = end
         elif isinstance(a, GraphReplay):  # its kernels back to back
             end = max(a.launch_ns + launch_latency_ns, tail(s)) + a.duration_ns

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from phantora.cost import COPY_D2H, COPY_H2D
 from phantora.engine.deferred import Action, Arrive, EventRecord, EventWait, GraphReplay, OpWork, WorkWait
 from phantora.engine.ranks import RankState
-from phantora.engine.timeline import Stream, TimingConfig
+from phantora.engine.timeline import Stream, TimingConfig, op_span
 from phantora.engine.trace_events import TraceEvents
 
 if TYPE_CHECKING:
@@ -149,12 +149,8 @@ class Placement:
 
     def _place_op(self, st: RankState, a: OpWork, force: bool) -> bool:
         s, est = a.stream, a.est
-        # A busy stream leaves kernel_gap_ns between one kernel's end and the next one's start,
-        # also between the kernels of one op (the op's slice covers them and their gaps).
-        gap = self.timing.kernel_gap_ns
-        busy_until = s.tail_ns + gap if s.tail_ns else 0
-        start = max(a.launch_ns + self.timing.launch_latency_ns, busy_until)
-        raw_end = start + est.duration_ns + gap * max(0, est.kernels - 1)
+        start, raw_end = op_span(a.launch_ns, s.tail_ns, est.duration_ns, est.kernels,
+                                 self.timing.launch_latency_ns, self.timing.kernel_gap_ns)
         slowed = 0
         if a.slows:
             overlap = self._comm_overlap(st, a.device, a.seq, start, raw_end, force)

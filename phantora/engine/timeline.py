@@ -53,6 +53,18 @@ class GpuWork:
     end_ns: int
 
 
+def op_span(launch_ns: int, tail_ns: int, duration_ns: int, kernels: int, launch_latency_ns: int,
+            kernel_gap_ns: int) -> tuple[int, int]:
+    """Start and end (before any slowdown by communication) of an op's kernels on a stream whose
+    work so far ends at tail_ns: a launch latency after the launch at the earliest, and a busy
+    stream leaves kernel_gap_ns after its last kernel and between the op's own kernels (the op's
+    slice covers them and their gaps). Placement and the finality proof's lower bounds both use
+    it, so a bound is never later than the placement it bounds."""
+    busy_until = tail_ns + kernel_gap_ns if tail_ns else 0
+    start = max(launch_ns + launch_latency_ns, busy_until)
+    return start, start + duration_ns + kernel_gap_ns * max(0, kernels - 1)
+
+
 @dataclass
 class RankTimeline:
     rank: int
