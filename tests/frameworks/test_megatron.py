@@ -175,14 +175,19 @@ def test_tensor_parallel(tmp_path, frameworks_cuda_python):
             counts
 
 
+def run_two_stages(tmp_path, python: str, cfg: GPTConfig) -> tuple[list[dict], int]:
+    """A 2-stage pipeline run, checked as every run is and each stage's parameter count against a
+    hand count; its trace events and the bytes of one microbatch's bf16 activation."""
+    run = run_megatron(tmp_path, python, 2, cfg)
+    check_run(run, cfg, world=2)
+    for stage in range(2):
+        assert f"model parallel rank (0, {stage}): {gpt_params(cfg, stage)}" in run.proc.stdout
+    return trace_events(run), cfg.micro_batch * cfg.seq * cfg.hidden * 2
+
+
 def test_pipeline_parallel_1f1b(tmp_path, frameworks_cuda_python):
     cfg = GPTConfig(pp=2)
-    run = run_megatron(tmp_path, frameworks_cuda_python, 2, cfg)
-    check_run(run, cfg, world=2)
-    assert f"model parallel rank (0, 0): {gpt_params(cfg, 0)}" in run.proc.stdout
-    assert f"model parallel rank (0, 1): {gpt_params(cfg, 1)}" in run.proc.stdout
-    events = trace_events(run)
-    activation = cfg.micro_batch * cfg.seq * cfg.hidden * 2
+    events, activation = run_two_stages(tmp_path, frameworks_cuda_python, cfg)
     for rank in range(2):
         ops = Counter(k["args"]["op"] for k in nccl(events, rank) if k["args"]["bytes"] == activation)
         # every microbatch's activation goes forward and its gradient back, once per step
@@ -199,12 +204,7 @@ def test_pipeline_parallel_1f1b(tmp_path, frameworks_cuda_python):
 def test_pipeline_parallel_interleaved(tmp_path, frameworks_cuda_python):
     # 4 layers in 4 chunks: rank 0 holds layers 0 and 2, rank 1 layers 1 and 3
     cfg = GPTConfig(pp=2, vp=2, layers=4)
-    run = run_megatron(tmp_path, frameworks_cuda_python, 2, cfg)
-    check_run(run, cfg, world=2)
-    assert f"model parallel rank (0, 0): {gpt_params(cfg, 0)}" in run.proc.stdout
-    assert f"model parallel rank (0, 1): {gpt_params(cfg, 1)}" in run.proc.stdout
-    events = trace_events(run)
-    activation = cfg.micro_batch * cfg.seq * cfg.hidden * 2
+    events, activation = run_two_stages(tmp_path, frameworks_cuda_python, cfg)
     for rank in range(2):
         ops = Counter(k["args"]["op"] for k in nccl(events, rank) if k["args"]["bytes"] == activation)
         # each microbatch crosses the 3 chunk boundaries (0-1, 1-2, 2-3), forward and backward:
