@@ -195,22 +195,22 @@ _compiled = threading.local()  # .depth: inside a graph compiled by Inductor (in
 
 
 @contextlib.contextmanager
-def compiled_code() -> Iterator[None]:
+def _nested(counter: threading.local) -> Iterator[None]:
+    """This thread is inside one more region of the kind `counter` counts."""
+    counter.depth = getattr(counter, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        counter.depth -= 1
+
+
+def compiled_code() -> contextlib.AbstractContextManager[None]:
     """Ops reported inside are launched by compiled code (no Python around them)."""
-    _compiled.depth = getattr(_compiled, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _compiled.depth -= 1
+    return _nested(_compiled)
 
 
-@contextlib.contextmanager
-def _not_observed() -> Iterator[None]:
-    _metadata_only.depth = getattr(_metadata_only, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _metadata_only.depth -= 1
+def _not_observed() -> contextlib.AbstractContextManager[None]:
+    return _nested(_metadata_only)
 
 
 def install_metadata_only_regions() -> None:
