@@ -28,6 +28,7 @@ from interpose import collective_checks as check
 from interpose import values
 from interpose.observer import current_stream_id
 from phantora import protocol as P
+from phantora.roles import RankRoles
 
 _rt: Any = None
 SIMULATED_NCCL_VERSION = (2, 27, 5)  # what torch.cuda.nccl.version() reports under phantora
@@ -36,6 +37,28 @@ _live_works: dict[int, "SimWork"] = {}  # work id -> work, until waited (oldest 
 _MAX_LIVE_WORKS = 100_000
 _SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)),
               os.path.dirname(os.__file__))  # torch, phantora, the standard library
+
+
+def _roles() -> RankRoles:
+    """Which ranks run as processes (phantora/roles.py); every rank unless --ranks chose."""
+    world = dist.get_world_size()
+    cached = getattr(_roles, "cached", None)
+    if cached is None or cached.world_size != world:
+        cached = _roles.cached = RankRoles.from_env(world)  # type: ignore[attr-defined]
+    return cached
+
+
+def _source(rank: int) -> int:
+    """The process that posts what `rank` contributes to an exchange of values or objects: the
+    rank itself, or its representative when it is mirrored (its contribution is taken to be the
+    representative's, phantora/roles.py)."""
+    return _roles().representative(rank)
+
+
+def _processes(members: tuple[int, ...] | list[int]) -> int:
+    """How many of `members` run as processes (the readers of an exchange)."""
+    roles = _roles()
+    return sum(1 for r in members if roles.runs(r))
 
 
 def call_site() -> str:
@@ -258,7 +281,9 @@ class SimProcessGroup(dist.ProcessGroup):
                    "dtype": _dtype(tensors[0]) if tensors else "uint8", "device": device,
                    "stream": current_stream_id(device), "site": call_site(), "group_name": self._group_name}
         work = self._submit(payload, device, tensors, False)
-        if tensors and all(values.exchanges_values(t) for t in tensors):
+        # A mirrored peer has no process to post or read values (phantora/roles.py): what this
+        # rank receives from one keeps its own value, as a tensor too large to exchange does.
+        if tensors and all(values.exchanges_values(t) for t in tensors) and _roles().runs(other):
             key = f"phantora/values/p2p/{pair[0]}->{pair[1]}/{seq}"
             store = c10d._get_default_store()
             if op == "send":
@@ -281,23 +306,23 @@ class SimProcessGroup(dist.ProcessGroup):
         me = self.global_ranks[self.rank()]
         mine = [_held(t) for t in tensors]
         if op == "broadcast":
-            if me == root:
+            if me == _source(root):  # the root, or the representative that stands for it
                 self._post(key, mine)
                 return
 
             def receive() -> None:
                 with values.real_cpu():
-                    for t, held in zip(tensors, self._collect(key, [key], self.size() - 1, [mine])[0]):
+                    for t, held in zip(tensors, self._collect(key, [key], _processes(self.global_ranks) - 1, [mine])[0]):
                         _write_held(t, held)
 
             self._resolve_when_used(tensors, receive, [key])
             return
         self._post(f"{key}/{me}", mine)
-        keys = [f"{key}/{r}" for r in self.global_ranks]
+        keys = [f"{key}/{_source(r)}" for r in self.global_ranks]
 
         def reduce() -> None:
             with values.real_cpu():
-                everyone = self._collect(key, keys, self.size(), [mine] * len(keys))
+                everyone = self._collect(key, keys, _processes(self.global_ranks), [mine] * len(keys))
                 for i, t in enumerate(tensors):
                     _reduce_held(t, [member[i] for member in everyone], reduce_op)
 
@@ -308,7 +333,7 @@ class SimProcessGroup(dist.ProcessGroup):
         result is first used (values.defer)."""
         once = values.defer(tensors, resolve)
         with values.real_cpu():
-            if c10d._get_default_store().check(keys):
+            if c10d._get_default_store().check(list(dict.fromkeys(keys))):
                 once()
 
     def _post(self, key: str, mine: list[_Held]) -> None:
@@ -322,9 +347,11 @@ class SimProcessGroup(dist.ProcessGroup):
         every member is then taken to have contributed what this one did (`fallback`)."""
         store = c10d._get_default_store()
         try:
-            blobs = [pickle.loads(store.get(k)) for k in keys]
+            unique = list(dict.fromkeys(keys))  # mirrored members share their representative's key
+            posted = {k: store.get(k) for k in unique}
+            blobs = [pickle.loads(posted[k]) for k in keys]
             if store.add(f"{key}/read", 1) >= readers:
-                for k in [*keys, f"{key}/read"]:
+                for k in [*unique, f"{key}/read"]:
                     store.delete_key(k)
         except RuntimeError:  # torch.distributed.DistNetworkError: the store's host has exited
             return fallback
@@ -342,11 +369,11 @@ class SimProcessGroup(dist.ProcessGroup):
         me = self.global_ranks[self.rank()]
         mine = [_held(t) for t in inputs]
         self._post(f"{key}/{me}", mine)
-        keys = [f"{key}/{r}" for r in self.global_ranks]
+        keys = [f"{key}/{_source(r)}" for r in self.global_ranks]
 
         def gather() -> None:
             with values.real_cpu():
-                everyone = self._collect(key, keys, self.size(), [mine] * len(keys))
+                everyone = self._collect(key, keys, _processes(self.global_ranks), [mine] * len(keys))
                 for j, per_input in enumerate(outputs):
                     for r, o in enumerate(per_input):
                         if r < len(everyone):
@@ -368,11 +395,12 @@ class SimProcessGroup(dist.ProcessGroup):
         with values.real_cpu():  # the shadow's clone is phantora's bookkeeping, not the script's op
             mine = [_held(input)]
         self._post(f"{key}/{me}", mine)
-        keys = [f"{key}/{r}" for r in self.global_ranks]
+        keys = [f"{key}/{_source(r)}" for r in self.global_ranks]
 
         def gather() -> None:
             with values.real_cpu():
-                everyone = [member[0] for member in self._collect(key, keys, self.size(), [mine] * len(keys))]
+                everyone = [member[0] for member in self._collect(key, keys, _processes(self.global_ranks),
+                                                                  [mine] * len(keys))]
                 shadows = [h.shadow for h in everyone]
                 if all(s is not None for s in shadows) and sum(s.numel() for s in shadows) == output.numel():
                     _write_shadow(output, torch.cat([s.reshape(-1) for s in shadows]).reshape(output.shape))
@@ -505,12 +533,52 @@ def install_distributed(rt: Any) -> None:
 
     torch.cuda.nccl.version = lambda: SIMULATED_NCCL_VERSION
     _patch_ddp()
+    _store_counts_processes()
+    _report_groups()
     _identify_at_init()
     _install_exit_rendezvous()
     install_object_collectives()
     from interpose import observer
 
     observer._SPECIAL.update(collective_op_handlers())
+
+
+def _store_counts_processes() -> None:
+    """With mirrored ranks (--ranks), the job's TCPStore is told of the processes that exist:
+    its host (rank 0) waits for that many to connect, not for the whole world."""
+    rendezvous = sys.modules["torch.distributed.rendezvous"]  # the module (torch.distributed.rendezvous is a function)
+
+    original = rendezvous._create_c10d_store
+
+    def _create_c10d_store(hostname: str, port: int, rank: int, world_size: int, *args: Any, **kwargs: Any) -> Any:
+        if world_size is not None and world_size > 0:
+            world_size = len(RankRoles.from_env(world_size).representatives)
+        return original(hostname, port, rank, world_size, *args, **kwargs)
+
+    _create_c10d_store.__wrapped__ = original  # type: ignore[attr-defined]
+    rendezvous._create_c10d_store = _create_c10d_store
+
+
+def _report_groups() -> None:
+    """With mirrored ranks (--ranks), the simulator learns every process group the program
+    creates, including those this rank is not in: a mirrored rank joins its representative's
+    collectives on the group of the same family that contains it (phantora/engine/mirrors.py).
+    c10d calls _new_process_group_helper on every rank for every group (with [] for the default
+    group)."""
+    from phantora.roles import ENV
+
+    if not os.environ.get(ENV):
+        return
+    original = c10d._new_process_group_helper
+
+    def _new_process_group_helper(group_size: int, group_rank: int, global_ranks_in_group: list[int], backend: Any,
+                                  store: Any, group_name: str, *args: Any, **kwargs: Any) -> Any:
+        ranks = list(global_ranks_in_group) or list(range(group_size))
+        _rt.client.record([P.R_GROUP, str(group_name), ranks])
+        return original(group_size, group_rank, global_ranks_in_group, backend, store, group_name, *args, **kwargs)
+
+    _new_process_group_helper.__wrapped__ = original  # type: ignore[attr-defined]
+    c10d._new_process_group_helper = _new_process_group_helper
 
 
 def _identify_at_init() -> None:
@@ -551,7 +619,7 @@ def _exit_rendezvous(wait: bool = True) -> None:
                 values.settle_all()
             store.set(f"phantora/exit/{rank}", b"1")
             if wait and rank == 0 and world > 1:
-                store.wait([f"phantora/exit/{r}" for r in range(world)], timedelta(seconds=EXIT_WAIT_S))
+                store.wait([f"phantora/exit/{r}" for r in _roles().representatives], timedelta(seconds=EXIT_WAIT_S))
     except Exception:  # a peer died or the store is gone: nothing left to protect
         pass
 
@@ -746,11 +814,13 @@ def _object_exchange(group: Any, kind: str, payload: bytes | None, root: int | N
     # A member takes its own blob from its hand, not from the store: rank 0 hosts the store
     # (env:// rendezvous) and may already have exited when the last member reads.
     if kind == "broadcast":
-        blobs = [payload if me == root and payload is not None else store.get(f"{key}/{root}")]
+        blobs = [payload if me == _source(root) and payload is not None else store.get(f"{key}/{_source(root)}")]
         nbytes = len(blobs[0])
         work = sim._collective("broadcast", [placeholder], nbytes, root=members.index(root))
     else:
-        everyone = [payload if r == me and payload is not None else store.get(f"{key}/{r}") for r in members]
+        posted = {s: payload if s == me and payload is not None else store.get(f"{key}/{s}")
+                  for s in dict.fromkeys(_source(r) for r in members)}
+        everyone = [posted[_source(r)] for r in members]
         nbytes = max(len(b) for b in everyone) * len(members)
         if kind == "all_gather":
             work = sim._collective("all_gather", [placeholder], nbytes)
@@ -776,7 +846,7 @@ def _global_rank(group: Any, rank: int | None, group_rank: int | None) -> int:
 def _broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
                            device: Any = None, group_src: int | None = None) -> None:
     src = _global_rank(group, src, group_src)
-    payload = pickle.dumps(list(object_list)) if dist.get_rank() == src else None
+    payload = pickle.dumps(list(object_list)) if dist.get_rank() == _source(src) else None
     [blob] = _object_exchange(group, "broadcast", payload, src)
     object_list[:] = pickle.loads(blob)
 
@@ -798,7 +868,7 @@ def _scatter_object_list(scatter_object_output_list: list[Any], scatter_object_i
     # is close to a broadcast of the whole list, which is how it is timed.
     src = _global_rank(group, src, group_src)
     me = dist.get_rank()
-    payload = pickle.dumps(list(scatter_object_input_list or [])) if me == src else None
+    payload = pickle.dumps(list(scatter_object_input_list or [])) if me == _source(src) else None
     [blob] = _object_exchange(group, "broadcast", payload, src)
     members = _sim_pg(group or c10d._get_default_group()).global_ranks
     scatter_object_output_list[0] = pickle.loads(blob)[members.index(me)]
@@ -822,6 +892,10 @@ def _recv_object_list(object_list: list[Any], src: int | None = None, group: Any
     src = _global_rank(group, src, group_src)
     sim = _sim_pg(group or c10d._get_default_group())
     me = dist.get_rank()
+    if not _roles().runs(src):
+        raise RuntimeError(f"phantora: rank {me} receives objects from rank {src}, which is mirrored from rank "
+                           f"{_source(src)} (--ranks {_roles().env_value()}): a mirrored rank sends nothing. Make rank "
+                           f"{src} a representative (--ranks) or run every rank (--ranks all).")
     key = f"phantora/p2p_objects/{src}->{me}/{sim.next_p2p_seq(src, me)}"
     blob = c10d._get_default_store().get(key)
     c10d._get_default_store().delete_key(key)

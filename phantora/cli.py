@@ -109,6 +109,12 @@ def main() -> None:
 @click.option("--nproc-per-node", "--nproc_per_node", "nproc_per_node", type=click.IntRange(1), default=None,
               help="Start this many rank processes per node with torchrun's environment (RANK, LOCAL_RANK, "
                    "WORLD_SIZE, MASTER_ADDR, ...). Without it COMMAND runs once (it may be torchrun itself).")
+@click.option("--ranks", "ranks", default="default", show_default=True, metavar="all|auto|R0,R1,...",
+              help="Which ranks run as processes (with --nproc-per-node). all: every rank. auto: rank 0 runs and "
+                   "stands for every other rank, which is mirrored in the simulator (DDP, FSDP, TP x DP); a "
+                   "pipeline's point-to-point messages between mirrors stop the run naming the ranks to pass. "
+                   "R0,R1,...: these ranks run, each standing for the ranks up to the next (e.g. 0,8,16,24 for 4 "
+                   "pipeline stages over 32 GPUs). default: all up to 64 ranks, auto above.")
 @click.option("--collective-timeout", type=click.FloatRange(1.0), default=300.0, show_default=True,
               help="Seconds (wall time) a collective waits for its last member before the waiting ranks fail.")
 @click.option("--call-timeout", type=click.FloatRange(1.0), default=600.0, show_default=True,
@@ -143,7 +149,7 @@ def main() -> None:
                    "every SECONDS; a collective waiting or a rank silent this long is reported once.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def trace(output: Path, gpu, host, vram: int | None, gpus_per_node: int | None, cluster_name: str, nnodes: int,  # type: ignore[no-untyped-def]
-          nproc_per_node: int | None, collective_timeout: float, call_timeout: float, comm_slowdown: float,
+          nproc_per_node: int | None, ranks: str, collective_timeout: float, call_timeout: float, comm_slowdown: float,
           sync: str, kineto_dir: Path | None, kernel_times: str, calibration: Path | None, quiet: bool,
           status_every: float, command: tuple[str, ...]) -> None:
     """Run COMMAND on simulated GPUs and write a trace.
@@ -158,11 +164,13 @@ def trace(output: Path, gpu, host, vram: int | None, gpus_per_node: int | None, 
       phantora trace --nnodes 2 --nproc-per-node 8 -o run.json -- python train_ddp.py
       phantora trace --nproc-per-node 4 --sync conservative -o exact.json -- python train_fsdp.py
       phantora trace -o run.json -- torchrun --nproc-per-node 8 train_ddp.py
+      phantora trace --nnodes 128 --nproc-per-node 8 --ranks auto -o big.pftrace -- python train_fsdp.py
       phantora trace --nproc-per-node 2 -o run.json --export-kineto hta/ -- python train_ddp.py
     """
     from phantora.cost import KernelTimesError
     from phantora.cost.measurements import CalibrationFileError
     from phantora.net.cluster import ClusterConfigError, load_cluster
+    from phantora.roles import RanksChoiceError
     from phantora.simulator.launch import CommandNotFound, LaunchError, TraceRun, print_summary, run_trace
     from phantora.trace import UnsupportedTraceFormat
     from phantora.trace.kineto import KinetoExportError
@@ -182,12 +190,14 @@ def trace(output: Path, gpu, host, vram: int | None, gpus_per_node: int | None, 
                    gpus_per_node=gpus_per_node or cluster.gpus_per_node, call_timeout_s=call_timeout,
                    cluster=cluster, nproc_per_node=nproc_per_node, collective_timeout_s=collective_timeout,
                    comm_slowdown=comm_slowdown, sync=sync, kineto_dir=kineto_dir, estimator=kernel_times,
-                   calibration=calibration, quiet=quiet, status_every_s=status_every)
+                   calibration=calibration, quiet=quiet, status_every_s=status_every, ranks=ranks)
     try:
         result = run_trace(run)
     except CommandNotFound as e:
         click.echo(f"phantora: {e}", err=True)
         sys.exit(127)
+    except RanksChoiceError as e:
+        raise click.BadParameter(str(e), param_hint="'--ranks'") from None
     except LaunchError as e:
         raise click.BadParameter(str(e), param_hint="'--nproc-per-node'") from None
     except UnsupportedTraceFormat as e:

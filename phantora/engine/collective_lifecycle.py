@@ -24,6 +24,7 @@ from typing import Any
 from phantora.cost.host import HOST_COSTS
 from phantora.engine.collectives import CollectiveCall, CollectiveMatcher, CollectiveMismatch, PendingCollective
 from phantora.engine.deferred import Arrive
+from phantora.engine.mirrors import Mirrors
 from phantora.engine.placement import Placement
 from phantora.engine.ranks import CallError, RankState
 from phantora.engine.timeline import Stream
@@ -69,14 +70,32 @@ class CollectiveLifecycle:
         self.stale_replies = 0
         self.largest_stale_error_ns = 0
         self._stale_errors: dict[int, int] = {}  # work -> its final end minus the end that was used
+        # Mirrored ranks (mirrors.py): they join what their representative joins, and reach it
+        # when their representative's stream does.
+        self.mirrors: Mirrors | None = None
+        self._mirror_links: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (work, rep) -> [(work, mirror)]
+        self._mirror_sources: dict[tuple[int, int], tuple[int, int]] = {}  # (work, mirror) -> (work, rep)
+        self._lag_waits: dict[int, list[tuple[int, int]]] = {}  # rep's work -> [(mirror, its end)] to compare
 
     def handed_out(self, work: int) -> bool:
         """Is `work` a work id this engine handed out?"""
         return 0 < work <= self._work_ids
 
     def global_gpu(self, rank: int) -> int:
+        st = self.ranks.get(rank)
+        if st is None and self.mirrors is not None and rank in self.mirrors:
+            return self.mirrors.global_gpu(rank)
         info = self.ranks[rank].info
         return info.node * self.gpus_per_node + info.local_rank
+
+    def mirror_source(self, work: int, rank: int) -> tuple[int, int]:
+        """(work, rank) whose arrival `rank`'s arrival at `work` follows: its representative's
+        for a mirrored rank, else itself."""
+        return self._mirror_sources.get((work, rank), (work, rank))
+
+    def runs(self, rank: int) -> bool:
+        """Is `rank` a rank process (not a mirrored rank)?"""
+        return rank in self.ranks
 
     # --- join ---------------------------------------------------------------------------------
     def join(self, st: RankState, wire: dict[str, Any]) -> int:
@@ -94,14 +113,19 @@ class CollectiveLifecycle:
                 f"capturing CUDA graph {graph.graph_id}; phantora does not simulate NCCL collectives inside CUDA "
                 f"graphs. Capture only the compute (e.g. make_graphed_callables on modules without collectives) "
                 f"or run this part eagerly. (Called at {call.site}.)")
+        mirrored = self.mirrors.calls_for(call) if self.mirrors is not None else []  # RolesRefuted
         try:
             p = self.matcher.join(call)
-        except CollectiveMismatch:
-            work = self._key_works.pop(call.key, None)
-            if work is not None:  # the members that joined never get to run it
-                self.dropped.add(work)
-                self.joined.pop(work, None)
-                self.unresolved_works.discard(work)
+            work = self._work_for(call.key, p)  # before its mirrors' joins, which may complete it
+            links = [(self._work_for(mc.key, self.matcher.join(mc)), mc.rank) for mc in mirrored]
+        except CollectiveMismatch as e:
+            for key in {call.key, *(mc.key for mc in mirrored)}:
+                work = self._key_works.pop(key, None)
+                if work is not None:  # the members that joined never get to run it
+                    self.dropped.add(work)
+                    self.joined.pop(work, None)
+                    self.unresolved_works.discard(work)
+            e.ranks = tuple(r for r in e.ranks if r in self.ranks)  # mirrored ranks have no process to fail
             raise
         comm = self.comm_stream(st, call)
         tl = st.timeline
@@ -110,19 +134,27 @@ class CollectiveLifecycle:
         self._launches[(call.key, rank)] = (launch_begin, tl.host_ns, call)
         self.trace.collective_call_open(st.info.trace_pid, call, launch_begin, tl.host_ns)
         current = self.placement.stream(st, call.device, call.stream)
-        work = self._key_works.get(call.key)
-        if work is None:
-            self._work_ids += 1
-            work = self._key_works[call.key] = self._work_ids
-            self.unresolved_works.add(work)
-            self.joined[work] = p
-        if not p.missing():  # every member has joined
-            self._key_works.pop(call.key, None)
-            self.unresolved_works.discard(work)
+        if links:
+            self._mirror_links[(work, rank)] = links
+            for w, m in links:
+                self._mirror_sources[(w, m)] = (work, rank)
         arrive = Arrive(self.placement.next_seq(), comm, call, work, current, tl.host_ns)
         self.arrivals[(work, rank)] = arrive
         st.comm_log.setdefault(call.device, []).append(arrive)
         self.placement.enqueue(st, arrive)
+        return work
+
+    def _work_for(self, key: Any, p: PendingCollective) -> int:
+        """The work id of the collective `key` (a new one for its first member)."""
+        work = self._key_works.get(key)
+        if work is None:
+            self._work_ids += 1
+            work = self._key_works[key] = self._work_ids
+            self.unresolved_works.add(work)
+            self.joined[work] = p
+        if not p.missing():  # every member has joined
+            self._key_works.pop(key, None)
+            self.unresolved_works.discard(work)
         return work
 
     def comm_stream(self, st: RankState, call: CollectiveCall) -> Stream:
@@ -151,13 +183,22 @@ class CollectiveLifecycle:
             return
         a.stream.inflight = a.work
         p.ready_ns[rank] = a.ready_ns  # type: ignore[assignment]
+        for w, m in self._mirror_links.pop((a.work, rank), ()):  # its mirrored ranks reach theirs with it
+            pm = self.joined.get(w)
+            if pm is not None:
+                pm.ready_ns[m] = a.ready_ns  # type: ignore[assignment]
+                if w != a.work:
+                    self._submit_when_ready(w, pm)
+        self._submit_when_ready(a.work, p)
+
+    def _submit_when_ready(self, work: int, p: PendingCollective) -> None:
         if p.missing() or len(p.ready_ns) < len(p.members):
             return
         if self.network_failed:
-            self._never_ran(a.work, p)
+            self._never_ran(work, p)
             return
-        self._submit(p, a.work)
-        del self.joined[a.work]  # only now: if the network raised, give_up() still finds it
+        self._submit(p, work)
+        del self.joined[work]  # only now: if the network raised, give_up() still finds it
 
     def _submit(self, p: PendingCollective, work: int) -> None:
         """Every member's stream has reached it: hand the collective to the network; its end is
@@ -228,8 +269,9 @@ class CollectiveLifecycle:
         if p is None or p.missing():
             return False
         for r in p.members:
-            a = self.arrivals.get((work, r))
-            if a is not None and not self.placement.place_stream(self.ranks[r], a.stream, a, True):
+            w, source = self._mirror_sources.get((work, r), (work, r))  # a mirrored rank: its representative's
+            a = self.arrivals.get((w, source))
+            if a is not None and not self.placement.place_stream(self.ranks[source], a.stream, a, True):
                 return False
         return work in self.unread or work in self.work_end_ns
 
@@ -258,8 +300,13 @@ class CollectiveLifecycle:
                                 algorithm, protocol)
         flow = self.trace.next_flow()
         places = []
+        for w, end_m in self._lag_waits.pop(work, ()):  # mirrored ranks whose collective was read first
+            self.mirrors.lag(w, end_m - end)  # type: ignore[union-attr]
         for call in calls:
-            st = self.ranks[call.rank]
+            st = self.ranks.get(call.rank)
+            if st is None:  # a mirrored rank
+                self._read_mirrored(call, work, name, p.ready_ns[call.rank], start, end)
+                continue
             stream = self.comm_stream(st, call)
             ready = p.ready_ns[call.rank]
             stream.tail_ns = max(stream.tail_ns, end)
@@ -272,6 +319,18 @@ class CollectiveLifecycle:
                                          protocol, info.busbw if info else None, work, launch)
             places.append((st.info.trace_pid, stream.track, ready))
         self.trace.collective_arrows(flow, f"{first.op} #{first.seq}", places)
+
+    def _read_mirrored(self, call: CollectiveCall, work: int, name: str, ready: int, start: int, end: int) -> None:
+        assert self.mirrors is not None
+        self.mirrors.collective(call, name, ready, start, end, work)
+        source = self._mirror_sources.pop((work, call.rank), None)
+        if source is None or source[0] == work:
+            return
+        rep_end = self.work_end_ns.get(source[0])
+        if rep_end is not None:
+            self.mirrors.lag(call.rank, end - rep_end)
+        else:
+            self._lag_waits.setdefault(source[0], []).append((call.rank, end))
 
     def read_all(self) -> None:
         for work in sorted(self.unread):
@@ -315,9 +374,12 @@ class CollectiveLifecycle:
     def abandon(self, rank: int) -> list[tuple[list[int], str]]:
         """`rank` ended: every collective it never joined fails for the members waiting in it."""
         failed = []
-        for p in self.matcher.waiting_for(rank):
+        gone = [rank, *(self.mirrors.roles.mirrors_of(rank) if self.mirrors is not None and rank in self.ranks
+                        and self.mirrors.roles.runs(rank) else ())]  # its mirrored ranks end with it
+        waiting_for = {id(p): p for r in gone for p in self.matcher.waiting_for(r)}
+        for p in waiting_for.values():
             call = next(iter(p.arrivals.values()))
-            waiting = sorted(p.arrivals)
+            waiting = sorted(r for r in p.arrivals if r in self.ranks)
             failed.append((waiting, f"rank {rank} exited without joining {call.describe()} (collective #{call.seq} "
                                     f"of group {list(call.group)}) that rank(s) {waiting} are waiting in"))
             self._drop(p)
@@ -329,7 +391,7 @@ class CollectiveLifecycle:
         failed = []
         for p in self.matcher.overdue(timeout_s):
             call = next(iter(p.arrivals.values()))
-            waiting = sorted(p.arrivals)
+            waiting = sorted(r for r in p.arrivals if r in self.ranks)
             failed.append((waiting, f"timed out after {timeout_s:.0f} s waiting for rank(s) {p.missing()} to join "
                                     f"{call.describe()} (collective #{call.seq} of group {list(call.group)}, called at "
                                     f"{call.site}); rank(s) {waiting} joined. A rank that skips a collective, or "
@@ -351,7 +413,8 @@ class CollectiveLifecycle:
     def _never_ran(self, work: int, p: PendingCollective) -> None:
         self.unread.pop(work, None)
         for call in p.arrivals.values():
-            self._write_launch(self.ranks[call.rank], call, ran=False)
+            if call.rank in self.ranks:
+                self._write_launch(self.ranks[call.rank], call, ran=False)
         self.unresolved_works.discard(work)
         self.dropped.add(work)
         self.joined.pop(work, None)
@@ -363,7 +426,8 @@ class CollectiveLifecycle:
 
     def _drop(self, p: PendingCollective) -> None:
         for call in p.arrivals.values():
-            self._write_launch(self.ranks[call.rank], call, ran=False)
+            if call.rank in self.ranks:
+                self._write_launch(self.ranks[call.rank], call, ran=False)
         self.matcher.drop(p.key)
         work = self._key_works.pop(p.key, None)
         if work is not None:

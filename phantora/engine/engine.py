@@ -33,6 +33,7 @@ from phantora.engine.collectives import CollectiveMatcher
 from phantora.engine.finality import Finality
 from phantora.engine.host_records import HostRecords
 from phantora.engine.host_waits import NOT_YET, HostWaits, NotYet, WaitTarget, host_waits_for_copy
+from phantora.engine.mirrors import Mirrors
 from phantora.engine.placement import Placement
 from phantora.engine.rank_identity import RankIdentities
 from phantora.engine.ranks import CallError, DeviceMemory, RankInfo, RankState
@@ -42,6 +43,7 @@ from phantora.engine.trace_events import (HOST_TRACK, NETWORK_PID, SIMULATOR_PID
                                           nccl_kernel_name)
 from phantora.hardware import GPUSpec
 from phantora.net.network import Network
+from phantora.roles import RankRoles
 from phantora.trace import TraceSink
 
 # Names other modules and tests import from here.
@@ -153,7 +155,24 @@ class Engine:
     def identify_rank(self, rank: int, new: int, node: int, local_rank: int, world_size: int) -> None:
         """The process known as `rank` called init_process_group as `new` of `world_size`."""
         self.identities.identify(rank, new, node, local_rank)
-        self.expected_ranks = max(self.expected_ranks, world_size)
+        self.expected_ranks = max(self.expected_ranks, self.processes_in(world_size))
+
+    # --- mirrored ranks (mirrors.py) ----------------------------------------------------------
+    @property
+    def mirrors(self) -> Mirrors | None:
+        return self.collectives.mirrors
+
+    def mirror_ranks(self, roles: RankRoles, nproc_per_node: int) -> None:
+        """Only `roles.representatives` run as processes; the other ranks are mirrored."""
+        if roles.mirrored:
+            self.collectives.mirrors = Mirrors(roles, nproc_per_node, self.collectives.gpus_per_node, self.sink,
+                                               self.gpu.aliases[0].upper())
+            self.expected_ranks = len(roles.representatives)
+
+    def processes_in(self, world_size: int) -> int:
+        """How many rank processes a world of `world_size` ranks has."""
+        m = self.mirrors
+        return world_size if m is None or m.roles.world_size != world_size else len(m.roles.representatives)
 
     def global_gpu(self, rank: int) -> int:
         return self.collectives.global_gpu(rank)
@@ -191,7 +210,13 @@ class Engine:
             elif kind == P.R_SLEEP:
                 st.timeline.advance_host(int(rec[1]))
             elif kind == P.R_STEP:
+                begin = st.step_end_ns
                 host.step(st)
+                if self.mirrors is not None:
+                    self.mirrors.step(rank, st.steps - 1, begin, st.step_end_ns)
+            elif kind == P.R_GROUP:
+                if self.mirrors is not None:
+                    self.mirrors.groups.add(str(rec[1]), tuple(int(r) for r in rec[2]))
             elif kind == P.R_HOST:
                 host.host_event(st, str(rec[1]), int(rec[2]))
             elif kind == P.R_WORK_WAIT:

@@ -153,8 +153,9 @@ class Finality:
         for m in p.members:  # it starts when its last member's stream reaches it
             if m in p.ready_ns:
                 lb = max(lb, p.ready_ns[m])
-            else:
-                lb = max(lb, arrivals.get((work, m), bounds.get(m, 0)))
+            else:  # a mirrored rank reaches it when its representative reaches the representative's
+                w, r = colls.mirror_source(work, m)
+                lb = max(lb, arrivals.get((w, r), bounds.get(r, 0)))
         return lb
 
     def _target_lower_bound(self, st: RankState, target: WaitTarget, lb: LowerBounds,

@@ -30,6 +30,8 @@ from phantora.engine.timeline import TimingConfig
 from phantora.hardware import GPUSpec
 from phantora.net.cluster import Cluster
 from phantora.net.network import Network
+from phantora.roles import ENV as REPRESENTATIVES_ENV
+from phantora.roles import RankRoles, RanksChoiceError
 from phantora.simulator.failure import SimulatorFailure
 from phantora.simulator.progress import Progress
 from phantora.simulator.server import SimulatorServer
@@ -66,6 +68,23 @@ class TraceRun:
     kineto_dir: Path | None = None  # also write one Kineto trace per rank here (for HTA)
     quiet: bool = False  # --quiet: no status line, no periodic status lines
     status_every_s: float = 30.0  # --status-every: plain status lines off a terminal; hang notices after it
+    ranks: str = "default"  # --ranks: which ranks run as processes (phantora/roles.py)
+
+
+MIRROR_FROM_RANKS = 65  # --ranks default: every rank runs up to 64 ranks, rank 0 stands for the rest above
+
+
+def rank_roles(run: TraceRun) -> RankRoles | None:
+    """Which ranks run as processes (None: COMMAND runs once and starts its own ranks)."""
+    if run.nproc_per_node is None:
+        if run.ranks not in ("default", "all"):
+            raise RanksChoiceError(f"--ranks {run.ranks} needs --nproc-per-node: phantora starts the rank processes "
+                                   "itself to run only some of them")
+        return None
+    assert run.cluster is not None
+    world = run.nproc_per_node * run.cluster.nodes
+    choice = run.ranks if run.ranks != "default" else ("auto" if world >= MIRROR_FROM_RANKS else "all")
+    return RankRoles.parse(choice, world)
 
 
 @dataclass
@@ -139,6 +158,7 @@ def run_trace(run: TraceRun) -> TraceResult:
     if run.nproc_per_node is not None and run.nproc_per_node > run.cluster.gpus_per_node:
         raise LaunchError(f"--nproc-per-node {run.nproc_per_node} is more than the {run.cluster.gpus_per_node} GPUs "
                           f"of a {run.cluster.name} node; use at most {run.cluster.gpus_per_node} or more --nnodes")
+    roles = rank_roles(run)  # RanksChoiceError
     started = time.time()
     kernel_times = choose_estimator(run.estimator, run.gpu, calibration=run.calibration)  # KernelTimesError
     # The export directory first: it only creates the directory, while open_sink opens a file.
@@ -149,6 +169,8 @@ def run_trace(run: TraceRun) -> TraceResult:
     engine = Engine(run.gpu, kernel_times.estimator, sink, TimingConfig(comm_slowdown=run.comm_slowdown, host_speed=run.host.speed,
                                                                   kernel_gap_ns=run.gpu.kernel_gap_ns),
                     network=Network(run.cluster), sync=run.sync)
+    if roles is not None and run.nproc_per_node is not None:
+        engine.mirror_ranks(roles, run.nproc_per_node)
     server = SimulatorServer(engine, collective_timeout_s=run.collective_timeout_s)
     exit_code = 1
     ranks = RankWatch(server)
@@ -168,8 +190,10 @@ def run_trace(run: TraceRun) -> TraceResult:
             envs = [base_env]
         else:
             port, run_id = _free_port(), f"phantora-{os.getpid()}"
-            envs = [dict(base_env, **rank_env(run, r, port, run_id))
-                    for r in range(run.nproc_per_node * run.cluster.nodes)]
+            assert roles is not None
+            if roles.mirrored:
+                base_env[REPRESENTATIVES_ENV] = roles.env_value()
+            envs = [dict(base_env, **rank_env(run, r, port, run_id)) for r in roles.representatives]
         server.ranks_expected = len(envs) if run.nproc_per_node is not None else 0
         for env in envs:
             try:

@@ -347,7 +347,8 @@ class SimulatorServer:
                 devices=tuple(int(d) for d in info.get("devices", ())), certain=bool(info.get("certain", True))))
             self._follow_moves()
             conn.rank, conn.pid = st.info.rank, info.get("pid")
-            self.engine.expected_ranks = max(self.engine.expected_ranks, int(info.get("world_size", 1)))
+            self.engine.expected_ranks = max(self.engine.expected_ranks,
+                                             self.engine.processes_in(int(info.get("world_size", 1))))
             self._note_rank(st.info.rank)
             return self.hello_reply
         if conn.rank is None:

@@ -1,0 +1,173 @@
+"""Mirrored ranks: ranks that run no process, and follow their representative's collectives.
+
+With `--ranks` (phantora/roles.py) only representatives run the program. When a representative
+joins a collective, each rank it stands for joins the same collective on *its* group: the group
+of the same family that contains it. A family is one loop of new_group calls (a DeviceMesh
+dimension, one of Megatron's parallel groups): consecutive groups of the same shape that do not
+overlap, e.g. the 128 data-parallel groups of a TP 8 x DP 128 mesh. Every process of a job
+creates every group, so each representative reports them all (R_GROUP).
+
+A mirrored rank reaches its collective when its representative's stream does, so on a network
+where every rank's collectives end together its timeline is its representative's exactly. Where
+the network ends a mirrored rank's collective at another time than its representative's, the
+difference is not carried into the mirror's later work; it is recorded (`lag_ns`) and reported,
+and `--ranks all` gives the exact answer.
+
+The trace gives each mirrored rank its own process with its steps and its collectives (no
+kernels or memory, which are its representative's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from phantora.engine.collectives import P2P_OPS, CollectiveCall
+from phantora.engine.ranks import CallError
+from phantora.engine.trace_events import STEP_TRACK
+from phantora.roles import RankRoles
+from phantora.trace import TraceSink
+
+MIRROR_COLLECTIVES_TRACK = 3  # a mirrored rank's trace process: its collectives (steps on STEP_TRACK)
+
+
+class RolesRefuted(CallError):
+    """The program shows that ranks chosen as mirrors do different work (e.g. pipeline stages
+    that send to each other): the message says which --ranks to pass."""
+
+
+@dataclass
+class MirrorRank:
+    rank: int
+    representative: int
+    node: int
+    local_rank: int
+    trace_pid: int
+    collectives: int = 0
+    lag_ns: int = 0  # largest (its collective's end - its representative's end of the same collective)
+
+
+@dataclass
+class GroupFamily:
+    shape: tuple[int, ...]  # members minus the first member
+    by_rank: dict[int, str] = field(default_factory=dict)  # member -> group name
+
+
+class GroupFamilies:
+    """The process groups the program created, in families (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.members: dict[str, tuple[int, ...]] = {}
+        self.family: dict[str, GroupFamily] = {}
+        self._last: GroupFamily | None = None
+
+    def add(self, name: str, members: tuple[int, ...]) -> None:
+        if name in self.members or not members:
+            return
+        shape = tuple(m - members[0] for m in members)
+        fam = self._last
+        if fam is None or fam.shape != shape or any(m in fam.by_rank for m in members):
+            fam = self._last = GroupFamily(shape)
+        for m in members:
+            fam.by_rank[m] = name
+        self.members[name] = members
+        self.family[name] = fam
+
+    def counterpart(self, name: str, rank: int, mirrored_from: int) -> tuple[str, tuple[int, ...]]:
+        """The group of `name`'s family that contains `rank`."""
+        fam = self.family.get(name)
+        if fam is None:
+            raise CallError(f"rank {mirrored_from} called a collective on process group {name!r}, which phantora did "
+                            "not see created, so the ranks mirrored from it cannot join theirs; run every rank "
+                            "(--ranks all)")
+        other = fam.by_rank.get(rank)
+        if other is None:
+            raise CallError(f"rank {rank} is mirrored from rank {mirrored_from}, but no group of the family of process "
+                            f"group {name!r} ({list(self.members[name])}) contains it; choose representatives that "
+                            "cover it (--ranks) or run every rank (--ranks all)")
+        return other, self.members[other]
+
+
+class Mirrors:
+    def __init__(self, roles: RankRoles, nproc_per_node: int, gpus_per_node: int, sink: TraceSink,
+                 gpu_name: str) -> None:
+        self.roles = roles
+        self.gpus_per_node = gpus_per_node
+        self.sink = sink
+        self.groups = GroupFamilies()
+        self.ranks: dict[int, MirrorRank] = {}
+        for rank in range(roles.world_size):
+            rep = roles.representative(rank)
+            if rep == rank:
+                continue
+            node, local = divmod(rank, nproc_per_node)
+            m = self.ranks[rank] = MirrorRank(rank, rep, node, local, rank + 1)
+            sink.process(m.trace_pid, f"rank {rank} · node {node} · GPU {local} · {gpu_name} · mirrored from rank {rep}",
+                         rank)
+            sink.thread(m.trace_pid, MIRROR_COLLECTIVES_TRACK, f"nccl (collectives of rank {rank}, mirrored)", 2)
+
+    def __contains__(self, rank: int) -> bool:
+        return rank in self.ranks
+
+    def global_gpu(self, rank: int) -> int:
+        m = self.ranks[rank]
+        return m.node * self.gpus_per_node + m.local_rank
+
+    # --- joining ------------------------------------------------------------------------------
+    def calls_for(self, call: CollectiveCall) -> list[CollectiveCall]:
+        """What each rank mirrored from `call.rank` calls when it calls `call`."""
+        rep = call.rank
+        mirrors = self.roles.mirrors_of(rep) if self.roles.runs(rep) else range(0)
+        if not mirrors:
+            return []
+        if call.op in P2P_OPS:
+            return self._p2p_calls(call, mirrors)
+        calls = []
+        for m in mirrors:
+            name, group = self.groups.counterpart(call.group_name, m, rep)
+            root = None if call.root is None else group[call.group.index(call.root)]
+            calls.append(replace(call, rank=m, group=group, root=root, group_name=name, site=f"mirrored from rank {rep}"))
+        return calls
+
+    def _p2p_calls(self, call: CollectiveCall, mirrors: range) -> list[CollectiveCall]:
+        rep = call.rank
+        peer = call.group[1] if call.group[0] == rep else call.group[0]
+        if self.roles.representative(peer) == rep:
+            pg = self.groups.members.get(call.group_name, call.group)
+            raise RolesRefuted(
+                f"rank {rep} {'sends to' if call.op == 'send' else 'receives from'} rank {peer}, but --ranks "
+                f"{self.roles.env_value()} mirrors rank {peer} from rank {rep}: ranks that exchange point-to-point "
+                f"messages (pipeline stages) do different work. Run one representative per stage, e.g. --ranks "
+                f"{','.join(map(str, sorted(pg)))}, or every rank (--ranks all).")
+        pg = self.groups.members.get(call.group_name)
+        if pg is None:
+            raise CallError(f"rank {rep} called {call.op} on process group {call.group_name!r}, which phantora did not "
+                            "see created; run every rank (--ranks all)")
+        positions = (pg.index(call.group[0]), pg.index(call.group[1]))
+        calls = []
+        for m in mirrors:
+            name, group = self.groups.counterpart(call.group_name, m, rep)
+            pair = (group[positions[0]], group[positions[1]])
+            calls.append(replace(call, rank=m, group=pair, group_name=name, site=f"mirrored from rank {rep}"))
+        return calls
+
+    # --- trace --------------------------------------------------------------------------------
+    def collective(self, call: CollectiveCall, name: str, ready: int, start: int, end: int, work: int) -> None:
+        m = self.ranks[call.rank]
+        m.collectives += 1
+        self.sink.slice(m.trace_pid, MIRROR_COLLECTIVES_TRACK, name, ready, end - ready, "kernel", {
+            "op": call.op, "bytes": call.nbytes, "group ranks": list(call.group), "seq": call.seq,
+            "waited for peers ns": start - ready, "network ns": end - start, "collective": work,
+            "mirrored from rank": m.representative})
+
+    def lag(self, rank: int, lag_ns: int) -> None:
+        m = self.ranks[rank]
+        m.lag_ns = max(m.lag_ns, lag_ns)
+
+    def step(self, rep: int, step: int, begin: int, end: int) -> None:
+        """The representative's optimizer step `step`: each of its mirrors takes it too."""
+        for r in self.roles.mirrors_of(rep):
+            m = self.ranks[r]
+            if step == 0:
+                self.sink.thread(m.trace_pid, STEP_TRACK, "steps (optimizer.step)", 1)
+            self.sink.slice(m.trace_pid, STEP_TRACK, f"ProfilerStep#{step}", begin, end - begin, "user_annotation",
+                            {"step": step, "mirrored from rank": rep})

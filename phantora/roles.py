@@ -1,0 +1,90 @@
+"""Representative ranks: which ranks run as processes, and which are mirrored from them.
+
+In data, tensor and pipeline parallel training most ranks do what a peer does. `phantora trace
+--ranks` runs one process per distinct role (its *representative*) and mirrors the other ranks
+inside the simulator: a mirrored rank joins every collective its representative joins (on the
+group of the same shape that contains it), at the same simulated time, so the network sees every
+GPU's flows while only the representatives run the program.
+
+Each representative stands for the ranks from it up to the next representative: the roles are
+contiguous blocks of ranks, which is how pipeline stages are laid out by torch's DeviceMesh and
+TorchTitan (pp is the outermost mesh dimension) and by Megatron-Core (order tp-cp-ep-dp-pp). So
+`--ranks 0` mirrors every rank from rank 0 (pure DDP/FSDP, or TP x DP: TP ranks of one layer do
+the same work on different shards), and `--ranks 0,8,16,24` runs one process per stage of a
+4-stage pipeline over 32 GPUs.
+
+Values that travel between ranks (a loss all-reduced for logging, objects gathered) take a
+mirrored rank's contribution to be its representative's. This module is pure: both the
+simulator and the rank processes (interpose/) import it; the launcher hands the choice to the
+ranks in PHANTORA_REPRESENTATIVES.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from dataclasses import dataclass
+
+ENV = "PHANTORA_REPRESENTATIVES"  # comma-separated ranks that run as processes; unset: all ranks do
+
+
+class RanksChoiceError(ValueError):
+    """--ranks names ranks that cannot stand for the world (the message says what to pass)."""
+
+
+@dataclass(frozen=True)
+class RankRoles:
+    world_size: int
+    representatives: tuple[int, ...]  # sorted, starts with 0
+
+    @classmethod
+    def all_ranks(cls, world_size: int) -> "RankRoles":
+        return cls(world_size, tuple(range(world_size)))
+
+    @classmethod
+    def parse(cls, text: str, world_size: int) -> "RankRoles":
+        """--ranks: `all`, `auto` (one role: every rank mirrors rank 0) or a list of ranks
+        such as `0,8,16,24` (each stands for the ranks up to the next)."""
+        text = text.strip().lower()
+        if text == "all":
+            return cls.all_ranks(world_size)
+        if text == "auto":
+            return cls(world_size, (0,))
+        try:
+            ranks = sorted({int(part) for part in text.split(",") if part.strip()})
+        except ValueError:
+            raise RanksChoiceError(f"--ranks {text!r}: expected all, auto or comma-separated ranks such as 0,8,16") from None
+        if not ranks or ranks[0] != 0:
+            raise RanksChoiceError(f"--ranks {text!r}: rank 0 must be a representative (it hosts the job's store and "
+                                   "its logging); for example --ranks 0," + ",".join(map(str, ranks)))
+        if ranks[-1] >= world_size:
+            raise RanksChoiceError(f"--ranks {text!r}: rank {ranks[-1]} is outside the world of {world_size} ranks")
+        return cls(world_size, tuple(ranks))
+
+    @property
+    def mirrored(self) -> bool:
+        return len(self.representatives) < self.world_size
+
+    def representative(self, rank: int) -> int:
+        """The rank whose process stands for `rank` (itself if it runs)."""
+        return self.representatives[bisect.bisect_right(self.representatives, rank) - 1]
+
+    def mirrors_of(self, rep: int) -> range:
+        """The ranks `rep` stands for, other than itself."""
+        i = self.representatives.index(rep)
+        end = self.representatives[i + 1] if i + 1 < len(self.representatives) else self.world_size
+        return range(rep + 1, end)
+
+    def runs(self, rank: int) -> bool:
+        return self.representative(rank) == rank
+
+    def env_value(self) -> str:
+        return ",".join(map(str, self.representatives))
+
+    @classmethod
+    def from_env(cls, world_size: int) -> "RankRoles":
+        """The choice the launcher made (every rank runs when PHANTORA_REPRESENTATIVES is unset)."""
+        text = os.environ.get(ENV, "")
+        if not text:
+            return cls.all_ranks(world_size)
+        return cls(world_size, tuple(sorted(int(r) for r in text.split(",") if r)))
