@@ -31,6 +31,7 @@ class SimClient:
         self._timeout = timeout_s
         self._sock: socket.socket | None = None
         self._records: list[list[Any]] = []
+        self._before_hello: list[list[Any]] = []  # note_record()s made before this process was a rank
         self._lock = threading.RLock()
         self._next_call = 0
         self.disabled_reason: str | None = None
@@ -62,6 +63,7 @@ class SimClient:
         self._sock = sock
         hello = dict(self._hello(), pid=os.getpid())
         self.hello_reply = self._roundtrip([], [self._call_id(), P.C_HELLO, hello]) or {}
+        self._records[:0], self._before_hello = self._before_hello, []
         self._start_flusher()
 
     # --- records reach the simulator even when the script stops calling -----------------------------
@@ -87,6 +89,15 @@ class SimClient:
     def _call_id(self) -> int:
         self._next_call += 1
         return self._next_call
+
+    def note_record(self, rec: list[Any]) -> None:
+        """A record that does not make this process a rank (it is sent with the first one that
+        does): a process group created before any GPU work must not start the rank's clock."""
+        with self._lock:
+            if self._sock is None:
+                self._before_hello.append(rec)
+            else:
+                self.record(rec)
 
     def record(self, rec: list[Any]) -> None:
         with self._lock:

@@ -574,7 +574,7 @@ def _report_groups() -> None:
     def _new_process_group_helper(group_size: int, group_rank: int, global_ranks_in_group: list[int], backend: Any,
                                   store: Any, group_name: str, *args: Any, **kwargs: Any) -> Any:
         ranks = list(global_ranks_in_group) or list(range(group_size))
-        _rt.client.record([P.R_GROUP, str(group_name), ranks])
+        _rt.client.note_record([P.R_GROUP, str(group_name), ranks])
         return original(group_size, group_rank, global_ranks_in_group, backend, store, group_name, *args, **kwargs)
 
     _new_process_group_helper.__wrapped__ = original  # type: ignore[attr-defined]

@@ -318,7 +318,8 @@ class CollectiveLifecycle:
             self.trace.collective_kernel(st.info.trace_pid, stream, name, call, ready, start, end, algorithm,
                                          protocol, info.busbw if info else None, work, launch)
             places.append((st.info.trace_pid, stream.track, ready))
-        self.trace.collective_arrows(flow, f"{first.op} #{first.seq}", places)
+        if places:  # none for a collective of mirrored ranks only
+            self.trace.collective_arrows(flow, f"{first.op} #{first.seq}", places)
 
     def _read_mirrored(self, call: CollectiveCall, work: int, name: str, ready: int, start: int, end: int) -> None:
         assert self.mirrors is not None
