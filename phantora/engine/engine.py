@@ -320,8 +320,15 @@ class Engine:
     def summary(self) -> EngineSummary:
         self.read_all_collectives()
         c = self.collectives
-        return summarize(self.ranks, self.host.unknown_ops, self.warnings, self.host.kernels_by_estimator,
-                         c.comm_busy_ns, c.rollbacks, c.stale_replies, c.largest_stale_error_ns, c.early_reads)
+        s = summarize(self.ranks, self.host.unknown_ops, self.warnings, self.host.kernels_by_estimator,
+                      c.comm_busy_ns, c.rollbacks, c.stale_replies, c.largest_stale_error_ns, c.early_reads)
+        if self.mirrors is not None:
+            s.mirrored = len(self.mirrors.ranks)
+            s.representatives = self.mirrors.roles.representatives
+            lagging = max(self.mirrors.ranks.values(), key=lambda m: m.lag_ns, default=None)
+            if lagging is not None and lagging.lag_ns > 0:
+                s.mirror_lag_ns, s.mirror_lag_rank = lagging.lag_ns, lagging.rank
+        return s
 
     def give_up_collectives(self) -> None:
         """The simulator failed: collectives whose end was not read never ran (see

@@ -29,6 +29,10 @@ class EngineSummary:
     largest_stale_error_ns: int = 0
     early_reads: int = 0  # collective ends a host waited for before they were final
     kernels_by_estimator: dict[str, int] = field(default_factory=dict)  # args.estimator label -> kernels
+    mirrored: int = 0  # ranks mirrored from a representative (--ranks), not counted in `ranks`
+    representatives: tuple[int, ...] = ()
+    mirror_lag_ns: int = 0  # largest (a mirrored rank's collective end - its representative's end of it)
+    mirror_lag_rank: int | None = None
 
 
 def simulated_end_ns(ranks: Iterable[RankState]) -> int:

@@ -226,6 +226,8 @@ def run_trace(run: TraceRun) -> TraceResult:
             "cluster": run.cluster.name,
             "nodes": run.cluster.nodes,
             "nproc_per_node": run.nproc_per_node,
+            "representatives": list(summary.representatives) if summary.mirrored else None,
+            "mirrored_ranks": summary.mirrored,
             "estimator": kernel_times.estimator.name,
             "kernel_times": kernel_times.metadata(),
             "exit_code": exit_code,
@@ -254,14 +256,22 @@ def format_bytes(n: float) -> str:
 
 def format_summary(run: TraceRun, result: TraceResult) -> str:
     s = result.summary
+    ranks = f"{s.ranks} rank(s)"
+    if s.mirrored:
+        ranks = (f"{s.ranks + s.mirrored} ranks ({s.ranks} process(es), {s.mirrored} mirrored: --ranks "
+                 f"{','.join(map(str, s.representatives))})")
     lines = [
-        f"phantora: simulated {s.ranks} rank(s) on {run.gpu.device_name} ({run.gpu.key}); "
+        f"phantora: simulated {ranks} on {run.gpu.device_name} ({run.gpu.key}); "
         f"{s.simulated_ns / 1e9:.6f} s of simulated time in {result.wall_s:.1f} s of wall time",
         f"  ops {s.ops:,}   kernels {s.kernels:,}   GPU busy {s.gpu_busy_ns / 1e9:.6f} s   "
         f"{s.flops / 1e12:.2f} TFLOP",
     ]
     if s.ranks == 0:
         lines.append("  no process used a virtual GPU" + _hidden_gpus_note(run))
+    if s.mirror_lag_ns:
+        lines.append(f"  mirrored ranks: rank {s.mirror_lag_rank}'s collectives ended up to {s.mirror_lag_ns / 1e3:.1f} us "
+                     "after its representative's (the network treats them differently); mirrored ranks follow their "
+                     "representative's timeline, so their later work is not delayed by it: --ranks all is exact")
     total = run.vram_bytes or run.gpu.total_memory
     for (rank, dev), peak in sorted(s.peak_allocated.items()):
         lines.append(f"  peak memory rank {rank} cuda:{dev}: {format_bytes(peak)} allocated, "

@@ -1,0 +1,139 @@
+"""Representative ranks in the engine (phantora/engine/mirrors.py, phantora/roles.py): mirrored
+ranks join their representative's collectives on their own group, and give the same ends as
+ranks that run."""
+
+from __future__ import annotations
+
+import pytest
+
+from phantora import protocol as P
+from phantora.engine.engine import Engine, RankInfo
+from phantora.engine.mirrors import GroupFamilies, RolesRefuted
+from phantora.hardware import lookup_gpu
+from phantora.net.cluster import load_cluster
+from phantora.net.network import Network
+from phantora.roles import RankRoles, RanksChoiceError
+
+from engine.test_collectives import TIMING, SliceRecorder, kernel  # noqa: E402
+from engine.test_engine import FixedEstimator  # noqa: E402
+
+
+def test_ranks_choice_parses_all_auto_and_lists():
+    assert RankRoles.parse("all", 4).representatives == (0, 1, 2, 3)
+    assert not RankRoles.parse("all", 4).mirrored
+    auto = RankRoles.parse("auto", 16)
+    assert auto.representatives == (0,) and auto.representative(15) == 0 and list(auto.mirrors_of(0)) == list(range(1, 16))
+    stages = RankRoles.parse("0,8,16,24", 32)
+    assert [stages.representative(r) for r in (0, 7, 8, 15, 16, 31)] == [0, 0, 8, 8, 16, 24]
+    assert list(stages.mirrors_of(8)) == list(range(9, 16)) and stages.runs(16) and not stages.runs(17)
+
+
+@pytest.mark.parametrize("text, says", [("8,16", "rank 0 must be a representative"),
+                                        ("0,32", "outside the world of 32"), ("zero", "expected all, auto")])
+def test_a_bad_ranks_choice_says_what_to_pass(text, says):
+    with pytest.raises(RanksChoiceError, match=says):
+        RankRoles.parse(text, 32)
+
+
+def mesh_groups() -> GroupFamilies:
+    """The groups a (dp 2, tp 4) DeviceMesh creates, in its order: the world, dp, then tp."""
+    g = GroupFamilies()
+    g.add("0", tuple(range(8)))
+    for i, members in enumerate([(0, 4), (1, 5), (2, 6), (3, 7)]):
+        g.add(f"dp{i}", members)
+    g.add("tp0", (0, 1, 2, 3))
+    g.add("tp1", (4, 5, 6, 7))
+    return g
+
+
+def test_a_mirrored_rank_uses_the_group_of_the_same_family_that_contains_it():
+    g = mesh_groups()
+    assert g.counterpart("dp0", 5, 0) == ("dp1", (1, 5))
+    assert g.counterpart("tp0", 5, 0) == ("tp1", (4, 5, 6, 7))
+    assert g.counterpart("0", 5, 0) == ("0", tuple(range(8)))
+
+
+def mirrored_engine(world: int, roles: str, sink=None) -> Engine:
+    net = Network(load_cluster("dgx-h100", nodes=1))
+    e = Engine(lookup_gpu("h100"), FixedEstimator(), sink or SliceRecorder(), TIMING, network=net)
+    r = RankRoles.parse(roles, world)
+    e.mirror_ranks(r, 8)
+    for rank in r.representatives:
+        e.add_rank(RankInfo(rank, 0, rank, 100 + rank))
+    return e
+
+
+def all_reduce(group: tuple[int, ...], name: str, rank: int, nbytes: int = 64 << 20) -> dict:
+    return {"op": "all_reduce", "group": list(group), "seq": 0, "nbytes": nbytes, "dtype": "bfloat16",
+            "reduce_op": "sum", "device": rank, "stream": 0, "group_name": name}
+
+
+def end_of_first_all_reduce(e: Engine, ranks: list[int], group: tuple[int, ...]) -> int:
+    for r in ranks:
+        kernel(e, r, 30_000, 0)
+    works = {e.join_collective(r, all_reduce(group, "0", r)) for r in ranks}
+    assert len(works) == 1
+    e.place_all()
+    end = e.collective_end_ns(works.pop())
+    assert end is not None
+    return end
+
+
+def test_mirrored_ranks_give_the_end_running_ranks_give():
+    world = tuple(range(4))
+    mirrored = mirrored_engine(4, "auto")
+    mirrored.apply(0, [[P.R_GROUP, "0", list(world)]])
+    everyone = mirrored_engine(4, "all")
+    assert end_of_first_all_reduce(mirrored, [0], world) == end_of_first_all_reduce(everyone, [0, 1, 2, 3], world)
+    assert mirrored.summary().mirrored == 3
+
+
+def test_a_group_of_mirrored_ranks_only_runs_on_the_network_too():
+    sink = SliceRecorder()
+    e = mirrored_engine(8, "auto", sink)
+    e.apply(0, [[P.R_GROUP, "tp0", [0, 1, 2, 3]], [P.R_GROUP, "tp1", [4, 5, 6, 7]]])
+    kernel(e, 0, 30_000, 0)
+    e.join_collective(0, all_reduce((0, 1, 2, 3), "tp0", 0))
+    e.place_all()
+    e.read_all_collectives()
+    nccl = [s for s in sink.slices if s["name"].startswith("ncclDevKernel")]
+    # rank 0 on its stream, ranks 1-3 (its group) and 4-7 (the other tp group) on their own
+    assert sorted(s["pid"] for s in nccl) == list(range(1, 9))
+    mirrored = [s for s in nccl if s["pid"] >= 5]
+    assert all(s["args"]["group ranks"] == [4, 5, 6, 7] and s["args"]["mirrored from rank"] == 0 for s in mirrored)
+    ends = {s["ts"] + s["dur"] for s in nccl}
+    assert len(ends) == 1  # two disjoint groups of one node: the same end
+
+
+def test_a_collective_on_a_group_never_reported_is_refused_naming_the_group():
+    e = mirrored_engine(4, "auto")
+    with pytest.raises(Exception, match="process group 'g7'"):
+        e.join_collective(0, all_reduce((0, 1, 2, 3), "g7", 0))
+
+
+def test_point_to_point_between_a_representative_and_its_mirror_refutes_the_choice():
+    e = mirrored_engine(4, "auto")
+    e.apply(0, [[P.R_GROUP, "0", [0, 1, 2, 3]]])
+    send = {"op": "send", "group": [0, 1], "seq": 0, "nbytes": 1 << 20, "dtype": "bfloat16", "device": 0,
+            "stream": 0, "group_name": "0"}
+    with pytest.raises(RolesRefuted, match=r"rank 0 sends to rank 1.*--ranks 0,1,2,3"):
+        e.join_collective(0, send)
+
+
+def test_pipeline_stages_as_representatives_mirror_their_data_parallel_peers():
+    """4 ranks: 2 stages x 2 data-parallel ranks, stage-major (rank = stage * 2 + dp). Stage
+    representatives 0 and 2 send and receive; mirrors 1 and 3 pair up the same way."""
+    sink = SliceRecorder()
+    e = mirrored_engine(4, "0,2", sink)
+    for rep in (0, 2):
+        e.apply(rep, [[P.R_GROUP, "0", [0, 1, 2, 3]], [P.R_GROUP, "pp0", [0, 2]], [P.R_GROUP, "pp1", [1, 3]]])
+    base = {"group": [0, 2], "seq": 0, "nbytes": 8 << 20, "dtype": "bfloat16", "stream": 0, "group_name": "pp0"}
+    w0 = e.join_collective(0, dict(base, op="send", device=0))
+    w2 = e.join_collective(2, dict(base, op="recv", device=2))
+    assert w0 == w2
+    e.place_all()
+    e.read_all_collectives()
+    pids = sorted(s["pid"] for s in sink.slices if s["name"].startswith("ncclDevKernel"))
+    assert pids == [1, 2, 3, 4]
+    mirrored = [s for s in sink.slices if s["name"].startswith("ncclDevKernel") and s["pid"] in (2, 4)]
+    assert all(s["args"]["group ranks"] == [1, 3] for s in mirrored)
