@@ -1,0 +1,91 @@
+"""Representative ranks end to end (issue 17): `--ranks auto` runs one process and mirrors the
+other ranks; on the examples it must give what running every rank (`--ranks all`) gives: the
+same steps on every rank, the same collectives, the same logged step times and peak memory."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import pytest
+
+from phantora.trace.check import check_chrome_trace
+
+from test_parallel_examples import SMALL, step_lines
+from test_trace_cli import events, trace_script
+
+# ProfilerStep slices and NCCL kernels per trace process (pid = rank + 1), as (ts, dur, op, group)
+Timeline = dict[int, list[tuple]]
+
+
+def timelines(path) -> tuple[Timeline, Timeline]:
+    steps: Timeline = defaultdict(list)
+    nccl: Timeline = defaultdict(list)
+    for e in events(path):
+        if e.get("ph") != "X":
+            continue
+        if e["name"].startswith("ProfilerStep"):
+            steps[e["pid"]].append((e["ts"], e["dur"]))
+        elif e["name"].startswith("ncclDevKernel"):
+            nccl[e["pid"]].append((e["ts"], e["dur"], e["args"]["op"], tuple(e["args"]["group ranks"])))
+    return dict(steps), {pid: sorted(v) for pid, v in nccl.items()}
+
+
+def peak_lines(stderr: str) -> list[str]:
+    return re.findall(r"peak memory rank 0 cuda:0: .*", stderr)
+
+
+def run_both(tmp_path, script: str, args: list[str], nproc: int):
+    runs = {}
+    for mode in ("auto", "all"):
+        proc, out = trace_script(tmp_path, script, *args, options=("--nproc-per-node", str(nproc), "--ranks", mode),
+                                 name=f"{mode}.json")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert check_chrome_trace(out).ok
+        runs[mode] = (proc, out)
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, extra", [("examples/ddp_train.py", ["--bucket-mb", "4"]),
+                                           ("examples/fsdp_train.py", [])])
+def test_data_parallel_mirrors_equal_running_every_rank(tmp_path, script, extra):
+    runs = run_both(tmp_path, script, [*SMALL, "--batch", "2", "--steps", "3", *extra], nproc=4)
+    (auto, auto_out), (every, every_out) = runs["auto"], runs["all"]
+    assert "simulated 4 ranks (1 process(es), 3 mirrored: --ranks 0)" in auto.stderr
+    steps_auto, nccl_auto = timelines(auto_out)
+    steps_all, nccl_all = timelines(every_out)
+    assert sorted(steps_auto) == sorted(steps_all) == [1, 2, 3, 4]  # every rank has its steps
+    assert steps_auto == steps_all
+    assert nccl_auto == nccl_all and all(nccl_auto[pid] for pid in (1, 2, 3, 4))
+    assert step_lines(auto.stdout) == step_lines(every.stdout)[:len(step_lines(auto.stdout))]
+    assert peak_lines(auto.stderr) == peak_lines(every.stderr) != []
+
+
+@pytest.mark.slow
+def test_tensor_parallel_mirrors_use_their_own_groups(tmp_path):
+    """A (dp 2, tp 2) mesh: rank 0 runs; rank 3's groups ({1, 3} and {2, 3}) hold no running rank."""
+    runs = run_both(tmp_path, "examples/tp_fsdp_train.py", [*SMALL, "--tp", "2", "--batch", "2", "--steps", "3"],
+                    nproc=4)
+    steps_auto, nccl_auto = timelines(runs["auto"][1])
+    steps_all, nccl_all = timelines(runs["all"][1])
+    for pid in (1, 2, 3, 4):
+        assert [k[2:] for k in nccl_auto[pid]] == [k[2:] for k in nccl_all[pid]]  # same collectives, same groups
+        assert len(steps_auto[pid]) == len(steps_all[pid]) == 3
+        for (_, a), (_, b) in zip(steps_auto[pid][1:], steps_all[pid][1:]):
+            assert abs(a - b) <= 0.005 * b  # the network may end a mirror's collectives a little differently
+    assert {k[3] for k in nccl_auto[4]} >= {(1, 3), (2, 3)}
+
+
+def test_pipeline_stages_mirrored_from_one_rank_stop_naming_the_ranks_to_pass(tmp_path):
+    proc, _ = trace_script(tmp_path, "examples/pp_train.py", *SMALL, "--microbatches", "2", "--steps", "1",
+                           options=("--nproc-per-node", "2", "--ranks", "auto"))
+    assert proc.returncode != 0
+    assert "rank 0 sends to rank 1" in proc.stderr and "--ranks 0,1" in proc.stderr
+
+
+def test_a_bad_ranks_choice_is_a_usage_error(tmp_path):
+    proc, _ = trace_script(tmp_path, "examples/ddp_train.py", options=("--nproc-per-node", "4", "--ranks", "1,2"))
+    assert proc.returncode == 2 and "--ranks" in proc.stderr and "rank 0 must be a representative" in proc.stderr
+    proc, _ = trace_script(tmp_path, "examples/ddp_train.py", options=("--ranks", "auto"))
+    assert proc.returncode == 2 and "needs --nproc-per-node" in proc.stderr
