@@ -171,6 +171,7 @@ def trace(output: Path, gpu, host, vram: int | None, gpus_per_node: int | None, 
     from phantora.cost.measurements import CalibrationFileError
     from phantora.net.cluster import ClusterConfigError, load_cluster
     from phantora.roles import RanksChoiceError
+    from phantora.simulator.torchrun import TorchrunLineError
     from phantora.simulator.launch import CommandNotFound, LaunchError, TraceRun, print_summary, run_trace
     from phantora.trace import UnsupportedTraceFormat
     from phantora.trace.kineto import KinetoExportError
@@ -198,6 +199,8 @@ def trace(output: Path, gpu, host, vram: int | None, gpus_per_node: int | None, 
         sys.exit(127)
     except RanksChoiceError as e:
         raise click.BadParameter(str(e), param_hint="'--ranks'") from None
+    except TorchrunLineError as e:
+        raise click.BadParameter(str(e), param_hint="COMMAND") from None
     except LaunchError as e:
         raise click.BadParameter(str(e), param_hint="'--nproc-per-node'") from None
     except UnsupportedTraceFormat as e:

@@ -350,7 +350,8 @@ class Engine:
             self.finish_rank(r)
         try:
             if self.network is not None:
-                self.trace.link_counters(self.network, simulated_end_ns(self.ranks.values()))
+                nodes = {st.info.node for st in self.ranks.values()} if self.mirrors is not None else None
+                self.trace.link_counters(self.network, simulated_end_ns(self.ranks.values()), nodes)
         except Exception as e:  # the trace must still close on every path
             self._warn(f"link counters not written: {type(e).__name__}: {e}")
         self.trace.close(metadata)

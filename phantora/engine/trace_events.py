@@ -245,13 +245,18 @@ class TraceEvents:
                               "stale": "dependents were placed at the end used",
                           })
 
-    def link_counters(self, network: Network, end: int) -> None:
+    def link_counters(self, network: Network, end: int, nodes: set[int] | None = None) -> None:
         """Each link's load over the run as counters. Written at the end, when rollbacks can no
-        longer change them."""
-        segments = network.link_utilization(0, end + 1)
+        longer change them. `nodes`: only the links of these nodes (with mirrored ranks, the
+        representatives': a counter per link of 1,000 GPUs would be most of the trace)."""
+        names = {info.link: info.name for info in network.links()}
+        links = None
+        if nodes is not None:
+            tags = tuple(f"[node{n} " for n in sorted(nodes))
+            links = [link for link, name in names.items() if any(t in name for t in tags)]
+        segments = network.link_utilization(0, end + 1, links)
         if not segments:
             return
-        names = {info.link: info.name for info in network.links()}
         self.sink.process(NETWORK_PID, "network", 1_000_000)
         for i, seg in enumerate(segments):  # sorted by link, then time
             name = f"link {names[seg.link]}"

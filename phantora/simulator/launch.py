@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import interpose
@@ -35,6 +35,7 @@ from phantora.roles import RankRoles, RanksChoiceError
 from phantora.simulator.failure import SimulatorFailure
 from phantora.simulator.progress import Progress
 from phantora.simulator.server import SimulatorServer
+from phantora.simulator.torchrun import parse_torchrun
 from phantora.trace import TeeSink, TraceSink, open_sink
 from phantora.trace.kineto import KinetoExport, KinetoSink
 
@@ -74,12 +75,35 @@ class TraceRun:
 MIRROR_FROM_RANKS = 65  # --ranks default: every rank runs up to 64 ranks, rank 0 stands for the rest above
 
 
+def adopt_torchrun(run: TraceRun) -> None:
+    """A torchrun COMMAND whose workers phantora must start itself: several nodes (torchrun's
+    agent would wait for the other nodes' agents) or representative ranks (--ranks). The run then
+    starts torchrun's workers as --nproc-per-node does (torchrun.py)."""
+    if run.nproc_per_node is not None:
+        return
+    if run.ranks in ("default", "all") and not any(a.startswith("--nnodes") for a in run.command[1:]):
+        return  # one node, every rank: torchrun itself runs (no need to read its line)
+    line = parse_torchrun(run.command)  # TorchrunLineError
+    if line is None:
+        return
+    assert run.cluster is not None
+    nproc = line.nproc_per_node or run.cluster.gpus_per_node
+    world = nproc * line.nnodes
+    if line.nnodes == 1 and (run.ranks == "all" or (run.ranks == "default" and world < MIRROR_FROM_RANKS)):
+        return
+    if run.cluster.nodes not in (1, line.nnodes):
+        raise LaunchError(f"phantora --nnodes {run.cluster.nodes} and torchrun --nnodes {line.nnodes} disagree; "
+                          "torchrun's is enough")
+    run.cluster = replace(run.cluster, nodes=line.nnodes)
+    run.command, run.nproc_per_node = line.worker, nproc
+
+
 def rank_roles(run: TraceRun) -> RankRoles | None:
     """Which ranks run as processes (None: COMMAND runs once and starts its own ranks)."""
     if run.nproc_per_node is None:
         if run.ranks not in ("default", "all"):
-            raise RanksChoiceError(f"--ranks {run.ranks} needs --nproc-per-node: phantora starts the rank processes "
-                                   "itself to run only some of them")
+            raise RanksChoiceError(f"--ranks {run.ranks} needs --nproc-per-node (or a torchrun command): phantora "
+                                   "starts the rank processes itself to run only some of them")
         return None
     assert run.cluster is not None
     world = run.nproc_per_node * run.cluster.nodes
@@ -155,6 +179,7 @@ def run_trace(run: TraceRun) -> TraceResult:
         from phantora.net.cluster import load_cluster
 
         run.cluster = load_cluster("dgx-h100", nodes=1)
+    adopt_torchrun(run)  # TorchrunLineError, LaunchError
     if run.nproc_per_node is not None and run.nproc_per_node > run.cluster.gpus_per_node:
         raise LaunchError(f"--nproc-per-node {run.nproc_per_node} is more than the {run.cluster.gpus_per_node} GPUs "
                           f"of a {run.cluster.name} node; use at most {run.cluster.gpus_per_node} or more --nnodes")
