@@ -152,7 +152,7 @@ class CollectiveLifecycle:
             work = self._key_works[key] = self._work_ids
             self.unresolved_works.add(work)
             self.joined[work] = p
-        if not p.missing():  # every member has joined
+        if p.complete():  # every member has joined
             self._key_works.pop(key, None)
             self.unresolved_works.discard(work)
         return work
@@ -192,7 +192,7 @@ class CollectiveLifecycle:
         self._submit_when_ready(a.work, p)
 
     def _submit_when_ready(self, work: int, p: PendingCollective) -> None:
-        if p.missing() or len(p.ready_ns) < len(p.members):
+        if not p.complete() or len(p.ready_ns) < len(p.members):
             return
         if self.network_failed:
             self._never_ran(work, p)
@@ -266,7 +266,7 @@ class CollectiveLifecycle:
         """Place every member's arrival at `work` (reading ends early); False if some member
         has not joined it."""
         p = self.joined.get(work)
-        if p is None or p.missing():
+        if p is None or not p.complete():
             return False
         for r in p.members:
             w, source = self._mirror_sources.get((work, r), (work, r))  # a mirrored rank: its representative's
@@ -407,7 +407,7 @@ class CollectiveLifecycle:
         dangling flow)."""
         self.network_failed = True
         stuck = {work: sub.pending for work, sub in self.unread.items()}
-        stuck.update((w, p) for w, p in self.joined.items() if not p.missing() and w not in self.unread)
+        stuck.update((w, p) for w, p in self.joined.items() if p.complete() and w not in self.unread)
         for work, p in stuck.items():
             self._never_ran(work, p)
 

@@ -97,6 +97,11 @@ class PendingCollective:
     def missing(self) -> list[int]:
         return [r for r in self.members if r not in self.arrivals]
 
+    def complete(self) -> bool:
+        """Has every member joined? (join() admits members only, once each: a count suffices,
+        where `missing()` would cost a pass over 1,000 members at each of their joins.)"""
+        return len(self.arrivals) == len(self.members)
+
 
 class CollectiveMatcher:
     def __init__(self) -> None:
@@ -115,7 +120,7 @@ class CollectiveMatcher:
         if call.rank in p.arrivals:
             raise CollectiveMismatch(f"rank {call.rank} joined collective {call.key} twice", (call.rank,))
         p.arrivals[call.rank] = call
-        if not p.missing():
+        if p.complete():
             del self.pending[call.key]
             _check_agreement(p)
         return p
@@ -124,11 +129,11 @@ class CollectiveMatcher:
         """join() with the member's stream ready at ready_ns; the collective once every member is in."""
         p = self.join(call)
         p.ready_ns[call.rank] = ready_ns
-        return None if p.missing() else p
+        return p if p.complete() else None
 
     def waiting_for(self, rank: int) -> list[PendingCollective]:
         """Collectives some members joined that `rank` has not (e.g. because it exited)."""
-        return [p for p in self.pending.values() if rank in p.missing()]
+        return [p for p in self.pending.values() if rank in p.members and rank not in p.arrivals]
 
     def overdue(self, timeout_s: float, now_s: float | None = None) -> list[PendingCollective]:
         now = time.monotonic() if now_s is None else now_s
