@@ -32,7 +32,11 @@ MIRROR_COLLECTIVES_TRACK = 3  # a mirrored rank's trace process: its collectives
 
 class RolesRefuted(CallError):
     """The program shows that ranks chosen as mirrors do different work (e.g. pipeline stages
-    that send to each other): the message says which --ranks to pass."""
+    that send to each other): the message says which --ranks to pass (`representatives`)."""
+
+    def __init__(self, message: str, representatives: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.representatives = representatives
 
 
 @dataclass
@@ -132,12 +136,12 @@ class Mirrors:
         rep = call.rank
         peer = call.group[1] if call.group[0] == rep else call.group[0]
         if self.roles.representative(peer) == rep:
-            pg = self.groups.members.get(call.group_name, call.group)
+            stages = tuple(sorted(self.groups.members.get(call.group_name, call.group)))
             raise RolesRefuted(
                 f"rank {rep} {'sends to' if call.op == 'send' else 'receives from'} rank {peer}, but --ranks "
                 f"{self.roles.env_value()} mirrors rank {peer} from rank {rep}: ranks that exchange point-to-point "
                 f"messages (pipeline stages) do different work. Run one representative per stage, e.g. --ranks "
-                f"{','.join(map(str, sorted(pg)))}, or every rank (--ranks all).")
+                f"{','.join(map(str, stages))}, or every rank (--ranks all).", stages)
         pg = self.groups.members.get(call.group_name)
         if pg is None:
             raise CallError(f"rank {rep} called {call.op} on process group {call.group_name!r}, which phantora did not "

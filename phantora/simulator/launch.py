@@ -26,6 +26,7 @@ from phantora import __version__
 from phantora.cost import EstimatorChoice, choose_estimator
 from phantora.cost.host import DEFAULT_HOST, HostSpec, lookup_host
 from phantora.engine.engine import Engine, EngineSummary
+from phantora.engine.mirrors import RolesRefuted
 from phantora.engine.timeline import TimingConfig
 from phantora.hardware import GPUSpec
 from phantora.net.cluster import Cluster
@@ -122,6 +123,7 @@ class TraceResult:
     kineto: KinetoExport | None = None
     kernel_times: EstimatorChoice | None = None
     simulator_error: SimulatorFailure | None = None  # the simulator itself failed (exit code 1)
+    refuted: RolesRefuted | None = None  # --ranks auto was refuted: the run stopped, to start again
 
 
 def child_env(run: TraceRun, socket_path: str) -> dict[str, str]:
@@ -173,6 +175,20 @@ class LaunchError(ValueError):
 
 
 def run_trace(run: TraceRun) -> TraceResult:
+    """Run COMMAND interposed and write the trace. With --ranks auto, a run whose ranks show
+    that they are not all alike (pipeline stages sending to each other) is stopped and run again
+    with one representative per stage, as the refutation names them."""
+    result = _trace_once(run)
+    if result.refuted is not None:
+        e = result.refuted
+        print(f"phantora: {e}\nphantora: starting again with --ranks {','.join(map(str, e.representatives))}",
+              file=sys.stderr, flush=True)
+        run.ranks = ",".join(map(str, e.representatives))
+        result = _trace_once(run)
+    return result
+
+
+def _trace_once(run: TraceRun) -> TraceResult:
     if shutil.which(run.command[0]) is None and not os.path.exists(run.command[0]):
         raise CommandNotFound(f"command not found: {run.command[0]}")
     if run.cluster is None:
@@ -197,6 +213,7 @@ def run_trace(run: TraceRun) -> TraceResult:
     if roles is not None and run.nproc_per_node is not None:
         engine.mirror_ranks(roles, run.nproc_per_node)
     server = SimulatorServer(engine, collective_timeout_s=run.collective_timeout_s)
+    server.restart_when_refuted = run.ranks in ("auto", "default")
     exit_code = 1
     ranks = RankWatch(server)
     procs = ranks.procs
@@ -269,7 +286,8 @@ def run_trace(run: TraceRun) -> TraceResult:
             metadata["simulator_error"] = server.failure.message
         _close_trace(engine, sink, metadata, server)
     return TraceResult(exit_code, summary, time.time() - started, server.internal_errors, server.rank_errors,
-                       ranks.report(), kineto.export if kineto else None, kernel_times, server.failure)
+                       ranks.report(), kineto.export if kineto else None, kernel_times, server.failure,
+                       server.refuted)
 
 
 def format_bytes(n: float) -> str:

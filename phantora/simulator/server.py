@@ -29,6 +29,7 @@ from typing import Any, Callable
 from phantora import protocol as P
 from phantora.engine.collectives import CollectiveMismatch
 from phantora.engine.engine import NOT_YET, CallError, Engine, RankInfo
+from phantora.engine.mirrors import RolesRefuted
 from phantora.simulator.failure import SimulatorFailure
 from phantora.simulator.progress import REFRESH_S, Progress, RunStatus
 
@@ -71,6 +72,10 @@ class SimulatorServer:
         self.internal_errors: list[str] = []
         self.ranks_seen: set[int] = set()
         self.failure: SimulatorFailure | None = None  # the simulator's own failure, which ends the run
+        # --ranks auto: a refuted choice of representatives ends the run unanswered (the launcher
+        # stops the ranks and starts again with the representatives it names) when this is set
+        self.restart_when_refuted = False
+        self.refuted: RolesRefuted | None = None
         # Collectives a rank left waiting when it ended are failed after this delay, so that a
         # launcher that stops every rank when one fails (torchrun, launch.py) stops the waiting
         # ranks first: they are victims, and must not each print a traceback of the consequence.
@@ -87,8 +92,10 @@ class SimulatorServer:
     # --- loop ---------------------------------------------------------------------------------
     def serve(self, keep_going: Callable[[], bool], poll_s: float = 0.05) -> None:
         """Serve until keep_going() is false, then drain what connected processes already sent."""
-        while self.failure is None and keep_going():
+        while self.failure is None and self.refuted is None and keep_going():
             self._guarded_poll(poll_s)
+        if self.refuted is not None:
+            return
         deadline = time.monotonic() + 2.0
         while self.failure is None and self.open_connections() and time.monotonic() < deadline:
             if not self._guarded_poll(0.05):
@@ -298,6 +305,13 @@ class SimulatorServer:
                     self.held.setdefault(conn.rank, deque()).appendleft((conn, [], call))
                     return False
                 self._reply(conn, call[0], True, value)
+        except RolesRefuted as e:
+            if self.restart_when_refuted:  # the launcher stops the ranks and starts again
+                self.refuted = e
+                return False
+            self.rank_errors.append(str(e))
+            if call is not None:
+                self._reply(conn, call[0], False, str(e))
         except CollectiveMismatch as e:
             self.rank_errors.append(str(e))
             print(f"phantora: {e}", file=sys.stderr, flush=True)

@@ -77,11 +77,21 @@ def test_tensor_parallel_mirrors_use_their_own_groups(tmp_path):
     assert {k[3] for k in nccl_auto[4]} >= {(1, 3), (2, 3)}
 
 
-def test_pipeline_stages_mirrored_from_one_rank_stop_naming_the_ranks_to_pass(tmp_path):
-    proc, _ = trace_script(tmp_path, "examples/pp_train.py", *SMALL, "--microbatches", "2", "--steps", "1",
-                           options=("--nproc-per-node", "2", "--ranks", "auto"))
+def test_pipeline_stages_under_auto_start_again_with_one_representative_per_stage(tmp_path):
+    proc, out = trace_script(tmp_path, "examples/pp_train.py", *SMALL, "--microbatches", "2", "--steps", "1",
+                             options=("--nproc-per-node", "2", "--ranks", "auto"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 sends to rank 1" in proc.stderr and "starting again with --ranks 0,1" in proc.stderr
+    assert "simulated 2 rank(s)" in proc.stderr  # both stages run: nothing is mirrored
+    steps, nccl = timelines(out)
+    assert sorted(steps) == [1, 2] and {k[2] for k in nccl[1]} >= {"send"} and {k[2] for k in nccl[2]} >= {"recv"}
+
+
+def test_chosen_representatives_refuted_by_the_program_stop_naming_the_ranks_to_pass(tmp_path):
+    proc, _ = trace_script(tmp_path, "examples/pp_train.py", *SMALL, "--layers", "4", "--microbatches", "4",
+                           "--steps", "1", options=("--nproc-per-node", "4", "--ranks", "0,2"))
     assert proc.returncode != 0
-    assert "rank 0 sends to rank 1" in proc.stderr and "--ranks 0,1" in proc.stderr
+    assert "rank 0 sends to rank 1" in proc.stderr and "--ranks 0,1,2,3" in proc.stderr
 
 
 def test_a_bad_ranks_choice_is_a_usage_error(tmp_path):
