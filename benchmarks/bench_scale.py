@@ -1,0 +1,177 @@
+"""Simulated GPUs far beyond the processes run: representative ranks (`--ranks auto`), issue 17.
+
+    python benchmarks/bench_scale.py [--gpus 8,64,128,1024,4096] [--titan 256,1024] [--only fsdp|titan]
+
+Rows:
+- FSDP2 Llama-style 8B (32 layers, dim 4096, 32 heads, 8 KV heads, SwiGLU 14336, vocab 128256,
+  batch 1 x 8192; tests/e2e/scripts/fsdp2_llama_memory.py, plain PyTorch) on 8-GPU DGX H100
+  nodes: one process stands for every rank.
+- TorchTitan 0.3.0 Llama 3 8B with TP 8 x PP 4 x FSDP (local batch 8, seq 8192, its default
+  Interleaved1F1B schedule, SAC, eager) through its own torchrun line: `--ranks auto`
+  finds the pipeline stages (the run starts again with one representative per stage), so 4
+  processes stand for every rank. Needs the CUDA build of torch with torchtitan
+  ($PHANTORA_CUDA_TORCH_PYTHON or the environment tests/conftest.py builds); skipped, saying
+  so, without it.
+
+Each configuration runs twice, with 1 and with 2 training steps; the difference in wall time is
+the wall time of one step without start-up. Columns: processes that ran (distinct roles), wall
+time of the 1-step run, wall per step, the simulated step time of rank 0 (its second
+ProfilerStep), peak summed PSS of phantora and every process it started (/proc, sampled), and
+the size of the Chrome JSON trace of the 2-step run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA_8B = ["--layers", "32", "--dim", "4096", "--heads", "32", "--kv-heads", "8", "--ffn", "14336",
+            "--vocab", "128256", "--batch", "1", "--seq", "8192"]
+
+
+def _pss_kib(pid: int) -> int:
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    m = re.search(r"^Pss:\s+(\d+) kB", text, re.M)
+    return int(m.group(1)) if m else 0
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+class PeakPss(threading.Thread):
+    """Peak of the summed PSS of a process and all its descendants."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.peak_kib, self.stop = pid, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            self.peak_kib = max(self.peak_kib, sum(_pss_kib(p) for p in [self.pid, *_descendants(self.pid)]))
+
+
+@dataclass
+class Run:
+    wall_s: float
+    processes: int
+    step_ms: float | None
+    peak_mib: float
+    trace_mib: float
+
+
+def trace(command: list[str], options: list[str], out: Path, cwd: Path, env: dict[str, str] | None = None) -> Run:
+    cmd = [sys.executable, "-m", "phantora.cli", "trace", "--quiet", *options, "-o", str(out), "--", *command]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    sampler = PeakPss(proc.pid)
+    sampler.start()
+    _, stderr = proc.communicate(timeout=7200)
+    wall = time.perf_counter() - t0
+    sampler.stop.set()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(options)} failed ({proc.returncode}):\n{stderr[-3000:]}")
+    m = re.search(r"simulated (?:\d+ ranks \((\d+) process\(es\)|(\d+) rank\(s\))", stderr)
+    processes = int(m.group(1) or m.group(2)) if m else 0
+    events = orjson.loads(out.read_bytes())["traceEvents"]
+    steps = sorted((e["ts"], e["dur"]) for e in events if e.get("ph") == "X" and e.get("pid") == 1
+                   and str(e.get("name", "")).startswith("ProfilerStep"))
+    return Run(wall, processes, steps[-1][1] / 1e3 if len(steps) > 1 else None, sampler.peak_kib / 1024,
+               out.stat().st_size / 2**20)
+
+
+def nodes_options(gpus: int) -> list[str]:
+    return ["--nnodes", str(max(gpus // 8, 1)), "--nproc-per-node", str(min(gpus, 8)), "--ranks", "auto"]
+
+
+def fsdp_row(gpus: int, tmp: Path) -> tuple[str, int, Run, Run]:
+    script = [sys.executable, str(ROOT / "tests/e2e/scripts/fsdp2_llama_memory.py"), *LLAMA_8B]
+    one = trace([*script, "--steps", "1"], nodes_options(gpus), tmp / f"fsdp{gpus}-1.json", ROOT)
+    two = trace([*script, "--steps", "2"], nodes_options(gpus), tmp / f"fsdp{gpus}-2.json", ROOT)
+    return "FSDP2 Llama 8B", gpus, one, two
+
+
+def _titan_python() -> str | None:
+    python = os.environ.get("PHANTORA_CUDA_TORCH_PYTHON")
+    if not python:
+        from interpose.shim_build import cache_dir
+
+        python = str(cache_dir() / "test-venv-cuda-torch" / "bin" / "python")
+    probe = subprocess.run([python, "-c", "import torchtitan"], capture_output=True, text=True)
+    return python if probe.returncode == 0 else None
+
+
+def titan_row(gpus: int, tmp: Path, python: str) -> tuple[str, int, Run, Run]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from frameworks.torchtitan.assets import write_assets
+
+    workdir = tmp / f"titan{gpus}"
+    workdir.mkdir()
+    write_assets(workdir)
+    env = dict(os.environ, HF_HOME=str(workdir / "hf"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    runs = []
+    for steps in (1, 2):
+        command = [str(Path(python).parent / "torchrun"), "--nnodes", str(gpus // 8), "--nproc-per-node", "8",
+                   "-m", "torchtitan.train", "--module", "llama3", "--config", "llama3_8b",
+                   "--training.steps", str(steps), "--training.disable_cuda_graphs",
+                   "--parallelism.tensor_parallel_degree", "8", "--parallelism.pipeline_parallel_degree", "4",
+                   "--training.local_batch_size", "8", "--training.seq_len", "8192",
+                   "--hf_assets_path", "./tests/assets/tokenizer", "--dataloader.dataset", "c4_test"]
+        runs.append(trace(command, ["--ranks", "auto"], workdir / f"run{steps}.json", workdir, env))
+    return "TorchTitan 8B TP8 x PP4 x FSDP", gpus, runs[0], runs[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", default="8,64,128,1024,4096", help="GPU counts of the FSDP2 rows")
+    ap.add_argument("--titan", default="256,1024", help="GPU counts of the TorchTitan TP x PP x FSDP rows")
+    ap.add_argument("--only", choices=("fsdp", "titan"), default=None)
+    args = ap.parse_args()
+    print(f"{'config':<32} {'GPUs':>5} {'processes':>9} {'wall 1 step s':>13} {'wall/step s':>11} "
+          f"{'sim step ms':>11} {'peak PSS MiB':>12} {'trace MiB':>9}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        rows = []
+        if args.only != "titan":
+            rows += [(fsdp_row, int(g)) for g in args.gpus.split(",") if g]
+        python = _titan_python() if args.only != "fsdp" else None
+        if args.only != "fsdp" and python is None:
+            print("TorchTitan rows skipped: no torchtitan in the CUDA-build environment (run "
+                  "tests/frameworks/test_torchtitan.py once, or set PHANTORA_CUDA_TORCH_PYTHON)")
+        elif python is not None:
+            rows += [(lambda g, t, p=python: titan_row(g, t, p), int(g)) for g in args.titan.split(",") if g]
+        for make, gpus in rows:
+            name, gpus, one, two = make(gpus, tmp)
+            step = f"{two.step_ms:11.1f}" if two.step_ms is not None else f"{'-':>11}"
+            print(f"{name:<32} {gpus:>5} {two.processes:>9} {one.wall_s:>13.1f} {two.wall_s - one.wall_s:>11.1f} "
+                  f"{step} {two.peak_mib:>12.0f} {two.trace_mib:>9.1f}", flush=True)
+            for f in tmp.glob("*.json"):
+                f.unlink()
+
+
+if __name__ == "__main__":
+    main()
