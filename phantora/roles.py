@@ -13,6 +13,11 @@ TorchTitan (pp is the outermost mesh dimension) and by Megatron-Core (order tp-c
 the same work on different shards), and `--ranks 0,8,16,24` runs one process per stage of a
 4-stage pipeline over 32 GPUs.
 
+`auto` also runs a *witness*: the last rank, a second process in rank 0's role, placed as far
+from it as the mesh goes (another node, another TP and DP index). The simulator compares the
+two: the same collectives in the same order, the same number of ops in each step; a
+divergence stops the run naming the op and the ranks (phantora/engine/mirrors.py).
+
 Values that travel between ranks (a loss all-reduced for logging, objects gathered) take a
 mirrored rank's contribution to be its representative's. This module is pure: both the
 simulator and the rank processes (interpose/) import it; the launcher hands the choice to the
@@ -36,6 +41,7 @@ class RanksChoiceError(ValueError):
 class RankRoles:
     world_size: int
     representatives: tuple[int, ...]  # sorted, starts with 0
+    witnesses: tuple[int, ...] = ()  # also run; each is checked against its role's representative
 
     @classmethod
     def all_ranks(cls, world_size: int) -> "RankRoles":
@@ -49,7 +55,7 @@ class RankRoles:
         if text == "all":
             return cls.all_ranks(world_size)
         if text == "auto":
-            return cls(world_size, (0,))
+            return cls(world_size, (0,), (world_size - 1,) if world_size > 2 else ())
         try:
             ranks = sorted({int(part) for part in text.split(",") if part.strip()})
         except ValueError:
@@ -62,24 +68,38 @@ class RankRoles:
         return cls(world_size, tuple(ranks))
 
     @property
+    def processes(self) -> tuple[int, ...]:
+        """Every rank that runs as a process: representatives and witnesses."""
+        return tuple(sorted({*self.representatives, *self.witnesses}))
+
+    @property
     def mirrored(self) -> bool:
-        return len(self.representatives) < self.world_size
+        return len(self.processes) < self.world_size
 
     def representative(self, rank: int) -> int:
         """The rank whose process stands for `rank` (itself if it runs)."""
+        if rank in self.witnesses:
+            return rank
         return self.representatives[bisect.bisect_right(self.representatives, rank) - 1]
 
-    def mirrors_of(self, rep: int) -> range:
-        """The ranks `rep` stands for, other than itself."""
+    def role_of(self, rank: int) -> int:
+        """The representative of `rank`'s role (a witness's too)."""
+        return self.representatives[bisect.bisect_right(self.representatives, rank) - 1]
+
+    def mirrors_of(self, rep: int) -> list[int]:
+        """The ranks `rep` stands for, other than itself (witnesses run themselves)."""
+        if rep in self.witnesses:
+            return []
         i = self.representatives.index(rep)
         end = self.representatives[i + 1] if i + 1 < len(self.representatives) else self.world_size
-        return range(rep + 1, end)
+        return [r for r in range(rep + 1, end) if r not in self.witnesses]
 
     def runs(self, rank: int) -> bool:
         return self.representative(rank) == rank
 
     def env_value(self) -> str:
-        return ",".join(map(str, self.representatives))
+        """The processes, as PHANTORA_REPRESENTATIVES and --ranks name them."""
+        return ",".join(map(str, self.processes))
 
     @classmethod
     def from_env(cls, world_size: int) -> "RankRoles":
@@ -87,4 +107,6 @@ class RankRoles:
         text = os.environ.get(ENV, "")
         if not text:
             return cls.all_ranks(world_size)
+        # A witness runs as a process and posts its own values: to the ranks it is one more
+        # representative (each stands for the ranks up to the next).
         return cls(world_size, tuple(sorted(int(r) for r in text.split(",") if r)))

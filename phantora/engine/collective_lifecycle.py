@@ -113,6 +113,8 @@ class CollectiveLifecycle:
                 f"capturing CUDA graph {graph.graph_id}; phantora does not simulate NCCL collectives inside CUDA "
                 f"graphs. Capture only the compute (e.g. make_graphed_callables on modules without collectives) "
                 f"or run this part eagerly. (Called at {call.site}.)")
+        if self.mirrors is not None:
+            self.mirrors.witness.collective(call)  # RanksDiverged
         mirrored = self.mirrors.calls_for(call) if self.mirrors is not None else []  # RolesRefuted
         try:
             p = self.matcher.join(call)

@@ -167,12 +167,12 @@ class Engine:
         if roles.mirrored:
             self.collectives.mirrors = Mirrors(roles, nproc_per_node, self.collectives.gpus_per_node, self.sink,
                                                self.gpu.aliases[0].upper())
-            self.expected_ranks = len(roles.representatives)
+            self.expected_ranks = len(roles.processes)
 
     def processes_in(self, world_size: int) -> int:
         """How many rank processes a world of `world_size` ranks has."""
         m = self.mirrors
-        return world_size if m is None or m.roles.world_size != world_size else len(m.roles.representatives)
+        return world_size if m is None or m.roles.world_size != world_size else len(m.roles.processes)
 
     def global_gpu(self, rank: int) -> int:
         return self.collectives.global_gpu(rank)
@@ -214,6 +214,7 @@ class Engine:
                 host.step(st)
                 if self.mirrors is not None:
                     self.mirrors.step(rank, st.steps - 1, begin, st.step_end_ns)
+                    self.mirrors.witness.step(rank, st.ops, self._warn_once)
             elif kind == P.R_GROUP:
                 if self.mirrors is not None:
                     self.mirrors.groups.add(str(rec[1]), tuple(int(r) for r in rec[2]))
@@ -324,7 +325,7 @@ class Engine:
                       c.comm_busy_ns, c.rollbacks, c.stale_replies, c.largest_stale_error_ns, c.early_reads)
         if self.mirrors is not None:
             s.mirrored = len(self.mirrors.ranks)
-            s.representatives = self.mirrors.roles.representatives
+            s.representatives = self.mirrors.roles.processes
             lagging = max(self.mirrors.ranks.values(), key=lambda m: m.lag_ns, default=None)
             if lagging is not None and lagging.lag_ns > 0:
                 s.mirror_lag_ns, s.mirror_lag_rank = lagging.lag_ns, lagging.rank

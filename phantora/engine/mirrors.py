@@ -21,7 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from phantora.engine.collectives import P2P_OPS, CollectiveCall
+from collections import deque
+from typing import Callable
+
+from phantora.engine.collectives import P2P_OPS, CollectiveCall, CollectiveMismatch
 from phantora.engine.ranks import CallError
 from phantora.engine.trace_events import STEP_TRACK
 from phantora.roles import RankRoles
@@ -37,6 +40,68 @@ class RolesRefuted(CallError):
     def __init__(self, message: str, representatives: tuple[int, ...]) -> None:
         super().__init__(message)
         self.representatives = representatives
+
+
+class RanksDiverged(CollectiveMismatch):
+    """A witness and its role's representative called different collectives: the ranks are
+    not alike, and mirroring the representative would be wrong."""
+
+
+class Witness:
+    """Compares each witness (RankRoles.witnesses) with its role's representative as both run:
+    their collectives one by one (op, bytes, dtype, reduction, group size), and the ops of each
+    step. Collectives that differ stop the run; op counts that differ are a warning (rank 0
+    may log or checkpoint where the others do not)."""
+
+    def __init__(self, roles: RankRoles) -> None:
+        self.pairs = {w: roles.role_of(w) for w in roles.witnesses if roles.role_of(w) != w}
+        watched = {*self.pairs, *self.pairs.values()}
+        self._calls: dict[int, deque[CollectiveCall]] = {r: deque() for r in watched}
+        self._step_ops: dict[int, list[int]] = {r: [] for r in watched}
+        self._counted: dict[int, int] = {r: 0 for r in watched}
+        self._seen: dict[int, int] = {r: 0 for r in watched}
+
+    def _partner(self, rank: int) -> int | None:
+        if rank in self.pairs:
+            return self.pairs[rank]
+        return next((w for w, r in self.pairs.items() if r == rank), None)
+
+    def collective(self, call: CollectiveCall) -> None:
+        other = self._partner(call.rank)
+        if other is None:
+            return
+        index = self._seen[call.rank]
+        self._seen[call.rank] += 1
+        theirs = self._calls[other]
+        if not theirs:
+            self._calls[call.rank].append(call)
+            return
+        them = theirs.popleft()
+        if _shape(them) != _shape(call):
+            rep, wit = (them, call) if call.rank in self.pairs else (call, them)
+            raise RanksDiverged(
+                f"ranks {rep.rank} and {wit.rank} were run as alike (rank {wit.rank} is a witness of rank {rep.rank}'s "
+                f"role: --ranks auto), but their collective #{index} differs:\n  rank {rep.rank}: {rep.describe()} "
+                f"on {len(rep.group)} ranks at {rep.site}\n  rank {wit.rank}: {wit.describe()} on {len(wit.group)} "
+                f"ranks at {wit.site}\nRanks mirrored from rank {rep.rank} would copy it. Run every rank (--ranks all) "
+                "or choose the representatives (--ranks R0,R1,...).", (rep.rank, wit.rank))
+
+    def step(self, rank: int, ops: int, warn: Callable[[str], None]) -> None:
+        other = self._partner(rank)
+        if other is None:
+            return
+        mine = self._step_ops[rank]
+        mine.append(ops - self._counted[rank])
+        self._counted[rank] = ops
+        theirs = self._step_ops[other]
+        n = len(mine) - 1
+        if n < len(theirs) and theirs[n] != mine[n]:
+            warn(f"ranks {rank} and {other} (a witness and its role's representative, --ranks auto) ran {mine[n]:,} and "
+                 f"{theirs[n]:,} ops in step {n}: ranks mirrored from the representative copy its host work")
+
+
+def _shape(call: CollectiveCall) -> tuple:
+    return call.op, call.nbytes, call.dtype, call.reduce_op, len(call.group)
 
 
 @dataclass
@@ -98,6 +163,7 @@ class Mirrors:
         self.gpus_per_node = gpus_per_node
         self.sink = sink
         self.groups = GroupFamilies()
+        self.witness = Witness(roles)
         self.ranks: dict[int, MirrorRank] = {}
         for rank in range(roles.world_size):
             rep = roles.representative(rank)
@@ -120,7 +186,7 @@ class Mirrors:
     def calls_for(self, call: CollectiveCall) -> list[CollectiveCall]:
         """What each rank mirrored from `call.rank` calls when it calls `call`."""
         rep = call.rank
-        mirrors = self.roles.mirrors_of(rep) if self.roles.runs(rep) else range(0)
+        mirrors = self.roles.mirrors_of(rep) if self.roles.runs(rep) else []
         if not mirrors:
             return []
         if call.op in P2P_OPS:
@@ -132,7 +198,7 @@ class Mirrors:
             calls.append(replace(call, rank=m, group=group, root=root, group_name=name, site=f"mirrored from rank {rep}"))
         return calls
 
-    def _p2p_calls(self, call: CollectiveCall, mirrors: range) -> list[CollectiveCall]:
+    def _p2p_calls(self, call: CollectiveCall, mirrors: list[int]) -> list[CollectiveCall]:
         rep = call.rank
         peer = call.group[1] if call.group[0] == rep else call.group[0]
         if self.roles.representative(peer) == rep:

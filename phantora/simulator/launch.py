@@ -235,7 +235,7 @@ def _trace_once(run: TraceRun) -> TraceResult:
             assert roles is not None
             if roles.mirrored:
                 base_env[REPRESENTATIVES_ENV] = roles.env_value()
-            envs = [dict(base_env, **rank_env(run, r, port, run_id)) for r in roles.representatives]
+            envs = [dict(base_env, **rank_env(run, r, port, run_id)) for r in roles.processes]
         server.ranks_expected = len(envs) if run.nproc_per_node is not None else 0
         for env in envs:
             try:

@@ -35,14 +35,14 @@ def peak_lines(stderr: str) -> list[str]:
     return re.findall(r"peak memory rank 0 cuda:0: .*", stderr)
 
 
-def run_both(tmp_path, script: str, args: list[str], nproc: int):
+def run_both(tmp_path, script: str, args: list[str], nproc: int, choice: str = "auto"):
     runs = {}
-    for mode in ("auto", "all"):
+    for mode in (choice, "all"):
         proc, out = trace_script(tmp_path, script, *args, options=("--nproc-per-node", str(nproc), "--ranks", mode),
                                  name=f"{mode}.json")
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert check_chrome_trace(out).ok
-        runs[mode] = (proc, out)
+        runs["auto" if mode == choice else mode] = (proc, out)
     return runs
 
 
@@ -52,7 +52,8 @@ def run_both(tmp_path, script: str, args: list[str], nproc: int):
 def test_data_parallel_mirrors_equal_running_every_rank(tmp_path, script, extra):
     runs = run_both(tmp_path, script, [*SMALL, "--batch", "2", "--steps", "3", *extra], nproc=4)
     (auto, auto_out), (every, every_out) = runs["auto"], runs["all"]
-    assert "simulated 4 ranks (1 process(es), 3 mirrored: --ranks 0)" in auto.stderr
+    # rank 0 stands for ranks 1 and 2; rank 3 runs as its witness (checked against rank 0)
+    assert "simulated 4 ranks (2 process(es), 2 mirrored: --ranks 0,3)" in auto.stderr
     steps_auto, nccl_auto = timelines(auto_out)
     steps_all, nccl_all = timelines(every_out)
     assert sorted(steps_auto) == sorted(steps_all) == [1, 2, 3, 4]  # every rank has its steps
@@ -64,9 +65,9 @@ def test_data_parallel_mirrors_equal_running_every_rank(tmp_path, script, extra)
 
 @pytest.mark.slow
 def test_tensor_parallel_mirrors_use_their_own_groups(tmp_path):
-    """A (dp 2, tp 2) mesh: rank 0 runs; rank 3's groups ({1, 3} and {2, 3}) hold no running rank."""
+    """A (dp 2, tp 2) mesh: rank 0 alone runs; rank 3's groups ({1, 3} and {2, 3}) hold no running rank."""
     runs = run_both(tmp_path, "examples/tp_fsdp_train.py", [*SMALL, "--tp", "2", "--batch", "2", "--steps", "3"],
-                    nproc=4)
+                    nproc=4, choice="0")
     steps_auto, nccl_auto = timelines(runs["auto"][1])
     steps_all, nccl_all = timelines(runs["all"][1])
     for pid in (1, 2, 3, 4):

@@ -8,7 +8,7 @@ import pytest
 
 from phantora import protocol as P
 from phantora.engine.engine import Engine, RankInfo
-from phantora.engine.mirrors import GroupFamilies, RolesRefuted
+from phantora.engine.mirrors import GroupFamilies, RanksDiverged, RolesRefuted
 from phantora.hardware import lookup_gpu
 from phantora.net.cluster import load_cluster
 from phantora.net.network import Network
@@ -21,8 +21,11 @@ from engine.test_engine import FixedEstimator  # noqa: E402
 def test_ranks_choice_parses_all_auto_and_lists():
     assert RankRoles.parse("all", 4).representatives == (0, 1, 2, 3)
     assert not RankRoles.parse("all", 4).mirrored
-    auto = RankRoles.parse("auto", 16)
-    assert auto.representatives == (0,) and auto.representative(15) == 0 and list(auto.mirrors_of(0)) == list(range(1, 16))
+    auto = RankRoles.parse("auto", 16)  # rank 0 stands for all; the last rank runs too, as its witness
+    assert auto.processes == (0, 15) and auto.representative(14) == 0 and auto.representative(15) == 15
+    assert auto.role_of(15) == 0 and list(auto.mirrors_of(0)) == list(range(1, 15))
+    one = RankRoles.parse("0", 16)
+    assert one.processes == (0,) and list(one.mirrors_of(0)) == list(range(1, 16))
     stages = RankRoles.parse("0,8,16,24", 32)
     assert [stages.representative(r) for r in (0, 7, 8, 15, 16, 31)] == [0, 0, 8, 8, 16, 24]
     assert list(stages.mirrors_of(8)) == list(range(9, 16)) and stages.runs(16) and not stages.runs(17)
@@ -58,7 +61,7 @@ def mirrored_engine(world: int, roles: str, sink=None) -> Engine:
     e = Engine(lookup_gpu("h100"), FixedEstimator(), sink or SliceRecorder(), TIMING, network=net)
     r = RankRoles.parse(roles, world)
     e.mirror_ranks(r, 8)
-    for rank in r.representatives:
+    for rank in r.processes:
         e.add_rank(RankInfo(rank, 0, rank, 100 + rank))
     return e
 
@@ -81,7 +84,7 @@ def end_of_first_all_reduce(e: Engine, ranks: list[int], group: tuple[int, ...])
 
 def test_mirrored_ranks_give_the_end_running_ranks_give():
     world = tuple(range(4))
-    mirrored = mirrored_engine(4, "auto")
+    mirrored = mirrored_engine(4, "0")
     mirrored.apply(0, [[P.R_GROUP, "0", list(world)]])
     everyone = mirrored_engine(4, "all")
     assert end_of_first_all_reduce(mirrored, [0], world) == end_of_first_all_reduce(everyone, [0, 1, 2, 3], world)
@@ -90,7 +93,7 @@ def test_mirrored_ranks_give_the_end_running_ranks_give():
 
 def test_a_group_of_mirrored_ranks_only_runs_on_the_network_too():
     sink = SliceRecorder()
-    e = mirrored_engine(8, "auto", sink)
+    e = mirrored_engine(8, "0", sink)
     e.apply(0, [[P.R_GROUP, "tp0", [0, 1, 2, 3]], [P.R_GROUP, "tp1", [4, 5, 6, 7]]])
     kernel(e, 0, 30_000, 0)
     e.join_collective(0, all_reduce((0, 1, 2, 3), "tp0", 0))
@@ -106,18 +109,43 @@ def test_a_group_of_mirrored_ranks_only_runs_on_the_network_too():
 
 
 def test_a_collective_on_a_group_never_reported_is_refused_naming_the_group():
-    e = mirrored_engine(4, "auto")
+    e = mirrored_engine(4, "0")
     with pytest.raises(Exception, match="process group 'g7'"):
         e.join_collective(0, all_reduce((0, 1, 2, 3), "g7", 0))
 
 
 def test_point_to_point_between_a_representative_and_its_mirror_refutes_the_choice():
-    e = mirrored_engine(4, "auto")
+    e = mirrored_engine(4, "0")
     e.apply(0, [[P.R_GROUP, "0", [0, 1, 2, 3]]])
     send = {"op": "send", "group": [0, 1], "seq": 0, "nbytes": 1 << 20, "dtype": "bfloat16", "device": 0,
             "stream": 0, "group_name": "0"}
-    with pytest.raises(RolesRefuted, match=r"rank 0 sends to rank 1.*--ranks 0,1,2,3"):
+    with pytest.raises(RolesRefuted, match=r"rank 0 sends to rank 1.*--ranks 0,1,2,3") as refuted:
         e.join_collective(0, send)
+    assert refuted.value.representatives == (0, 1, 2, 3)
+
+
+def test_a_witness_that_calls_another_collective_than_its_representative_stops_the_run():
+    e = mirrored_engine(4, "auto")  # rank 3 runs as the witness of rank 0's role
+    for r in (0, 3):
+        e.apply(r, [[P.R_GROUP, "0", [0, 1, 2, 3]]])
+    world = (0, 1, 2, 3)
+    e.join_collective(0, all_reduce(world, "0", 0))
+    e.join_collective(3, all_reduce(world, "0", 3))  # alike: the collective completes
+    e.join_collective(0, dict(all_reduce(world, "0", 0), seq=1))
+    with pytest.raises(RanksDiverged, match=r"ranks 0 and 3 .*collective #1 differs") as diverged:
+        e.join_collective(3, dict(all_reduce(world, "0", 3), seq=1, nbytes=1024))
+    assert diverged.value.ranks == (0, 3)
+
+
+def test_a_witness_whose_steps_run_other_ops_is_a_warning():
+    warnings = []
+    e = mirrored_engine(4, "auto")
+    e._warn = warnings.append
+    for r, ops in ((0, 3), (3, 5)):
+        for i in range(ops):
+            kernel(e, r, 1_000, i)
+        e.apply(r, [[P.R_STEP]])
+    assert len(warnings) == 1 and "ran 5 and 3 ops in step 0" in warnings[0]
 
 
 def test_pipeline_stages_as_representatives_mirror_their_data_parallel_peers():
