@@ -14,9 +14,9 @@ Rows:
   so, without it.
 
 Each configuration runs twice, with 1 and with 2 training steps; the difference in wall time is
-the wall time of one step without start-up. Columns: processes that ran (distinct roles), wall
-time of the 1-step run, wall per step, the simulated step time of rank 0 (its second
-ProfilerStep), peak summed PSS of phantora and every process it started (/proc, sampled), and
+the wall time of one step without start-up. Columns: processes that ran (distinct roles and the
+witness), wall time of the 1-step run, wall per step, the simulated time of one step (the
+difference of the two runs' simulated time), peak summed PSS of phantora and every process it started (/proc, sampled), and
 the size of the Chrome JSON trace of the 2-step run.
 """
 
@@ -79,7 +79,7 @@ class PeakPss(threading.Thread):
 class Run:
     wall_s: float
     processes: int
-    step_ms: float | None
+    simulated_ms: float
     peak_mib: float
     trace_mib: float
 
@@ -97,11 +97,8 @@ def trace(command: list[str], options: list[str], out: Path, cwd: Path, env: dic
         raise RuntimeError(f"{' '.join(options)} failed ({proc.returncode}):\n{stderr[-3000:]}")
     m = re.search(r"simulated (?:\d+ ranks \((\d+) process\(es\)|(\d+) rank\(s\))", stderr)
     processes = int(m.group(1) or m.group(2)) if m else 0
-    events = orjson.loads(out.read_bytes())["traceEvents"]
-    steps = sorted((e["ts"], e["dur"]) for e in events if e.get("ph") == "X" and e.get("pid") == 1
-                   and str(e.get("name", "")).startswith("ProfilerStep"))
-    return Run(wall, processes, steps[-1][1] / 1e3 if len(steps) > 1 else None, sampler.peak_kib / 1024,
-               out.stat().st_size / 2**20)
+    simulated_ns = orjson.loads(out.read_bytes())["metadata"]["simulated_ns"]
+    return Run(wall, processes, simulated_ns / 1e6, sampler.peak_kib / 1024, out.stat().st_size / 2**20)
 
 
 def nodes_options(gpus: int) -> list[str]:
@@ -166,7 +163,7 @@ def main() -> None:
             rows += [(lambda g, t, p=python: titan_row(g, t, p), int(g)) for g in args.titan.split(",") if g]
         for make, gpus in rows:
             name, gpus, one, two = make(gpus, tmp)
-            step = f"{two.step_ms:11.1f}" if two.step_ms is not None else f"{'-':>11}"
+            step = f"{two.simulated_ms - one.simulated_ms:11.1f}"
             print(f"{name:<32} {gpus:>5} {two.processes:>9} {one.wall_s:>13.1f} {two.wall_s - one.wall_s:>11.1f} "
                   f"{step} {two.peak_mib:>12.0f} {two.trace_mib:>9.1f}", flush=True)
             for f in tmp.glob("*.json"):

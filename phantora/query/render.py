@@ -85,6 +85,9 @@ def _gib(b: float | None) -> str:
     return "-" if b is None else f"{b / 2**30:.2f}"
 
 
+MAX_RANK_ROWS = 16  # above this many ranks, the step table lists the slowest and the spread
+
+
 def summary(s: TraceSummary) -> str:
     out = [f"trace: {s.trace}  (engine: {s.engine})",
            f"GPU: {s.gpu or 'unknown'}   ranks: {len(s.ranks)}   simulated time: "
@@ -96,13 +99,26 @@ def summary(s: TraceSummary) -> str:
                "which also holds setup and warm-up")
     if st.per_rank:
         rows = []
-        for r in st.per_rank:
+        shown = st.per_rank
+        if len(shown) > MAX_RANK_ROWS:  # at 1,000 ranks: the slowest (stragglers), then the spread
+            shown = sorted(shown, key=lambda r: -(r.stats.mean_ns if r.stats else 0))[:MAX_RANK_ROWS // 2]
+        for r in shown:
             x = r.stats
             later = r.durations_ns[1:]
             rows.append([f"rank {r.rank}", len(r.durations_ns), _ms(x.mean_ns) if x else "-",
                          _ms(x.median_ns) if x else "-", _ms(x.min_ns) if x else "-", _ms(x.max_ns) if x else "-",
                          _ms(r.durations_ns[0]) if r.durations_ns else "-",
                          " ".join(_ms(d) for d in later[:8]) + (" ..." if len(later) > 8 else "")])
+        if len(shown) < len(st.per_rank):
+            means = sorted((r.stats.mean_ns, r.rank) for r in st.per_rank if r.stats)
+            if means:
+                (lo, lo_rank), (hi, hi_rank) = means[0], means[-1]
+                mid = means[len(means) // 2][0]
+                rows.append([f"{len(st.per_rank) - len(shown)} more ranks", "", "", "", "", "", "",
+                             f"(the {len(shown)} slowest by mean are shown)"])
+                rows.append([f"spread of {len(means)} ranks' means", "", _ms(mid), "", _ms(lo), _ms(hi), "",
+                             f"slowest rank {hi_rank}, fastest rank {lo_rank}: "
+                             f"{(hi - lo) / lo * 100 if lo else 0:.2f}% apart"])
         if len(st.per_rank) > 1 and st.stats:
             x = st.stats
             rows.append(["overall", len(st.overall_ns), _ms(x.mean_ns), _ms(x.median_ns), _ms(x.min_ns),
