@@ -211,3 +211,21 @@ def test_diff_of_a_3_step_and_a_5_step_run_of_the_same_program_compares_per_step
     assert (gemm.count_a, gemm.count_b, gemm.total_a_ns, gemm.total_b_ns) == (1, 1, 8_000, 8_000)
     mem = figures["peak allocated rank 0 cuda:0 bytes"]
     assert (mem.a, mem.b, mem.ratio) == (1 << 30, 3 << 29, 1.5)
+
+
+def test_at_many_ranks_the_step_table_lists_the_slowest_and_the_spread(tmp_path):
+    """40 ranks (mirrored ranks have steps only): rank 29 is the straggler (12 us later steps)."""
+    from phantora.query.render import summary as render
+
+    events = []
+    for r in range(40):
+        pid = r + 1
+        events += names(pid, f"rank {r} · node {r // 8} · GPU {r % 8} · H100", {2: "steps (optimizer.step)"})
+        later = 12 if r == 29 else 10 if r != 3 else 9
+        events += [step(pid, 0, 0, 20), step(pid, 1, 20, later), step(pid, 2, 20 + later, later)]
+    path = write_trace(tmp_path / "many.json", events, {"gpu": "h100-sxm-80gb"})
+    text = render(summarize(load(path)))
+    rows = [line for line in text.splitlines() if line.startswith("rank ")]
+    assert rows[0].split()[:2] == ["rank", "29"] and len(rows) <= 8  # the slowest first, not all 40
+    assert "32 more ranks" in text
+    assert "slowest rank 29, fastest rank 3: 33.33% apart" in text
