@@ -185,38 +185,50 @@ class CollectiveLifecycle:
             return
         a.stream.inflight = a.work
         p.ready_ns[rank] = a.ready_ns  # type: ignore[assignment]
+        ready = []
         for w, m in self._mirror_links.pop((a.work, rank), ()):  # its mirrored ranks reach theirs with it
             pm = self.joined.get(w)
             if pm is not None:
                 pm.ready_ns[m] = a.ready_ns  # type: ignore[assignment]
-                if w != a.work:
-                    self._submit_when_ready(w, pm)
-        self._submit_when_ready(a.work, p)
+                if w != a.work and self._all_ready(pm):
+                    ready.append((w, pm))
+        if self._all_ready(p):
+            ready.append((a.work, p))
+        if ready:
+            self._submit(ready)
 
-    def _submit_when_ready(self, work: int, p: PendingCollective) -> None:
-        if not p.complete() or len(p.ready_ns) < len(p.members):
-            return
+    @staticmethod
+    def _all_ready(p: PendingCollective) -> bool:
+        return p.complete() and len(p.ready_ns) == len(p.members)
+
+    def _submit(self, ready: list[tuple[int, PendingCollective]]) -> None:
+        """Every member's stream has reached these collectives: hand them to the network, in one
+        submission (the collectives of a representative's mirrored ranks start together: one
+        rollback, not one each); each end is read later (`read`), when it is final or a host
+        must wait for it."""
         if self.network_failed:
-            self._never_ran(work, p)
+            for work, p in ready:
+                self._never_ran(work, p)
             return
-        self._submit(p, work)
-        del self.joined[work]  # only now: if the network raised, give_up() still finds it
-
-    def _submit(self, p: PendingCollective, work: int) -> None:
-        """Every member's stream has reached it: hand the collective to the network; its end is
-        read later (`read`), when it is final or a host must wait for it."""
-        first = p.arrivals[p.members[0]]
-        start = max(p.ready_ns.values())
-        gpus = tuple(self.global_gpu(r) for r in p.members)
-        handle = None
-        if self.network is not None and len(set(gpus)) > 1:
-            spec = CollectiveSpec(first.net_op, max(first.nbytes, 1), gpus,
-                                  root=self.global_gpu(first.root) if first.root is not None else None,
-                                  label=f"{first.op} group {list(first.group)} #{first.seq}")
-            handle = self.network.submit(spec, start)
-            self._handle_works[handle] = work
+        specs, on_network = [], []
+        for work, p in ready:
+            first = p.arrivals[p.members[0]]
+            start = max(p.ready_ns.values())
+            gpus = tuple(self.global_gpu(r) for r in p.members)
+            self.unread[work] = SubmittedCollective(p, start, None)
+            if self.network is not None and len(set(gpus)) > 1:
+                specs.append((CollectiveSpec(first.net_op, max(first.nbytes, 1), gpus,
+                                             root=self.global_gpu(first.root) if first.root is not None else None,
+                                             label=f"{first.op} group {list(first.group)} #{first.seq}"), start))
+                on_network.append(work)
+        if specs:
+            assert self.network is not None
+            for work, handle in zip(on_network, self.network.submit_many(specs)):
+                self.unread[work].handle = handle
+                self._handle_works[handle] = work
             self._record_corrections()  # a rollback can change ends already read
-        self.unread[work] = SubmittedCollective(p, start, handle)
+        for work, _ in ready:
+            del self.joined[work]  # only now: if the network raised, give_up() still finds it
 
     # --- ends ---------------------------------------------------------------------------------
     def end(self, work: int, force: bool) -> int | None:

@@ -123,6 +123,31 @@ class Network:
         """Start a collective at start_ns (when its last participant reaches it); returns a
         handle. If start_ns is before what the network has simulated, the affected part rolls
         back (optimistic mode); corrections are then waiting in take_corrections()."""
+        return self.submit_many([(spec, start_ns)])[0]
+
+    def submit_many(self, collectives: list[tuple[CollectiveSpec, int]]) -> list[int]:
+        """submit() for several collectives at once (one handle each, in order): the network
+        rolls back at most once per island, to the earliest of them, where one submit() each
+        would roll back and re-simulate once per collective (the ranks mirrored from one
+        representative start theirs together: phantora/engine/mirrors.py)."""
+        made = [self._create(spec, start) for spec, start in collectives]
+        late: dict[int, _Collective] = {}
+        for c in made:
+            if c.flows:
+                self._sim.attach(c.flows)
+        for c in made:
+            if c.flows:
+                island = self._sim.island_of(c.flows[0])
+                if c.start <= island.processed_until and (island.iid not in late or c.start < late[island.iid].start):
+                    late[island.iid] = c
+        for iid, c in late.items():
+            if self.config.mode == "conservative":  # cannot happen: nothing runs past the horizon
+                raise AssertionError("conservative network simulated past its horizon")
+            self._roll_back(c, self._sim.island_of(c.flows[0]))
+        return [c.handle for c in made]
+
+    def _create(self, spec: CollectiveSpec, start_ns: int) -> "_Collective":
+        """A collective and its flows, not yet in the flow simulator."""
         spec = self._validated(spec)
         if isinstance(start_ns, bool) or not isinstance(start_ns, (int, np.integer)):
             raise ValueError(f"start_ns must be an integer (ns), got {start_ns!r}")
@@ -137,7 +162,7 @@ class Network:
             c = _Collective(handle, spec, start, "none", "none", 0, 0, 0)
             c.end = start
             self._collectives[handle] = c
-            return handle
+            return c
         choice = self._choose(model)
         const = self.config.constants
         # NCCL's size-dependent terms: multi-node rings pay more latency on large messages;
@@ -171,13 +196,7 @@ class Network:
         self.transfers_submitted += c.transfers
         if not c.flows:  # nothing to move: only the latency
             c.end = start + latency
-            return handle
-        island = self._sim.attach(c.flows)
-        if start <= island.processed_until:
-            if self.config.mode == "conservative":  # cannot happen: nothing runs past the horizon
-                raise AssertionError("conservative network simulated past its horizon")
-            self._roll_back(c, island)
-        return handle
+        return c
 
     def finish_time(self, handle: int) -> int | None:
         """Completion time (ns) of a collective. Optimistic: simulates as far as needed.

@@ -161,3 +161,23 @@ def test_same_inputs_same_outputs(small_cluster):
         return [net.finish_time(h) for h in hs], net.take_rollbacks(), net.take_corrections()
 
     assert run() == run()
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios(), st.data())
+def test_collectives_submitted_together_give_the_times_of_a_run_that_knew_everything(small_cluster, case, data):
+    """submit_many (the collectives of a representative's mirrored ranks, submitted together
+    after the network has simulated ahead) rolls back once and still gives the exact times."""
+    items, order, queries = case
+    expected = from_scratch(small_cluster, items)
+    cut = data.draw(st.integers(0, len(order)))
+    net = Network(small_cluster)
+    handle = {}
+    for step, i in enumerate(order[:cut]):
+        handle[i] = net.submit(*items[i])
+        for j in queries[step]:
+            net.finish_time(handle[order[j]])
+    together = order[cut:]
+    for i, h in zip(together, net.submit_many([items[i] for i in together])):
+        handle[i] = h
+    assert [net.finish_time(handle[i]) for i in range(len(items))] == expected
