@@ -24,6 +24,7 @@ from typing import Any
 from phantora.cost.host import HOST_COSTS
 from phantora.engine.collectives import CollectiveCall, CollectiveMatcher, CollectiveMismatch, PendingCollective
 from phantora.engine.deferred import Arrive
+from phantora.engine.graphs import CapturedGraph
 from phantora.engine.placement import Placement
 from phantora.engine.ranks import CallError, RankState
 from phantora.engine.timeline import Stream
@@ -88,12 +89,8 @@ class CollectiveLifecycle:
         except (KeyError, ValueError, TypeError) as e:
             raise CallError(f"malformed collective call from rank {rank}: {e}") from None
         graph = st.graphs.capture_on(call.device, call.stream)
-        if graph is not None:
-            raise CallError(
-                f"rank {rank}: {call.describe()} was called while stream {call.stream} of cuda:{call.device} is "
-                f"capturing CUDA graph {graph.graph_id}; phantora does not simulate NCCL collectives inside CUDA "
-                f"graphs. Capture only the compute (e.g. make_graphed_callables on modules without collectives) "
-                f"or run this part eagerly. (Called at {call.site}.)")
+        if graph is not None:  # recorded into the graph; each replay joins it (join_replayed)
+            return self.capture(st, call, graph)
         try:
             p = self.matcher.join(call)
         except CollectiveMismatch:
@@ -121,6 +118,49 @@ class CollectiveLifecycle:
             self.unresolved_works.discard(work)
         arrive = Arrive(self.placement.next_seq(), comm, call, work, current, tl.host_ns)
         self.arrivals[(work, rank)] = arrive
+        st.comm_log.setdefault(call.device, []).append(arrive)
+        self.placement.enqueue(st, arrive)
+        return work
+
+    # --- CUDA graphs (graphs.py) -------------------------------------------------------------
+    def capture(self, st: RankState, call: CollectiveCall, graph: CapturedGraph) -> int:
+        """A collective called while its stream captures `graph`: recorded, not run. The call
+        costs the host what an eager one does; the work id (< 0) names the captured node."""
+        tl = st.timeline
+        begin = tl.host_ns
+        tl.charge_host(HOST_COSTS.collective_ns)
+        work = st.graphs.capture_collective(graph, call)
+        self.trace.host_slice(st.info.trace_pid, f"nccl:{call.op}", begin, tl.host_ns, "cpu_op",
+                              {"captured into CUDA graph": graph.graph_id, "stream": call.stream,
+                               "group ranks": list(call.group), "call site": call.site})
+        return work
+
+    def join_replayed(self, st: RankState, call: CollectiveCall, current: Stream, host_ns: int) -> int:
+        """A replay of a CUDA graph launches a captured collective again: `call` carries the
+        sequence number the rank's process group gave it at the replay, so it is matched across
+        ranks as an eager call is. It runs on its communication stream after the work queued on
+        the replay stream (`current`) before it; the replay's one launch (at `host_ns`) is the
+        only host cost. Its work id; CollectiveMismatch once the members disagree."""
+        try:
+            p = self.matcher.join(call)
+        except CollectiveMismatch:
+            work = self._key_works.pop(call.key, None)
+            if work is not None:
+                self.dropped.add(work)
+                self.joined.pop(work, None)
+                self.unresolved_works.discard(work)
+            raise
+        work = self._key_works.get(call.key)
+        if work is None:
+            self._work_ids += 1
+            work = self._key_works[call.key] = self._work_ids
+            self.unresolved_works.add(work)
+            self.joined[work] = p
+        if not p.missing():
+            self._key_works.pop(call.key, None)
+            self.unresolved_works.discard(work)
+        arrive = Arrive(self.placement.next_seq(), self.comm_stream(st, call), call, work, current, host_ns)
+        self.arrivals[(work, call.rank)] = arrive
         st.comm_log.setdefault(call.device, []).append(arrive)
         self.placement.enqueue(st, arrive)
         return work
