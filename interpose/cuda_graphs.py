@@ -18,7 +18,10 @@ capture/replay hooks of the installed torch version) over a base that reports to
 An event recorded on a capturing stream and waited on by another stream joins that stream to
 the capture, as cudaStreamWaitEvent does. Synchronisations inside a capture (synchronize,
 .item()) raise what CUDA raises: "operation not permitted when stream is capturing".
-Collectives inside a capture are refused by the simulator with a message naming them.
+NCCL collectives called during a capture are recorded into the graph, not run, and consume no
+sequence number of their process group (interpose/distributed.py); each replay then takes the
+group's next sequence number for each of them, in capture order, and sends them with the launch,
+so replayed collectives are matched across ranks as eager ones are (phantora/engine/graphs.py).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import itertools
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -66,6 +69,8 @@ class _Capture:
     pool: tuple[int, int] | None = None
     retained: list[tuple[int, int]] = field(default_factory=list)  # pools this graph holds
     ops: list[str] = field(default_factory=list)  # captured op names (debug_dump)
+    # per collective captured, in capture order: gives it its group's next sequence number (a replay)
+    collectives: list[Callable[[], int]] = field(default_factory=list)
     ended: bool = False
     has_exec: bool = False
     debug: bool = False
@@ -234,11 +239,15 @@ class _CUDAGraph:
             raise NotImplementedError(
                 f"phantora does not simulate replaying a CUDA graph inside another capture (graph "
                 f"{cap.graph_id} replayed while stream {stream} of cuda:{device} is capturing); replay it outside")
-        rt_mod.get().client.record([P.R_GRAPH_REPLAY, cap.graph_id, device, stream])
+        rec: list[Any] = [P.R_GRAPH_REPLAY, cap.graph_id, device, stream]
+        if cap.collectives:  # launched again by this replay, each with its group's next sequence number
+            rec.append([next_seq() for next_seq in cap.collectives])
+        rt_mod.get().client.record(rec)
 
     def reset(self) -> None:
         self._phantora_capture.release()
         self._phantora_capture.ops = []
+        self._phantora_capture.collectives = []
 
     # --- pools ----------------------------------------------------------------------------
     def pool(self) -> tuple[int, int]:
@@ -306,6 +315,13 @@ class _CUDAGraph:
 
     def register_generator_state(self, *args: Any, **kwargs: Any) -> None:
         return None  # fake tensors draw no random numbers: nothing to offset per replay
+
+
+def note_captured_collective(cap: Any, op: str, next_seq: Callable[[], int]) -> None:
+    """Collective `op` was called on a stream capturing `cap`: each replay launches it again with
+    the sequence number next_seq() gives then."""
+    cap.collectives.append(next_seq)
+    cap.ops.append(f"nccl:{op}")
 
 
 def note_captured_op(cap: Any, name: str) -> None:

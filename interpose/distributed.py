@@ -25,6 +25,7 @@ from torch.distributed import distributed_c10d as c10d
 from torch.futures import Future
 
 from interpose import collective_checks as check
+from interpose import cuda_graphs
 from interpose import values
 from interpose.observer import current_stream_id
 from phantora import protocol as P
@@ -135,6 +136,7 @@ class SimWork(dist._Work):
         super().__init__()
         self.work_id, self.device, self._result, self.host_blocks = work_id, device, result, host_blocks
         self.waited = False
+        self.captured = False  # called during a CUDA graph capture: recorded into the graph, not run
         # C++ holders (a boxed Work, DDP's reducer) call our overrides only while this Python
         # object lives; without it c10d's default Work.wait() blocks forever.
         _live_works[work_id] = self
@@ -246,19 +248,38 @@ class SimProcessGroup(dist.ProcessGroup):
         return self
 
     # --- reporting ----------------------------------------------------------------------------
+    def _next_seq(self) -> int:
+        seq, self._seq = self._seq, self._seq + 1
+        return seq
+
+    def _captured(self, op: str, device: int, stream: int, next_seq: Any) -> bool:
+        """Is the collective called on a stream capturing a CUDA graph? Then it is recorded into
+        the graph and consumes no sequence number now: each replay of the graph launches it again
+        and takes one then (next_seq), on every member alike (interpose/cuda_graphs.py). Values
+        are not exchanged: a captured collective computes nothing until a replay, and a replay
+        runs no Python."""
+        cap = cuda_graphs.capture_of(device, stream)
+        if cap is None:
+            return False
+        cuda_graphs.note_captured_collective(cap, op, next_seq)
+        return True
+
     def _collective(self, op: str, tensors: list[torch.Tensor], nbytes: int, *, reduce_op: Any = None,
                     root: int | None = None, host_blocks: bool = False) -> SimWork:
         device = _device(tensors)
+        stream = current_stream_id(device)
+        captured = self._captured(op, device, stream, self._next_seq)
         payload = {
-            "op": op, "group": list(self.global_ranks), "seq": self._seq, "nbytes": int(nbytes),
-            "dtype": _dtype(tensors[0]) if tensors else "", "reduce_op": _reduce_name(reduce_op) if reduce_op is not None
+            "op": op, "group": list(self.global_ranks), "seq": -1 if captured else self._next_seq(),
+            "nbytes": int(nbytes), "dtype": _dtype(tensors[0]) if tensors else "",
+            "reduce_op": _reduce_name(reduce_op) if reduce_op is not None
             or op in ("all_reduce", "reduce_scatter", "reduce") else "",
             "root": None if root is None else self.global_ranks[root], "device": device,
-            "stream": current_stream_id(device), "site": call_site(), "group_name": self._group_name,
+            "stream": stream, "site": call_site(), "group_name": self._group_name,
         }
-        self._seq += 1
         work = self._submit(payload, device, tensors, host_blocks)
-        if op in ("all_reduce", "broadcast") and tensors:
+        work.captured = captured
+        if op in ("all_reduce", "broadcast") and tensors and not captured:
             with values.real_cpu():  # shadows are real tensors; this may run inside a dispatch
                 if all(values.exchanges_values(t) for t in tensors):
                     self._carry_values(op, tensors, payload["seq"], payload["reduce_op"], payload["root"])
@@ -273,17 +294,25 @@ class SimProcessGroup(dist.ProcessGroup):
     def _p2p(self, op: str, tensors: list[torch.Tensor], peer: int, nbytes: int | None = None) -> SimWork:
         me, other = self.global_ranks[self.rank()], self.global_ranks[peer]
         pair = (me, other) if op == "send" else (other, me)
-        seq = self._p2p_seq.get(pair, 0)
-        self._p2p_seq[pair] = seq + 1
+
+        def next_seq() -> int:
+            seq = self._p2p_seq.get(pair, 0)
+            self._p2p_seq[pair] = seq + 1
+            return seq
+
         device = _device(tensors)
+        stream = current_stream_id(device)
+        captured = self._captured(op, device, stream, next_seq)
+        seq = -1 if captured else next_seq()
         nbytes = sum(t.nbytes for t in tensors) if nbytes is None else nbytes
         payload = {"op": op, "group": list(pair), "seq": seq, "nbytes": nbytes,
                    "dtype": _dtype(tensors[0]) if tensors else "uint8", "device": device,
-                   "stream": current_stream_id(device), "site": call_site(), "group_name": self._group_name}
+                   "stream": stream, "site": call_site(), "group_name": self._group_name}
         work = self._submit(payload, device, tensors, False)
+        work.captured = captured
         # A mirrored peer has no process to post or read values (phantora/roles.py): what this
         # rank receives from one keeps its own value, as a tensor too large to exchange does.
-        if tensors and all(values.exchanges_values(t) for t in tensors) and _roles().runs(other):
+        if tensors and not captured and all(values.exchanges_values(t) for t in tensors) and _roles().runs(other):
             key = f"phantora/values/p2p/{pair[0]}->{pair[1]}/{seq}"
             store = c10d._get_default_store()
             if op == "send":
@@ -448,7 +477,7 @@ class SimProcessGroup(dist.ProcessGroup):
         seq = self._seq
         # NCCL moves the input from every member, whatever the output list holds.
         work = self._collective("all_gather", outs, mine.nbytes * self.size())
-        if inputs and len(output_lists) == len(inputs):
+        if inputs and len(output_lists) == len(inputs) and not work.captured:
             self._gather_values(seq, output_lists, inputs)
         return work
 
@@ -456,7 +485,8 @@ class SimProcessGroup(dist.ProcessGroup):
         check.allgather_base(output, input, self.size())
         seq = self._seq
         work = self._collective("all_gather", [output], output.nbytes)
-        self._gather_base_values(seq, output, input)
+        if not work.captured:
+            self._gather_base_values(seq, output, input)
         return work
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
@@ -503,10 +533,11 @@ class SimProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> SimWork:
         # ProcessGroupNCCL's barrier is a 1-element all-reduce the host then waits for.
         device = torch.cuda.current_device()
-        payload = {"op": "barrier", "group": list(self.global_ranks), "seq": self._seq, "nbytes": 4,
-                   "dtype": "float32", "device": device, "stream": current_stream_id(device), "site": call_site(),
+        stream = current_stream_id(device)
+        cuda_graphs.check_sync_allowed("dist.barrier()", device, stream)
+        payload = {"op": "barrier", "group": list(self.global_ranks), "seq": self._next_seq(), "nbytes": 4,
+                   "dtype": "float32", "device": device, "stream": stream, "site": call_site(),
                    "group_name": self._group_name}
-        self._seq += 1
         return self._submit(payload, device, [], True)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> SimWork:

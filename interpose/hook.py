@@ -59,11 +59,13 @@ def after_torch_import() -> None:
     from interpose.data_parallel import install_data_parallel
     from interpose.fake import install_fake_fixes, make_fake_mode
     from interpose.observer import OpObserver, install_metadata_only_regions
+    from interpose.pickling import install_pickling
     from interpose.python_events import install_python_events
     from interpose.values import install_value_hints
 
     rt = rt_mod.install_runtime(rt_mod.RankConfig.from_env())
     install_fake_fixes()
+    install_pickling()
     install_value_hints()
     install_cuda_api()
     install_data_parallel()

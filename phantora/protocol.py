@@ -44,7 +44,9 @@ R_GRAPH_BEGIN = 30  # [R_GRAPH_BEGIN, graph_id, device, stream_id]: cudaStreamBe
 R_GRAPH_JOIN = 31  # [R_GRAPH_JOIN, graph_id, device, stream_id]: a stream joined the capture (event wait)
 R_GRAPH_END = 32  # [R_GRAPH_END, graph_id]: cudaStreamEndCapture
 R_GRAPH_INSTANTIATE = 33  # [R_GRAPH_INSTANTIATE, graph_id]: cudaGraphInstantiate
-R_GRAPH_REPLAY = 34  # [R_GRAPH_REPLAY, graph_id, device, stream_id]: cudaGraphLaunch on this stream
+# [R_GRAPH_REPLAY, graph_id, device, stream_id(, seqs)]: cudaGraphLaunch on this stream; seqs: the sequence
+# number each collective captured into the graph gets for this replay, in capture order (none: no collectives)
+R_GRAPH_REPLAY = 34
 R_GRAPH_RESET = 35  # [R_GRAPH_RESET, graph_id]: the graph was destroyed (reset() or garbage collected)
 
 # R_OP flags: the op's context, for the host-time model (phantora/cost/host.py)

@@ -24,6 +24,7 @@ from typing import Any
 from phantora.cost.host import HOST_COSTS
 from phantora.engine.collectives import CollectiveCall, CollectiveMatcher, CollectiveMismatch, PendingCollective
 from phantora.engine.deferred import Arrive
+from phantora.engine.graphs import CapturedGraph
 from phantora.engine.mirrors import Mirrors
 from phantora.engine.placement import Placement
 from phantora.engine.ranks import CallError, RankState
@@ -107,28 +108,9 @@ class CollectiveLifecycle:
         except (KeyError, ValueError, TypeError) as e:
             raise CallError(f"malformed collective call from rank {rank}: {e}") from None
         graph = st.graphs.capture_on(call.device, call.stream)
-        if graph is not None:
-            raise CallError(
-                f"rank {rank}: {call.describe()} was called while stream {call.stream} of cuda:{call.device} is "
-                f"capturing CUDA graph {graph.graph_id}; phantora does not simulate NCCL collectives inside CUDA "
-                f"graphs. Capture only the compute (e.g. make_graphed_callables on modules without collectives) "
-                f"or run this part eagerly. (Called at {call.site}.)")
-        if self.mirrors is not None:
-            self.mirrors.witness.collective(call)  # RanksDiverged
-        mirrored = self.mirrors.calls_for(call) if self.mirrors is not None else []  # RolesRefuted
-        try:
-            p = self.matcher.join(call)
-            work = self._work_for(call.key, p)  # before its mirrors' joins, which may complete it
-            links = [(self._work_for(mc.key, self.matcher.join(mc)), mc.rank) for mc in mirrored]
-        except CollectiveMismatch as e:
-            for key in {call.key, *(mc.key for mc in mirrored)}:
-                work = self._key_works.pop(key, None)
-                if work is not None:  # the members that joined never get to run it
-                    self.dropped.add(work)
-                    self.joined.pop(work, None)
-                    self.unresolved_works.discard(work)
-            e.ranks = tuple(r for r in e.ranks if r in self.ranks)  # mirrored ranks have no process to fail
-            raise
+        if graph is not None:  # recorded into the graph; each replay joins it (join_replayed)
+            return self.capture(st, call, graph)
+        work = self._match(call)
         comm = self.comm_stream(st, call)
         tl = st.timeline
         launch_begin = tl.host_ns
@@ -136,14 +118,37 @@ class CollectiveLifecycle:
         self._launches[(call.key, rank)] = (launch_begin, tl.host_ns, call)
         self.trace.collective_call_open(st.info.trace_pid, call, launch_begin, tl.host_ns)
         current = self.placement.stream(st, call.device, call.stream)
-        if links:
-            self._mirror_links[(work, rank)] = links
-            for w, m in links:
-                self._mirror_sources[(w, m)] = (work, rank)
         arrive = Arrive(self.placement.next_seq(), comm, call, work, current, tl.host_ns)
         self.arrivals[(work, rank)] = arrive
         st.comm_log.setdefault(call.device, []).append(arrive)
         self.placement.enqueue(st, arrive)
+        return work
+
+    def _match(self, call: CollectiveCall) -> int:
+        """Match `call`, and the calls of the ranks mirrored from its rank (mirrors.py), with the
+        other members'; its work id. CollectiveMismatch once the members disagree, RolesRefuted
+        or RanksDiverged when the ranks turn out not to be alike."""
+        mirrored = []
+        if self.mirrors is not None:
+            self.mirrors.witness.collective(call)  # RanksDiverged
+            mirrored = self.mirrors.calls_for(call)  # RolesRefuted
+        try:
+            p = self.matcher.join(call)
+            work = self._work_for(call.key, p)  # before its mirrors' joins, which may complete it
+            links = [(self._work_for(mc.key, self.matcher.join(mc)), mc.rank) for mc in mirrored]
+        except CollectiveMismatch as e:
+            for key in {call.key, *(mc.key for mc in mirrored)}:
+                dropped = self._key_works.pop(key, None)
+                if dropped is not None:  # the members that joined never get to run it
+                    self.dropped.add(dropped)
+                    self.joined.pop(dropped, None)
+                    self.unresolved_works.discard(dropped)
+            e.ranks = tuple(r for r in e.ranks if r in self.ranks)  # mirrored ranks have no process to fail
+            raise
+        if links:
+            self._mirror_links[(work, call.rank)] = links
+            for w, m in links:
+                self._mirror_sources[(w, m)] = (work, call.rank)
         return work
 
     def _work_for(self, key: Any, p: PendingCollective) -> int:
@@ -157,6 +162,32 @@ class CollectiveLifecycle:
         if p.complete():  # every member has joined
             self._key_works.pop(key, None)
             self.unresolved_works.discard(work)
+        return work
+
+    # --- CUDA graphs (graphs.py) -------------------------------------------------------------
+    def capture(self, st: RankState, call: CollectiveCall, graph: CapturedGraph) -> int:
+        """A collective called while its stream captures `graph`: recorded, not run. The call
+        costs the host what an eager one does; the work id (< 0) names the captured node."""
+        tl = st.timeline
+        begin = tl.host_ns
+        tl.charge_host(HOST_COSTS.collective_ns)
+        work = st.graphs.capture_collective(graph, call)
+        self.trace.host_slice(st.info.trace_pid, f"nccl:{call.op}", begin, tl.host_ns, "cpu_op",
+                              {"captured into CUDA graph": graph.graph_id, "stream": call.stream,
+                               "group ranks": list(call.group), "call site": call.site})
+        return work
+
+    def join_replayed(self, st: RankState, call: CollectiveCall, current: Stream, host_ns: int) -> int:
+        """A replay of a CUDA graph launches a captured collective again: `call` carries the
+        sequence number the rank's process group gave it at the replay, so it is matched across
+        ranks as an eager call is. It runs on its communication stream after the work queued on
+        the replay stream (`current`) before it; the replay's one launch (at `host_ns`) is the
+        only host cost. Its work id; CollectiveMismatch once the members disagree."""
+        work = self._match(call)
+        arrive = Arrive(self.placement.next_seq(), self.comm_stream(st, call), call, work, current, host_ns)
+        self.arrivals[(work, call.rank)] = arrive
+        st.comm_log.setdefault(call.device, []).append(arrive)
+        self.placement.enqueue(st, arrive)
         return work
 
     def comm_stream(self, st: RankState, call: CollectiveCall) -> Stream:

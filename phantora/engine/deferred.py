@@ -44,14 +44,17 @@ class OpWork(Action):
 
 
 class GraphReplay(Action):
-    """One cudaGraphLaunch (phantora/engine/graphs.py): the captured kernels, back to back."""
+    """One cudaGraphLaunch (phantora/engine/graphs.py): the captured kernels, back to back; or
+    one part of it, for a graph that holds collectives (only the first part is the target of the
+    launch's arrow: `arrow`)."""
 
-    __slots__ = ("graph_id", "nodes", "replay", "launch_ns", "flow", "device", "slows", "end_ns", "duration_ns")
+    __slots__ = ("graph_id", "nodes", "replay", "launch_ns", "flow", "device", "slows", "end_ns", "duration_ns",
+                 "arrow")
 
     def __init__(self, seq: int, stream: Stream, graph_id: int, nodes: list[Any], replay: int, launch_ns: int,
-                 flow: int, device: int, slows: bool) -> None:
+                 flow: int, device: int, slows: bool, arrow: bool = True) -> None:
         super().__init__(seq, stream)
-        self.graph_id, self.replay = graph_id, replay
+        self.graph_id, self.replay, self.arrow = graph_id, replay, arrow
         self.nodes = list(nodes)  # a later reset or recapture must not change a launched replay
         self.launch_ns, self.flow, self.device, self.slows = launch_ns, flow, device, slows
         self.duration_ns = sum(n.est.duration_ns for n in self.nodes)

@@ -13,8 +13,20 @@ The model (a real GPU does the same in these respects):
   * Branches of a capture that forked to other streams (an event wait joins a stream to the
     capture) are replayed on the replay stream too, serialised in capture order: phantora
     does not model the concurrency inside a graph.
-  * Collectives inside a capture are refused (CollectiveLifecycle.join): NCCL kernels in a
-    graph would need matching replays across ranks, which phantora does not simulate.
+  * NCCL collectives called during a capture are recorded into the graph, not run
+    (CollectiveLifecycle.capture): the call costs the host what an eager call costs, and hands
+    out a work id (negative: it names the captured node, never a collective that runs). A
+    Work.wait() on it while the graph captures is recorded too (GraphWait): the graph's stream
+    waits there for that collective. Each replay launches every captured collective again, as
+    a real replay does, with the same communicator: the rank's process group gives each one
+    the group's next sequence number at the replay (interpose/cuda_graphs.py; a capture
+    consumes none), so it is matched across ranks like any eager collective and the k-th
+    replay on one rank meets the k-th on the others. Its NCCL kernel runs on the group's
+    communication stream, after the graph's work captured before it (as ProcessGroupNCCL's
+    stream waits for the caller's); the replay stream waits for its end where the capture
+    waited, and at the replay's end for any it never waited on (a graph launch ends when all
+    its nodes have). A replay that holds collectives is placed as several "graph replay"
+    parts, split at its collectives and waits.
 
 Pure bookkeeping: no torch, no trace, no timeline placement. Records: phantora/protocol.py
 R_GRAPH_* and OP_CAPTURED; the engine applies them (HostRecords.graph, the OP_CAPTURED branch
@@ -44,6 +56,23 @@ class GraphNode:
 
 
 @dataclass
+class GraphCollective:
+    """A collective called during the capture: launched again by each replay."""
+
+    call: Any  # phantora.engine.collectives.CollectiveCall, as the capture reported it
+    position: int  # kernel nodes captured before it
+    work: int  # the id the capture handed out (< 0)
+
+
+@dataclass
+class GraphWait:
+    """Work.wait() on a captured collective during the capture: the graph's stream waits for it."""
+
+    position: int
+    collective: int  # index in CapturedGraph.collectives
+
+
+@dataclass
 class CapturedGraph:
     graph_id: int
     device: int
@@ -52,6 +81,11 @@ class CapturedGraph:
     streams: set[tuple[int, int]] = field(default_factory=set)  # (device, stream) capturing into it
     capturing: bool = True
     replays: int = 0
+    comm: list[GraphCollective | GraphWait] = field(default_factory=list)  # in capture order
+
+    @property
+    def collectives(self) -> list[GraphCollective]:
+        return [c for c in self.comm if isinstance(c, GraphCollective)]
 
     @property
     def kernels(self) -> int:
@@ -69,6 +103,7 @@ class RankGraphs:
     def __init__(self) -> None:
         self.graphs: dict[int, CapturedGraph] = {}
         self.capturing: dict[tuple[int, int], CapturedGraph] = {}  # (device, stream) -> its graph
+        self._captured_works = 0  # captured collectives so far: their work ids are -1, -2, ...
 
     def begin(self, graph_id: int, device: int, stream_id: int) -> CapturedGraph:
         if (device, stream_id) in self.capturing:
@@ -92,6 +127,24 @@ class RankGraphs:
             if self.capturing.get(key) is g:
                 del self.capturing[key]
         return g
+
+    def capture_collective(self, g: CapturedGraph, call: Any) -> int:
+        """Record a collective into `g`, which is capturing; the work id handed out for it."""
+        self._captured_works += 1
+        work = -self._captured_works
+        g.comm.append(GraphCollective(call, len(g.nodes), work))
+        return work
+
+    def capture_wait(self, g: CapturedGraph, work: int) -> bool:
+        """Work.wait() on a stream capturing into `g`: recorded if `work` is one of g's
+        collectives (False otherwise: a wait on something outside the graph)."""
+        if work >= 0:
+            return False
+        for i, c in enumerate(g.collectives):
+            if c.work == work:
+                g.comm.append(GraphWait(len(g.nodes), i))
+                return True
+        return False
 
     def capture_on(self, device: int, stream_id: int) -> CapturedGraph | None:
         """The graph that stream is capturing into, if any."""

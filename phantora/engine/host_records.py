@@ -9,6 +9,7 @@ A copy the host must wait for, or .item(), becomes a host wait (host_waits.py).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any, Callable
 
@@ -17,8 +18,8 @@ from phantora import protocol as P
 from phantora.cost import COPY_D2H, COPY_H2D, NO_GPU_WORK, Estimator, KernelEstimate
 from phantora.cost.copies import copy_endpoints
 from phantora.cost.host import HOST_COSTS, host_event_ns, python_overhead_ns
-from phantora.engine.deferred import EventRecord, EventWait, GraphReplay, OpWork
-from phantora.engine.graphs import CapturedGraph, GraphError, GraphNode
+from phantora.engine.deferred import EventRecord, EventWait, GraphReplay, OpWork, WorkWait
+from phantora.engine.graphs import CapturedGraph, GraphCollective, GraphError, GraphNode
 from phantora.engine.host_waits import HostWaits, WaitTarget, host_waits_for_copy
 from phantora.engine.placement import Placement
 from phantora.engine.ranks import CallError, DeviceMemory, RankState
@@ -159,28 +160,61 @@ class HostRecords:
                 self.trace.host_slice(pid, "cudaGraphInstantiate", begin, tl.host_ns, "cuda_runtime",
                                       {"graph": graph_id, "kernels": g.kernels})
             elif kind == P.R_GRAPH_REPLAY:
-                self._graph_replay(st, graphs.replayable(graph_id), int(rec[2]), int(rec[3]))
+                self._graph_replay(st, graphs.replayable(graph_id), int(rec[2]), int(rec[3]),
+                                   [int(x) for x in rec[4]] if len(rec) > 4 else [])
             elif kind == P.R_GRAPH_RESET:
                 graphs.reset(graph_id)
         except GraphError as e:
             raise CallError(f"rank {st.info.rank}: {e}") from None
 
-    def _graph_replay(self, st: RankState, g: CapturedGraph, device: int, stream_id: int) -> None:
-        """cudaGraphLaunch: one host launch; the kernels are placed by Placement._place_replay."""
+    def _graph_replay(self, st: RankState, g: CapturedGraph, device: int, stream_id: int, seqs: list[int]) -> None:
+        """cudaGraphLaunch: one host launch; the kernels are placed by Placement._place_replay.
+        A graph that holds collectives is launched in parts, split where its collectives were
+        called and waited on (graphs.py); `seqs` are their sequence numbers for this replay."""
         tl = st.timeline
         begin = tl.host_ns
         tl.charge_host(HOST_COSTS.graph_launch_ns)
         stream = self.placement.stream(st, device, stream_id)
+        collectives = g.collectives
+        if len(seqs) != len(collectives):
+            raise GraphError(f"replay of CUDA graph {g.graph_id} gave {len(seqs)} sequence numbers for its "
+                             f"{len(collectives)} captured collectives")
         flow = self.trace.next_flow()
-        replay = GraphReplay(self.placement.next_seq(), stream, g.graph_id, g.nodes, g.replays, begin, flow, device,
-                             bool(self.timing.comm_slowdown))
+        replay = g.replays
         g.replays += 1
         for node in g.nodes:
             self._count_kernels(st, node.est)
         self.trace.host_slice(st.info.trace_pid, "cudaGraphLaunch", begin, tl.host_ns, "cuda_runtime",
-                              {"graph": g.graph_id, "replay": replay.replay, "kernels": g.kernels, "ops": len(g.nodes),
-                               "correlation": flow}, flow_out=flow)
-        self.placement.enqueue(st, replay)
+                              {"graph": g.graph_id, "replay": replay, "kernels": g.kernels, "ops": len(g.nodes),
+                               "collectives": len(collectives), "correlation": flow}, flow_out=flow)
+        slows = bool(self.timing.comm_slowdown)
+
+        done, first = 0, True  # kernel nodes launched so far; no part launched yet
+
+        def part(upto: int) -> None:  # the kernel nodes up to `upto` (the first part, even if empty)
+            nonlocal done, first
+            if upto > done or first:
+                self.placement.enqueue(st, GraphReplay(self.placement.next_seq(), stream, g.graph_id,
+                                                       g.nodes[done:upto], replay, begin, flow, device, slows,
+                                                       arrow=first))
+                done, first = upto, False
+
+        works: list[int] = []  # this replay's work id of each captured collective
+        waited: set[int] = set()
+        for item in g.comm:
+            part(item.position)
+            if isinstance(item, GraphCollective):
+                call = dataclasses.replace(item.call, seq=seqs[len(works)], stream=stream_id,
+                                           site=f"{item.call.site} (replay {replay} of CUDA graph {g.graph_id})")
+                works.append(self.waits.collectives.join_replayed(st, call, stream, begin))
+            else:
+                waited.add(item.collective)
+                self.placement.enqueue(st, WorkWait(self.placement.next_seq(), stream, works[item.collective]))
+        part(len(g.nodes))
+        # the launch is complete once every node is, so later work on the stream waits for them all
+        for i, work in enumerate(works):
+            if i not in waited:
+                self.placement.enqueue(st, WorkWait(self.placement.next_seq(), stream, work))
 
     # --- host-only records --------------------------------------------------------------------
     def nvtx_push(self, st: RankState, name: str) -> None:

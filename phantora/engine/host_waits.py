@@ -107,7 +107,11 @@ class HostWaits:
 
     def work_wait(self, st: RankState, work: int, device: int, stream_id: int, host_blocks: bool) -> None:
         """Work.wait() on a collective: the stream waits for its end; with host_blocks (a
-        blocking wait, a barrier) the host does too."""
+        blocking wait, a barrier) the host does too. On a stream capturing a CUDA graph, a wait
+        on a collective of that capture is recorded into the graph (graphs.py)."""
+        graph = st.graphs.capture_on(device, stream_id)
+        if graph is not None and st.graphs.capture_wait(graph, work):
+            return
         if not self.collectives.handed_out(work):  # a work this engine never handed out: nothing to wait for
             return
         stream = self.placement.stream(st, device, stream_id)

@@ -190,7 +190,7 @@ class TraceEvents:
         self.sink.slice(pid, s.track, "graph replay", start, end - start, "cuda_graph", {
             "graph": a.graph_id, "replay": a.replay, "kernels": kernels, "ops": len(a.nodes),
             "device": a.device, "stream": s.stream_id, "correlation": a.flow,
-        }, flow_in=a.flow)
+        }, flow_in=a.flow if a.arrow else None)
         for node, (b, e, slowed) in zip(a.nodes, spans):
             est, sig = node.est, node.sig
             shapes, dtypes = shape_args(sig)

@@ -11,8 +11,13 @@ from phantora.cost.host import HOST_COSTS
 from phantora.engine.engine import CallError, Engine, RankInfo
 from phantora.engine.graphs import GraphError, RankGraphs
 from phantora.hardware import lookup_gpu
+from phantora.net.cluster import load_cluster
+from phantora.net.network import Network
+from phantora.net.records import CollectiveSpec
+from phantora.ops import OpSignature
 from phantora.trace import NullSink
-from tests.engine.test_engine import HOST, LAT, TIMING, FixedEstimator, Harness
+from tests.engine.test_collectives import kernel, two_rank_engine
+from tests.engine.test_engine import HOST, LAT, TIMING, FixedEstimator, Harness, t
 
 SIDE = 7  # the capture stream
 LAUNCH = HOST_COSTS.graph_launch_ns
@@ -116,15 +121,75 @@ def test_reset_graph_cannot_be_replayed_and_replays_before_it_still_run():
         h.rec([P.R_GRAPH_REPLAY, 1, 0, 0])
 
 
-def test_collective_inside_a_capture_is_refused_with_the_call():
-    h, _ = harness()
-    h.rec([P.R_GRAPH_BEGIN, 1, 0, SIDE])
-    call = {"op": "all_reduce", "group": [0], "seq": 0, "nbytes": 4096, "dtype": "float32", "reduce_op": "sum",
-            "device": 0, "stream": SIDE, "site": "train.py:12", "group_name": "0"}
-    with pytest.raises(CallError, match=r"capturing CUDA graph 1.*does not simulate NCCL collectives"):
-        h.engine.join_collective(0, call)
-    h.rec([P.R_GRAPH_END, 1])
-    assert h.engine.join_collective(0, dict(call, stream=0)) == 1  # outside the capture it runs
+AR_BYTES = 64 << 20
+
+
+def _two_ranks_capture(waited: bool) -> tuple[Engine, list[int]]:
+    """Both ranks capture on SIDE: a 100 us kernel, an all-reduce (Work.wait()ed on SIDE if
+    `waited`), a 50 us kernel. The work ids the capture handed out."""
+    e = two_rank_engine()
+    works = []
+    for r in (0, 1):
+        def captured(dur: int, sid: int) -> None:
+            sig = OpSignature("aten::k", str(dur), (t([4], device=f"cuda:{r}"),), (t([4], device=f"cuda:{r}"),))
+            e.apply(r, [[P.R_SIG, sid, sig.to_wire()], [P.R_OP, sid, SIDE, P.OP_CAPTURED]])
+
+        e.apply(r, [[P.R_GRAPH_BEGIN, 1, r, SIDE]])
+        captured(100_000, 10)
+        work = e.join_collective(r, {"op": "all_reduce", "group": [0, 1], "seq": -1, "nbytes": AR_BYTES,
+                                     "dtype": "float32", "reduce_op": "sum", "device": r, "stream": SIDE,
+                                     "site": "train.py:7", "group_name": "0"})
+        if waited:
+            e.apply(r, [[P.R_WORK_WAIT, work, r, SIDE, 0]])
+        captured(50_000, 11)
+        e.apply(r, [[P.R_GRAPH_END, 1], [P.R_GRAPH_INSTANTIATE, 1]])
+        works.append(work)
+    return e, works
+
+
+def _all_reduce_ns() -> int:
+    net = Network(load_cluster("dgx-h100", nodes=1))
+    return net.finish_time(net.submit(CollectiveSpec("all_reduce", AR_BYTES, (0, 1)), 0))
+
+
+def test_a_captured_collective_runs_again_at_each_replay_matched_across_ranks():
+    e, works = _two_ranks_capture(waited=True)
+    # the capture ran nothing: no collective joined, its work ids name no collective that runs
+    assert all(w < 0 for w in works) and not e.matcher.pending and not e.unresolved_works
+    assert not e.collectives.handed_out(works[0])
+    busy_from = e.ranks[1].timeline.host_ns + LAT
+    kernel(e, 1, 300_000, 0)  # rank 1's replay stream is busy first, much longer than rank 0's launch
+    for r in (0, 1):  # the process group gives the replayed all-reduce sequence numbers 0, then 1
+        e.apply(r, [[P.R_GRAPH_REPLAY, 1, r, 0, [0]], [P.R_GRAPH_REPLAY, 1, r, 0, [1]]])
+    e.read_all_collectives()
+    ar = _all_reduce_ns()
+    # replay 0: rank 1's 100 us kernel ends last, 300 + 100 us after its stream got busy; the
+    # all-reduce starts then on both ranks, the 50 us kernel after its end (the captured wait);
+    # replay 1 queues behind
+    first_end = busy_from + 400_000 + ar
+    second_end = first_end + 50_000 + 100_000 + ar
+    for r in (0, 1):
+        assert e.ranks[r].timeline.streams[(r, 0)].tail_ns == second_end + 50_000
+        assert e.ranks[r].collectives == 2
+    assert sorted(e.work_end_ns.values()) == [first_end, second_end]
+
+
+def test_a_replay_ends_when_its_collectives_do_even_unwaited():
+    e, _ = _two_ranks_capture(waited=False)
+    for r in (0, 1):
+        e.apply(r, [[P.R_GRAPH_REPLAY, 1, r, 0, [0]]])
+    e.read_all_collectives()
+    # the all-reduce starts after the 100 us kernel; the 50 us kernel does not wait for it, but the
+    # launch is complete (later work on the stream starts) only once the all-reduce ends
+    for r in (0, 1):
+        launch = e.ranks[r].timeline.host_ns - HOST_COSTS.graph_launch_ns
+        assert e.ranks[r].timeline.streams[(r, 0)].tail_ns == launch + LAT + 100_000 + _all_reduce_ns()
+
+
+def test_a_replay_must_give_each_captured_collective_a_sequence_number():
+    e, _ = _two_ranks_capture(waited=True)
+    with pytest.raises(CallError, match="gave 0 sequence numbers for its 1 captured collectives"):
+        e.apply(0, [[P.R_GRAPH_REPLAY, 1, 0, 0]])
 
 
 def test_rank_graphs_bookkeeping_errors():

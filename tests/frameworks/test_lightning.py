@@ -113,11 +113,14 @@ def optimizer_kernels(trace: Path) -> dict[tuple[str, str], list[float]]:
     return out
 
 
-def check(run: Run, ranks: int, shards: int, grad_buckets: bool = False) -> dict[int, list[float]]:
+def check(run: Run, ranks: int, shards: int, grad_buckets: bool = False,
+          main_trains: bool = True) -> dict[int, list[float]]:
     """The checks every configuration shares; returns rank -> the trace's step times in ms.
 
     shards: how many ways parameters, gradients and optimizer state are split (1: replicated).
-    grad_buckets: DDP's gradient buckets, one more gradient-sized buffer."""
+    grad_buckets: DDP's gradient buckets, one more gradient-sized buffer.
+    main_trains: the process the user started is rank 0 (not with ddp_spawn, whose main process
+    only starts the ranks)."""
     assert run.proc.returncode == 0, f"exit {run.proc.returncode}{run.detail()}"
     out = run.proc.stdout
     assert f"simulated {ranks} rank(s)" in run.proc.stderr, run.detail()
@@ -169,8 +172,13 @@ def check(run: Run, ranks: int, shards: int, grad_buckets: bool = False) -> dict
     upper = static + 2 * PARAMS + 5.5 * logits32 + 32 * MiB
     for peak in summary.memory:
         assert lower <= peak.allocated_bytes <= upper, (peak, lower, upper)
-    # the script's own max_memory_allocated() reads the simulated allocator's peak
-    reported = float(re.search(r"peak memory ([\d.]+) GiB", out).group(1))
+    # the script's own max_memory_allocated() reads the simulated allocator's peak: at its end,
+    # or (ddp_spawn) in rank 0's last StepTimer line
+    if main_trains:
+        reported = float(re.search(r"peak memory ([\d.]+) GiB", out).group(1))
+    else:
+        reported = float(re.findall(r"rank 0 step \d+: time [\d.]+ ms, [\d,]+ tokens/s, max memory ([\d.]+) GiB",
+                                    out)[-1])
     assert reported == pytest.approx(summary.memory[0].allocated_bytes / 2**30, abs=1e-3)
     return trace_ms
 
@@ -234,3 +242,15 @@ def test_fsdp2_model_parallel_strategy(tmp_path: Path) -> None:
     """ModelParallelStrategy with configure_model calling fully_shard per block (FSDP2)."""
     run = run_lightning(tmp_path, "--strategy", "model_parallel", devices=2)
     check(run, ranks=2, shards=2)
+
+
+def test_ddp_spawn(tmp_path: Path) -> None:
+    """strategy="ddp_spawn": torch.multiprocessing.spawn starts both ranks from the process the
+    user started, pickling the Trainer and the LightningModule, whose tensors are virtual
+    (interpose/pickling.py); each spawned child becomes a rank at init_process_group. The main
+    process trains nothing itself, as on a GPU: its trainer's step count is not sent back by
+    Lightning, and it never touched a GPU."""
+    run = run_lightning(tmp_path, "--strategy", "ddp_spawn", devices=2)
+    trace_ms = check(run, ranks=2, shards=1, grad_buckets=True, main_trains=False)
+    assert "trained 0 steps; peak memory 0.000 GiB" in run.proc.stdout, run.detail()
+    check_bar(run, trace_ms[0])

@@ -87,18 +87,31 @@ def test_debug_model_one_gpu_default_config(tmp_path: Path, frameworks_cuda_pyth
 
 
 def test_debug_model_fsdp_two_gpus(tmp_path: Path, frameworks_cuda_python: str) -> None:
-    """FSDP2 over 2 GPUs (TorchTitan shards over every rank by default). CUDA graphs are turned off
-    with TorchTitan's own flag: phantora does not yet simulate NCCL collectives captured into a
-    CUDA graph (docs/frameworks/torchtitan.md)."""
-    run = torchtitan(tmp_path, frameworks_cuda_python, 2, "--training.steps", str(STEPS),
-                     "--training.disable_cuda_graphs")
+    """FSDP2 over 2 GPUs (TorchTitan shards over every rank by default) with CUDA graphs at their
+    default: step 1 runs eagerly, step 2 captures the forward+backward, FSDP's all-gathers and
+    reduce-scatters included, and replays it; steps 3.. replay it. Each replay runs the captured
+    collectives again, matched across the ranks (phantora/engine/graphs.py)."""
+    run = torchtitan(tmp_path, frameworks_cuda_python, 2, "--training.steps", str(STEPS))
     lines = _assert_trained(run, ranks=2)
-    assert "dp_shard=2" in run.output
+    assert "dp_shard=2" in run.output and "Recorded CUDA graph" in run.output
     events = load_chrome_trace(run.trace)["traceEvents"]
+    replays = STEPS - 1
     for pid in (1, 2):
-        ops = [e["args"]["op"] for e in events if e.get("ph") == "X" and e.get("pid") == pid
-               and e["name"].startswith("ncclDevKernel")]
-        # each step gathers every FSDP unit's parameters and reduce-scatters its gradients
-        assert ops.count("all_gather") >= STEPS * (LAYERS + 1), ops
-        assert ops.count("reduce_scatter") >= STEPS * (LAYERS + 1), ops
+        nccl = [e for e in events if e.get("ph") == "X" and e.get("pid") == pid and e["name"].startswith("ncclDevKernel")]
+        replayed = [e for e in nccl if "of CUDA graph" in e["args"]["call site"]]
+        eager = [e for e in nccl if e not in replayed]
+        assert len([e for e in events if e.get("pid") == pid and e.get("name") == "cudaGraphLaunch"]) == replays
+        # each step gathers every FSDP unit's parameters and reduce-scatters its gradients: step 1
+        # eagerly, steps 2.. from the graph, the same reduce-scatters in each
+        rs = [e for e in eager if e["args"]["op"] == "reduce_scatter"]
+        assert len(rs) >= LAYERS + 1, eager
+        ops = [e["args"]["op"] for e in replayed]
+        assert ops.count("reduce_scatter") == replays * len(rs), ops
+        assert ops.count("all_gather") >= replays * (LAYERS + 1) and ops.count("all_gather") % replays == 0, ops
+        # every replayed collective ran within its step: before that step's optimizer kernel
+        ends = optimizer_kernel_ends_us(run.trace, pid - 1)
+        per_replay = len(replayed) // replays
+        for k, e in enumerate(sorted(replayed, key=lambda e: e["ts"])):
+            step = 2 + k // per_replay
+            assert ends[step - 2] < e["ts"] and e["ts"] + e["dur"] <= ends[step - 1], (k, e)
     _assert_memory(run, lines, dp=2)

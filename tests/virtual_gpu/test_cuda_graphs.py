@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,45 @@ def test_cuda_graph_recipe(tmp_path: Path, user_python: str) -> None:
         assert len(graph_kernels) == ops
 
 
+CAPTURED_SITE = "cuda_graphs_collective.py:43"  # the dist.all_reduce inside torch.cuda.graph(g)
+COLLECTIVE_REPLAYS = 5  # as in scripts/cuda_graphs_collective.py
+
+
 @BUILDS
-def test_collective_inside_capture_is_refused_at_the_call(tmp_path: Path, user_python: str) -> None:
-    proc, _ = run_traced(tmp_path, user_python, "cuda_graphs_collective.py", options=("--nproc-per-node", "2"))
-    assert_ran(proc, "collective after the refused capture")
-    assert proc.stdout.count("ok collective in a capture refused") == 2, proc.stdout
+def test_collective_captured_in_a_graph_runs_at_each_replay(tmp_path: Path, user_python: str) -> None:
+    proc, trace = run_traced(tmp_path, user_python, "cuda_graphs_collective.py", options=("--nproc-per-node", "2"))
+    assert_ran(proc, "collective captured into a CUDA graph", "replays include the all-reduce",
+               "collective after the replays")
+    slices = _slices(trace)
+    for pid in (1, 2):  # ranks 0 and 1
+        mine = [s for s in slices if s["pid"] == pid]
+        nccl = [s for s in mine if s["name"].startswith("ncclDevKernel_AllReduce")]
+        replayed = [s for s in nccl if CAPTURED_SITE in s["args"]["call site"]]
+        # one all-reduce per replay, none at the capture; the eager ones before and after stay
+        assert len(replayed) == COLLECTIVE_REPLAYS and len(nccl) == COLLECTIVE_REPLAYS + 2, nccl
+        # on the group's communication stream, as the eager all-reduces
+        assert {s["tid"] for s in nccl} == {nccl[0]["tid"]}
+        # the eager ones took sequence numbers 0 and 6, the replays 1..5 in order: the same on both ranks
+        assert [s["args"]["seq"] for s in sorted(nccl, key=lambda s: s["ts"])] == list(range(COLLECTIVE_REPLAYS + 2))
+        captured = [s for s in mine if s["name"] == "nccl:all_reduce" and "captured into CUDA graph" in s["args"]]
+        assert len(captured) == 1, captured
+        graph = captured[0]["args"]["captured into CUDA graph"]
+        kernels = [s for s in mine if s["cat"] == "kernel" and s["args"].get("graph") == graph]
+        for r, ar in enumerate(sorted(replayed, key=lambda s: s["ts"])):
+            assert ar["args"]["call site"].endswith(f"(replay {r} of CUDA graph {graph})")
+            matmul, scale = sorted((k for k in kernels if k["args"]["graph replay"] == r), key=lambda k: k["ts"])
+            # after the replay's matmul, whose output it reduces; the multiply waits for it
+            assert matmul["ts"] + matmul["dur"] <= ar["ts"] + 1e-3
+            assert ar["ts"] + ar["dur"] <= scale["ts"] + 1e-3
+            assert matmul["tid"] == scale["tid"] != ar["tid"]
+
+
+def test_mismatched_replays_of_a_collective_fail_on_every_rank(tmp_path: Path) -> None:
+    """Rank 1 replays once less: rank 0's last replayed all-reduce meets rank 1's next eager one."""
+    proc, _ = run_traced(tmp_path, sys.executable, "cuda_graphs_collective.py", "mismatch",
+                         options=("--nproc-per-node", "2"), timeout=300)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "mismatched collective" in out and "mismatched replays must fail" not in out, out[-4000:]
+    assert "(replay 4 of CUDA graph 2)" in out and "all_reduce(4,096 bytes" in out, out[-4000:]
+    assert "exited with code 1 (the first rank to fail: the root cause)" in out, out[-4000:]

@@ -7,6 +7,7 @@ It runs unchanged on real GPUs:
     python train_llama.py --devices 2                      # Lightning's own launcher spawns rank 1
     torchrun --nproc-per-node 2 train_llama.py --devices 2 # Lightning detects torchrun
     python train_llama.py --devices 2 --strategy fsdp
+    python train_llama.py --devices 2 --strategy ddp_spawn # torch.multiprocessing.spawn starts both ranks
 
 This is a stand-in for a user's project (no Hub model, no data download): the model is built from
 its sizes and the data are random token ids, which is all the timing depends on.
@@ -111,6 +112,14 @@ class RandomTokens(Dataset):
         return self.data[i]
 
 
+def batch_size(batch: torch.Tensor) -> int:
+    return batch.shape[0]
+
+
+def batch_tokens(batch: torch.Tensor) -> int:
+    return batch.shape[0] * (batch.shape[1] - 1)
+
+
 class StepTimer(L.Callback):
     """Wall time per training step as a user measures it: wait for the GPU, read perf_counter."""
 
@@ -132,7 +141,7 @@ class StepTimer(L.Callback):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--devices", type=int, default=1)
-    ap.add_argument("--strategy", default="auto", help="auto, ddp, fsdp, or model_parallel (FSDP2)")
+    ap.add_argument("--strategy", default="auto", help="auto, ddp, ddp_spawn, fsdp, or model_parallel (FSDP2)")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--dim", type=int, default=256)
@@ -158,8 +167,8 @@ def main() -> None:
         max_steps=args.steps, log_every_n_steps=1, default_root_dir=args.root, gradient_clip_val=args.clip,
         logger=CSVLogger(args.root, name="llama"),
         callbacks=[StepTimer(args.batch * args.seq),
-                   ThroughputMonitor(batch_size_fn=lambda b: b.shape[0], length_fn=lambda b: b.shape[0] * (b.shape[1] - 1),
-                                     window_size=2),
+                   # module-level functions, not lambdas: ddp_spawn pickles the callbacks
+                   ThroughputMonitor(batch_size_fn=batch_size, length_fn=batch_tokens, window_size=2),
                    *([TQDMProgressBar()] if args.progress_bar == "tqdm" else [])],
     )
     trainer.fit(model, data)
