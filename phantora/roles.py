@@ -48,9 +48,10 @@ class RankRoles:
         return cls(world_size, tuple(range(world_size)))
 
     @classmethod
-    def parse(cls, text: str, world_size: int) -> "RankRoles":
-        """--ranks: `all`, `auto` (one role: every rank mirrors rank 0) or a list of ranks
-        such as `0,8,16,24` (each stands for the ranks up to the next)."""
+    def parse(cls, text: str, world_size: int, witness: bool = False) -> "RankRoles":
+        """--ranks: `all`, `auto` (one role: every rank mirrors rank 0, the last rank runs as
+        its witness) or a list of ranks such as `0,8,16,24` (each stands for the ranks up to the
+        next; with `witness`, the last rank runs too, as a witness of the last role)."""
         text = text.strip().lower()
         if text == "all":
             return cls.all_ranks(world_size)
@@ -65,7 +66,8 @@ class RankRoles:
                                    "its logging); for example --ranks 0," + ",".join(map(str, ranks)))
         if ranks[-1] >= world_size:
             raise RanksChoiceError(f"--ranks {text!r}: rank {ranks[-1]} is outside the world of {world_size} ranks")
-        return cls(world_size, tuple(ranks))
+        last = world_size - 1
+        return cls(world_size, tuple(ranks), (last,) if witness and last not in ranks and last - ranks[-1] > 1 else ())
 
     @property
     def processes(self) -> tuple[int, ...]:

@@ -71,6 +71,7 @@ class TraceRun:
     quiet: bool = False  # --quiet: no status line, no periodic status lines
     status_every_s: float = 30.0  # --status-every: plain status lines off a terminal; hang notices after it
     ranks: str = "default"  # --ranks: which ranks run as processes (phantora/roles.py)
+    witness: bool = False  # also run the last rank as a witness (set when --ranks auto found the stages)
 
 
 MIRROR_FROM_RANKS = 65  # --ranks default: every rank runs up to 64 ranks, rank 0 stands for the rest above
@@ -109,7 +110,7 @@ def rank_roles(run: TraceRun) -> RankRoles | None:
     assert run.cluster is not None
     world = run.nproc_per_node * run.cluster.nodes
     choice = run.ranks if run.ranks != "default" else ("auto" if world >= MIRROR_FROM_RANKS else "all")
-    return RankRoles.parse(choice, world)
+    return RankRoles.parse(choice, world, witness=run.witness)
 
 
 @dataclass
@@ -183,7 +184,7 @@ def run_trace(run: TraceRun) -> TraceResult:
         e = result.refuted
         print(f"phantora: {e}\nphantora: starting again with --ranks {','.join(map(str, e.representatives))}",
               file=sys.stderr, flush=True)
-        run.ranks = ",".join(map(str, e.representatives))
+        run.ranks, run.witness = ",".join(map(str, e.representatives)), True
         result = _trace_once(run)
     return result
 

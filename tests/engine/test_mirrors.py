@@ -165,3 +165,9 @@ def test_pipeline_stages_as_representatives_mirror_their_data_parallel_peers():
     assert pids == [1, 2, 3, 4]
     mirrored = [s for s in sink.slices if s["name"].startswith("ncclDevKernel") and s["pid"] in (2, 4)]
     assert all(s["args"]["group ranks"] == [1, 3] for s in mirrored)
+
+
+def test_stages_found_by_auto_keep_a_witness_of_the_last_stage():
+    roles = RankRoles.parse("0,8,16,24", 32, witness=True)
+    assert roles.processes == (0, 8, 16, 24, 31) and roles.role_of(31) == 24
+    assert RankRoles.parse("0,8,16,24", 32).processes == (0, 8, 16, 24)
