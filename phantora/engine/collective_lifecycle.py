@@ -130,7 +130,7 @@ class CollectiveLifecycle:
         or RanksDiverged when the ranks turn out not to be alike."""
         mirrored = []
         if self.mirrors is not None:
-            self.mirrors.witness.collective(call)  # RanksDiverged
+            self.mirrors.check_witness(call)  # RolesRefuted, RanksDiverged
             mirrored = self.mirrors.calls_for(call)  # RolesRefuted
         try:
             p = self.matcher.join(call)

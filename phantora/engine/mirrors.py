@@ -141,6 +141,19 @@ class GroupFamilies:
         self.members[name] = members
         self.family[name] = fam
 
+    def outermost(self, world_size: int) -> tuple[int, ...] | None:
+        """Rank 0's group in the family that splits the world along its outermost dimension
+        (members 0, B, 2B, ... with B x size = the world): pipeline stages in TorchTitan's,
+        DeviceMesh's and Megatron-Core's layouts. None if no family does."""
+        found = []
+        for fam in {id(f): f for f in self.family.values()}.values():
+            g = len(fam.shape)
+            if 1 < g < world_size and world_size % g == 0:
+                stride = world_size // g
+                if fam.shape == tuple(i * stride for i in range(g)) and 0 in fam.by_rank:
+                    found.append(self.members[fam.by_rank[0]])
+        return max(found, key=len) if found else None
+
     def counterpart(self, name: str, rank: int, mirrored_from: int) -> tuple[str, tuple[int, ...]]:
         """The group of `name`'s family that contains `rank`."""
         fam = self.family.get(name)
@@ -183,6 +196,21 @@ class Mirrors:
         return m.node * self.gpus_per_node + m.local_rank
 
     # --- joining ------------------------------------------------------------------------------
+    def check_witness(self, call: CollectiveCall) -> None:
+        """Compare a witness's collective with its representative's (Witness). When one role
+        was assumed and the declared groups have an outermost dimension (pipeline stages that
+        diverge before their first point-to-point message, e.g. a last stage's larger output
+        layer), the divergence refutes the choice with one representative per stage."""
+        try:
+            self.witness.collective(call)
+        except RanksDiverged as e:
+            stages = self.groups.outermost(self.roles.world_size) if len(self.roles.representatives) == 1 else None
+            if stages is None:
+                raise
+            raise RolesRefuted(f"{e}\nThe groups of the outermost mesh dimension ({list(stages)}) look like "
+                               f"pipeline stages: run one representative per stage, --ranks "
+                               f"{','.join(map(str, stages))}", tuple(stages)) from None
+
     def calls_for(self, call: CollectiveCall) -> list[CollectiveCall]:
         """What each rank mirrored from `call.rank` calls when it calls `call`."""
         rep = call.rank

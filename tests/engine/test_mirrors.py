@@ -171,3 +171,18 @@ def test_stages_found_by_auto_keep_a_witness_of_the_last_stage():
     roles = RankRoles.parse("0,8,16,24", 32, witness=True)
     assert roles.processes == (0, 8, 16, 24, 31) and roles.role_of(31) == 24
     assert RankRoles.parse("0,8,16,24", 32).processes == (0, 8, 16, 24)
+
+
+def test_a_witness_of_another_stage_refutes_one_role_with_the_outermost_groups():
+    """8 ranks, (pp 2, tp 4), pp outermost: the witness (rank 7, stage 1) gathers another size
+    than rank 0 (stage 0) before any point-to-point message."""
+    e = mirrored_engine(8, "auto")
+    groups = [[P.R_GROUP, "0", list(range(8))], [P.R_GROUP, "pp0", [0, 4]], [P.R_GROUP, "pp1", [1, 5]],
+              [P.R_GROUP, "pp2", [2, 6]], [P.R_GROUP, "pp3", [3, 7]], [P.R_GROUP, "tp0", [0, 1, 2, 3]],
+              [P.R_GROUP, "tp1", [4, 5, 6, 7]]]
+    for r in (0, 7):
+        e.apply(r, groups)
+    e.join_collective(0, all_reduce((0, 1, 2, 3), "tp0", 0))
+    with pytest.raises(RolesRefuted, match=r"outermost mesh dimension \(\[0, 4\]\).*--ranks 0,4") as refuted:
+        e.join_collective(7, all_reduce((4, 5, 6, 7), "tp1", 7, nbytes=1 << 20))
+    assert refuted.value.representatives == (0, 4)
