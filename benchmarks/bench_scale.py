@@ -1,6 +1,7 @@
 """Simulated GPUs far beyond the processes run: representative ranks (`--ranks auto`), issue 17.
 
     python benchmarks/bench_scale.py [--gpus 8,64,128,1024,4096] [--titan 256,1024] [--only fsdp|titan]
+    python benchmarks/bench_scale.py --equivalence [--equivalence-gpus 8,16,32,64]
 
 Rows:
 - FSDP2 Llama-style 8B (32 layers, dim 4096, 32 heads, 8 KV heads, SwiGLU 14336, vocab 128256,
@@ -12,6 +13,11 @@ Rows:
   processes stand for every rank. Needs the CUDA build of torch with torchtitan
   ($PHANTORA_CUDA_TORCH_PYTHON or the environment tests/conftest.py builds); skipped, saying
   so, without it.
+
+--equivalence runs the examples (DDP, FSDP2, TP 4 x FSDP2, PP) with `--ranks auto` and with
+`--ranks all` at each GPU count and compares them: the largest difference of any rank's step
+(ProfilerStep slices), of any collective's end on any rank, and whether every rank has the same
+steps and collectives.
 
 Each configuration runs twice, with 1 and with 2 training steps; the difference in wall time is
 the wall time of one step without start-up. Columns: processes that ran (distinct roles and the
@@ -142,12 +148,62 @@ def titan_row(gpus: int, tmp: Path, python: str) -> tuple[str, int, Run, Run]:
     return "TorchTitan 8B TP8 x PP4 x FSDP", gpus, runs[0], runs[1]
 
 
+EXAMPLES = {  # small models: the point is the comparison, and --ranks all at 64 ranks
+    "DDP": ["examples/ddp_train.py", "--bucket-mb", "4"],
+    "FSDP2": ["examples/fsdp_train.py"],
+    "TP 4 x FSDP2": ["examples/tp_fsdp_train.py", "--tp", "4"],
+    "PP (1F1B)": ["examples/pp_train.py", "--microbatches", "8"],
+}
+SMALL = ["--layers", "4", "--embd", "256", "--heads", "4", "--seq", "256", "--batch", "8", "--steps", "3"]
+
+
+def _timelines(path: Path) -> tuple[dict, dict]:
+    steps: dict[int, list[float]] = {}
+    ends: dict[int, list[tuple]] = {}
+    for e in orjson.loads(path.read_bytes())["traceEvents"]:
+        if e.get("ph") != "X":
+            continue
+        if e["name"].startswith("ProfilerStep"):
+            steps.setdefault(e["pid"], []).append(e["dur"])
+        elif e["name"].startswith("ncclDevKernel"):
+            ends.setdefault(e["pid"], []).append((e["args"]["op"], e["ts"] + e["dur"]))
+    return steps, {pid: sorted(v, key=lambda x: x[1]) for pid, v in ends.items()}
+
+
+def equivalence(gpus: list[int], tmp: Path) -> None:
+    print(f"{'example':<14} {'GPUs':>5} {'processes':>9} {'wall auto s':>11} {'wall all s':>10} {'same ranks':>10} "
+          f"{'max step diff':>13} {'max coll. end diff us':>21}", flush=True)
+    for name, (script, *extra) in EXAMPLES.items():
+        for n in gpus:
+            if name.startswith("PP") and n > 16:
+                continue  # one stage per rank: nothing is mirrored, auto starts again with every rank
+            args = [*SMALL, *extra] if not name.startswith("PP") else [*SMALL[:-4], "--batch", "16", "--layers",
+                                                                          str(max(n, 4)), "--steps", "3", *extra]
+            runs = {}
+            for mode in ("auto", "all"):
+                out = tmp / f"eq-{mode}.json"
+                options = ["--nnodes", str(max(n // 8, 1)), "--nproc-per-node", str(min(n, 8)), "--ranks", mode]
+                runs[mode] = (trace([sys.executable, str(ROOT / script), *args], options, out, ROOT), _timelines(out))
+            (ra, (sa, ea)), (rb, (sb, eb)) = runs["auto"], runs["all"]
+            same = sorted(sa) == sorted(sb) and all(len(ea.get(p, [])) == len(eb[p]) for p in eb)
+            step_diff = max((abs(x - y) / y for p in sb for x, y in zip(sa.get(p, []), sb[p]) if y), default=0.0)
+            end_diff = max((abs(x[1] - y[1]) for p in eb for x, y in zip(ea.get(p, []), eb[p])), default=0.0)
+            print(f"{name:<14} {n:>5} {ra.processes:>9} {ra.wall_s:>11.1f} {rb.wall_s:>10.1f} {str(same):>10} "
+                  f"{step_diff * 100:>12.3f}% {end_diff:>21.3f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", default="8,64,128,1024,4096", help="GPU counts of the FSDP2 rows")
     ap.add_argument("--titan", default="256,1024", help="GPU counts of the TorchTitan TP x PP x FSDP rows")
     ap.add_argument("--only", choices=("fsdp", "titan"), default=None)
+    ap.add_argument("--equivalence", action="store_true", help="compare --ranks auto with --ranks all instead")
+    ap.add_argument("--equivalence-gpus", default="8,16,32,64")
     args = ap.parse_args()
+    if args.equivalence:
+        with tempfile.TemporaryDirectory() as tmp_dir:
+            equivalence([int(g) for g in args.equivalence_gpus.split(",")], Path(tmp_dir))
+        return
     print(f"{'config':<32} {'GPUs':>5} {'processes':>9} {'wall 1 step s':>13} {'wall/step s':>11} "
           f"{'sim step ms':>11} {'peak PSS MiB':>12} {'trace MiB':>9}", flush=True)
     with tempfile.TemporaryDirectory() as tmp_dir:
