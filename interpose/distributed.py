@@ -49,11 +49,17 @@ def _roles() -> RankRoles:
     return cached
 
 
-def _source(rank: int) -> int:
-    """The process that posts what `rank` contributes to an exchange of values or objects: the
-    rank itself, or its representative when it is mirrored (its contribution is taken to be the
-    representative's, phantora/roles.py)."""
-    return _roles().representative(rank)
+def _source(rank: int, members: tuple[int, ...] | list[int], me: int) -> int:
+    """The process whose post stands for what `rank` contributes to an exchange of values or
+    objects among `members`: the rank itself if it runs; its representative, when that is a
+    member too (a mirrored rank's contribution is taken to be its representative's,
+    phantora/roles.py); else this rank `me` (nobody posts for it in this group: the mirror of
+    another group's representative is taken to hold what this rank holds)."""
+    roles = _roles()
+    if roles.runs(rank):
+        return rank
+    rep = roles.representative(rank)
+    return rep if rep in members else me
 
 
 def _processes(members: tuple[int, ...] | list[int]) -> int:
@@ -335,8 +341,9 @@ class SimProcessGroup(dist.ProcessGroup):
         me = self.global_ranks[self.rank()]
         mine = [_held(t) for t in tensors]
         if op == "broadcast":
-            if me == _source(root):  # the root, or the representative that stands for it
-                self._post(key, mine)
+            if me == _source(root, self.global_ranks, me):  # the root, its stand-in, or nobody: keep mine
+                if _roles().runs(root) or _roles().representative(root) in self.global_ranks:
+                    self._post(key, mine)
                 return
 
             def receive() -> None:
@@ -347,7 +354,7 @@ class SimProcessGroup(dist.ProcessGroup):
             self._resolve_when_used(tensors, receive, [key])
             return
         self._post(f"{key}/{me}", mine)
-        keys = [f"{key}/{_source(r)}" for r in self.global_ranks]
+        keys = [f"{key}/{_source(r, self.global_ranks, me)}" for r in self.global_ranks]
 
         def reduce() -> None:
             with values.real_cpu():
@@ -398,7 +405,7 @@ class SimProcessGroup(dist.ProcessGroup):
         me = self.global_ranks[self.rank()]
         mine = [_held(t) for t in inputs]
         self._post(f"{key}/{me}", mine)
-        keys = [f"{key}/{_source(r)}" for r in self.global_ranks]
+        keys = [f"{key}/{_source(r, self.global_ranks, me)}" for r in self.global_ranks]
 
         def gather() -> None:
             with values.real_cpu():
@@ -424,7 +431,7 @@ class SimProcessGroup(dist.ProcessGroup):
         with values.real_cpu():  # the shadow's clone is phantora's bookkeeping, not the script's op
             mine = [_held(input)]
         self._post(f"{key}/{me}", mine)
-        keys = [f"{key}/{_source(r)}" for r in self.global_ranks]
+        keys = [f"{key}/{_source(r, self.global_ranks, me)}" for r in self.global_ranks]
 
         def gather() -> None:
             with values.real_cpu():
@@ -845,13 +852,14 @@ def _object_exchange(group: Any, kind: str, payload: bytes | None, root: int | N
     # A member takes its own blob from its hand, not from the store: rank 0 hosts the store
     # (env:// rendezvous) and may already have exited when the last member reads.
     if kind == "broadcast":
-        blobs = [payload if me == _source(root) and payload is not None else store.get(f"{key}/{_source(root)}")]
+        source = _source(root, members, me)
+        blobs = [payload if me == source and payload is not None else store.get(f"{key}/{source}")]
         nbytes = len(blobs[0])
         work = sim._collective("broadcast", [placeholder], nbytes, root=members.index(root))
     else:
         posted = {s: payload if s == me and payload is not None else store.get(f"{key}/{s}")
-                  for s in dict.fromkeys(_source(r) for r in members)}
-        everyone = [posted[_source(r)] for r in members]
+                  for s in dict.fromkeys(_source(r, members, me) for r in members)}
+        everyone = [posted[_source(r, members, me)] for r in members]
         nbytes = max(len(b) for b in everyone) * len(members)
         if kind == "all_gather":
             work = sim._collective("all_gather", [placeholder], nbytes)
@@ -877,7 +885,8 @@ def _global_rank(group: Any, rank: int | None, group_rank: int | None) -> int:
 def _broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
                            device: Any = None, group_src: int | None = None) -> None:
     src = _global_rank(group, src, group_src)
-    payload = pickle.dumps(list(object_list)) if dist.get_rank() == _source(src) else None
+    members = _sim_pg(group or c10d._get_default_group()).global_ranks
+    payload = pickle.dumps(list(object_list)) if dist.get_rank() == _source(src, members, dist.get_rank()) else None
     [blob] = _object_exchange(group, "broadcast", payload, src)
     object_list[:] = pickle.loads(blob)
 
@@ -899,7 +908,8 @@ def _scatter_object_list(scatter_object_output_list: list[Any], scatter_object_i
     # is close to a broadcast of the whole list, which is how it is timed.
     src = _global_rank(group, src, group_src)
     me = dist.get_rank()
-    payload = pickle.dumps(list(scatter_object_input_list or [])) if me == _source(src) else None
+    members = _sim_pg(group or c10d._get_default_group()).global_ranks
+    payload = pickle.dumps(list(scatter_object_input_list or [])) if me == _source(src, members, me) else None
     [blob] = _object_exchange(group, "broadcast", payload, src)
     members = _sim_pg(group or c10d._get_default_group()).global_ranks
     scatter_object_output_list[0] = pickle.loads(blob)[members.index(me)]
@@ -925,7 +935,7 @@ def _recv_object_list(object_list: list[Any], src: int | None = None, group: Any
     me = dist.get_rank()
     if not _roles().runs(src):
         raise RuntimeError(f"phantora: rank {me} receives objects from rank {src}, which is mirrored from rank "
-                           f"{_source(src)} (--ranks {_roles().env_value()}): a mirrored rank sends nothing. Make rank "
+                           f"{_roles().representative(src)} (--ranks {_roles().env_value()}): a mirrored rank sends nothing. Make rank "
                            f"{src} a representative (--ranks) or run every rank (--ranks all).")
     key = f"phantora/p2p_objects/{src}->{me}/{sim.next_p2p_seq(src, me)}"
     blob = c10d._get_default_store().get(key)
