@@ -12,7 +12,7 @@ import pytest
 from phantora.trace.check import check_chrome_trace
 
 from test_parallel_examples import SMALL, step_lines
-from test_trace_cli import events, trace_script
+from test_trace_cli import SCRIPTS, events, trace_script
 
 # ProfilerStep slices and NCCL kernels per trace process (pid = rank + 1), as (ts, dur, op, group)
 Timeline = dict[int, list[tuple]]
@@ -100,3 +100,15 @@ def test_a_bad_ranks_choice_is_a_usage_error(tmp_path):
     assert proc.returncode == 2 and "--ranks" in proc.stderr and "rank 0 must be a representative" in proc.stderr
     proc, _ = trace_script(tmp_path, "examples/ddp_train.py", options=("--ranks", "auto"))
     assert proc.returncode == 2 and "needs --nproc-per-node" in proc.stderr
+
+
+def test_values_in_groups_without_a_representative_do_not_wait_for_posts_nobody_makes(tmp_path):
+    """--ranks auto on 4 ranks runs rank 0 and its witness rank 3. Rank 3's groups ({1, 3} and
+    {2, 3}) hold ranks mirrored from rank 0, which is not in them: their contributions are taken
+    to be what rank 3 holds (docs/scale.md), where waiting for rank 0's post would hang."""
+    proc, _ = trace_script(tmp_path, str(SCRIPTS / "mirror_values.py"),
+                           options=("--nproc-per-node", "4", "--ranks", "auto", "--call-timeout", "120"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # rank 0: its dp peer 2 is mirrored from it (1 + 1); rank 3: its peer 1 is taken as itself (4 + 4)
+    assert "rank 0: dp sum 2 tp ranks [0, 0] broadcast 0" in proc.stdout
+    assert "rank 3: dp sum 8 tp ranks [3, 3] broadcast 3" in proc.stdout
