@@ -48,10 +48,10 @@ def _python() -> str:
 
 
 def _run(workdir: Path, *, name: str, config: str, ranks: int, overrides: tuple[str, ...], gpu: str | None = None,
-         note: str = "") -> Row:
-    options = ("--quiet",) + (("--gpu", gpu) if gpu else ())
-    run = torchtitan(workdir, _python(), ranks, "--training.steps", str(STEPS), "--metrics.log_freq", "1",
-                     *overrides, config=config, phantora_options=options, timeout=3600)
+         note: str = "", nnodes: int = 1) -> Row:
+    options = ("--quiet",) + (("--gpu", gpu) if gpu else ()) + (("--ranks", "auto") if nnodes > 1 else ())
+    run = torchtitan(workdir, _python(), ranks // nnodes, "--training.steps", str(STEPS), "--metrics.log_freq", "1",
+                     *overrides, config=config, phantora_options=options, timeout=3600, nnodes=nnodes)
     if run.proc.returncode != 0:
         raise RuntimeError(f"exit {run.proc.returncode}: {run.output[-1500:]}")
     lines = run.steps()
@@ -68,9 +68,13 @@ def _run(workdir: Path, *, name: str, config: str, ranks: int, overrides: tuple[
 
 
 def _case(name: str, ranks: int, *overrides: str, config: str = "llama3_debugmodel", gpu: str | None = None,
-          note: str = "") -> Case:
+          note: str = "", nnodes: int = 1) -> Case:
     return Case("torchtitan", name, ranks, partial(_run, name=name, config=config, ranks=ranks, overrides=overrides, gpu=gpu,
-                                                   note=note))
+                                                   note=note, nnodes=nnodes))
+
+
+LLAMA_8B = ("--training.local_batch_size", "2", "--training.seq_len", "8192", "--hf_assets_path",
+            "./tests/assets/tokenizer", "--dataloader.dataset", "c4_test")
 
 
 CASES: list[Case] = [
@@ -84,7 +88,9 @@ CASES: list[Case] = [
           "--parallelism.pipeline_parallel_schedule", "1F1B"),
     _case("debugmodel PP Interleaved1F1B", 2, EAGER, "--parallelism.pipeline_parallel_degree", "2"),
     _case("debugmodel FSDP", 8, EAGER),
-    _case("Llama 3 8B FSDP, bs 2, seq 8192, SAC (h100-96gb)", 8, EAGER, "--training.local_batch_size", "2",
-          "--training.seq_len", "8192", "--hf_assets_path", "./tests/assets/tokenizer", "--dataloader.dataset",
-          "c4_test", config="llama3_8b", gpu="h100-96gb", note="published: 5,762 tokens/s/GPU, 82.4 GiB"),
+    _case("Llama 3 8B FSDP, bs 2, seq 8192, SAC (h100-96gb)", 8, EAGER, *LLAMA_8B, config="llama3_8b",
+          gpu="h100-96gb", note="published: 5,762 tokens/s/GPU, 82.4 GiB"),
+    # 16 nodes through TorchTitan's own torchrun line, with representative ranks (docs/scale.md)
+    _case("Llama 3 8B FSDP, 16 nodes, --ranks auto (h100-96gb)", 128, EAGER, *LLAMA_8B, config="llama3_8b",
+          gpu="h100-96gb", nnodes=16, note="published: 5,605 tokens/s/GPU, 67.0 GiB"),
 ]

@@ -59,7 +59,7 @@ class Run:
 
 
 def torchtitan(workdir: Path, python: str, nproc: int, *overrides: str, config: str = "llama3_debugmodel",
-               phantora_options: tuple[str, ...] = (), timeout: float = 1800) -> Run:
+               phantora_options: tuple[str, ...] = (), timeout: float = 1800, nnodes: int = 1) -> Run:
     """`phantora trace [options] -o workdir/run.json -- torchrun --nproc-per-node N -m torchtitan.train
     --module llama3 --config CONFIG OVERRIDES...` from workdir, with the stand-in assets in it."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -67,7 +67,8 @@ def torchtitan(workdir: Path, python: str, nproc: int, *overrides: str, config: 
     trace = workdir / "run.json"
     torchrun = str(Path(python).parent / "torchrun")
     cmd = [sys.executable, "-m", "phantora.cli", "trace", *phantora_options, "-o", str(trace), "--",
-           torchrun, "--nproc-per-node", str(nproc), "-m", "torchtitan.train", "--module", "llama3", "--config",
+           torchrun, *(("--nnodes", str(nnodes)) if nnodes > 1 else ()), "--nproc-per-node", str(nproc), "-m",
+           "torchtitan.train", "--module", "llama3", "--config",
            config, *overrides]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
