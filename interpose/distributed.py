@@ -933,13 +933,21 @@ def _recv_object_list(object_list: list[Any], src: int | None = None, group: Any
     src = _global_rank(group, src, group_src)
     sim = _sim_pg(group or c10d._get_default_group())
     me = dist.get_rank()
+    sender, receiver = src, me
     if not _roles().runs(src):
-        raise RuntimeError(f"phantora: rank {me} receives objects from rank {src}, which is mirrored from rank "
-                           f"{_roles().representative(src)} (--ranks {_roles().env_value()}): a mirrored rank sends nothing. Make rank "
-                           f"{src} a representative (--ranks) or run every rank (--ranks all).")
-    key = f"phantora/p2p_objects/{src}->{me}/{sim.next_p2p_seq(src, me)}"
+        # A mirrored sender sends what its representative sent to the rank placed as this one
+        # is (e.g. a witness of the last pipeline stage receives what stage 2's representative
+        # sent to stage 3's); that rank reads and deletes it, this one only reads.
+        sender = _roles().representative(src)
+        receiver = me - (src - sender)
+        if not (0 <= receiver < dist.get_world_size() and _roles().runs(receiver)):
+            raise RuntimeError(f"phantora: rank {me} receives objects from rank {src}, which is mirrored from rank "
+                               f"{sender} (--ranks {_roles().env_value()}), and no running rank received its "
+                               f"counterpart. Make rank {src} a representative (--ranks) or run every rank (--ranks all).")
+    key = f"phantora/p2p_objects/{sender}->{receiver}/{sim.next_p2p_seq(src, me)}"
     blob = c10d._get_default_store().get(key)
-    c10d._get_default_store().delete_key(key)
+    if receiver == me:
+        c10d._get_default_store().delete_key(key)
     received = pickle.loads(blob)
     sim._p2p("recv", [], sim.global_ranks.index(src), nbytes=8 * len(received) + len(blob)).wait()
     object_list[:len(received)] = received
