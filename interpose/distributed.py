@@ -937,7 +937,7 @@ def _recv_object_list(object_list: list[Any], src: int | None = None, group: Any
     if not _roles().runs(src):
         # A mirrored sender sends what its representative sent to the rank placed as this one
         # is (e.g. a witness of the last pipeline stage receives what stage 2's representative
-        # sent to stage 3's); that rank reads and deletes it, this one only reads.
+        # sent to stage 3's).
         sender = _roles().representative(src)
         receiver = me - (src - sender)
         if not (0 <= receiver < dist.get_world_size() and _roles().runs(receiver)):
@@ -946,7 +946,7 @@ def _recv_object_list(object_list: list[Any], src: int | None = None, group: Any
                                f"counterpart. Make rank {src} a representative (--ranks) or run every rank (--ranks all).")
     key = f"phantora/p2p_objects/{sender}->{receiver}/{sim.next_p2p_seq(src, me)}"
     blob = c10d._get_default_store().get(key)
-    if receiver == me:
+    if not _roles().mirrored:  # with mirrored ranks, a witness may read it after its receiver
         c10d._get_default_store().delete_key(key)
     received = pickle.loads(blob)
     sim._p2p("recv", [], sim.global_ranks.index(src), nbytes=8 * len(received) + len(blob)).wait()
