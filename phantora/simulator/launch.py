@@ -31,6 +31,7 @@ from phantora.hardware import GPUSpec
 from phantora.net.cluster import Cluster
 from phantora.net.network import Network
 from phantora.simulator.failure import SimulatorFailure
+from phantora.simulator.forkserver import RankProcess, start_rank_processes
 from phantora.simulator.progress import Progress
 from phantora.simulator.server import SimulatorServer
 from phantora.trace import TeeSink, TraceSink, open_sink
@@ -171,12 +172,12 @@ def run_trace(run: TraceRun) -> TraceResult:
             envs = [dict(base_env, **rank_env(run, r, port, run_id))
                     for r in range(run.nproc_per_node * run.cluster.nodes)]
         server.ranks_expected = len(envs) if run.nproc_per_node is not None else 0
-        for env in envs:
-            try:
-                procs.append(subprocess.Popen(run.command, env=env))
-            except (FileNotFoundError, PermissionError) as e:
-                ranks.stop_all(signal.SIGTERM)
-                raise CommandNotFound(f"cannot run {run.command[0]!r}: {e.strerror}") from e
+        try:
+            for proc in start_rank_processes(run.command, envs):  # from a fork server where sound
+                procs.append(proc)
+        except (FileNotFoundError, PermissionError) as e:
+            ranks.stop_all(signal.SIGTERM)
+            raise CommandNotFound(f"cannot run {run.command[0]!r}: {e.strerror}") from e
         server.serve(ranks.keep_going)
         ranks.finish()
         exit_code = ranks.exit_code()
@@ -363,7 +364,7 @@ class RankWatch:
 
     def __init__(self, server: SimulatorServer) -> None:
         self.server = server
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen | RankProcess] = []
         self.exits: dict[int, RankExit] = {}
         self.interrupted: list[int] = []  # signals phantora received
         self._stop_at: float | None = None
