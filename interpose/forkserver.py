@@ -163,7 +163,8 @@ def run(start: RankStart) -> None:
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != os.path.abspath(script):
             tb = tb.tb_next  # this module's and runpy's frames: not in `python script.py`'s traceback
-        sys.excepthook(type(e), e, tb or e.__traceback__)
+        tb = tb or e.__traceback__
+        sys.excepthook(type(e), e.with_traceback(tb), tb)  # some hooks format e.__traceback__
         sys.exit(1)
 
 
