@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,7 +35,7 @@ def _trace(tmp_path: Path, *script_args: str, nproc: int = 2, env: dict[str, str
 
 
 def _ranks(stdout: str) -> list[dict]:
-    infos = [json.loads(line.split("RANKINFO ", 1)[1]) for line in stdout.splitlines() if "RANKINFO " in line]
+    infos = [json.loads(m) for m in re.findall(r"RANKINFO (\{[^{}]*\})", stdout)]  # lines of ranks may interleave
     return sorted(infos, key=lambda i: int(i["rank"]))
 
 

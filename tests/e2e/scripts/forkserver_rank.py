@@ -20,11 +20,12 @@ torch.cuda.set_device(0 if "--set-visible" in sys.argv else local)
 dist.init_process_group("nccl")
 x = torch.ones(1000, device="cuda")
 dist.all_reduce(x)
-print("RANKINFO " + json.dumps({
+sys.stdout.write("RANKINFO " + json.dumps({
     "torch_before": torch_before, "rank": os.environ["RANK"], "local_rank": os.environ["LOCAL_RANK"],
     "dist_rank": dist.get_rank(), "argv": sys.argv, "path0": sys.path[0], "file": __file__,
     "threads": torch.get_num_threads(), "pid": os.getpid(), "ppid": os.getppid(),
-    "draw": float(np.random.rand()), "devices": torch.cuda.device_count(), "sum": x[0].item()}), flush=True)
+    "draw": float(np.random.rand()), "devices": torch.cuda.device_count(), "sum": x[0].item()}) + "\n")
+sys.stdout.flush()
 dist.destroy_process_group()
 rank = dist_rank = int(os.environ["RANK"])
 if "--exit-rank" in sys.argv and rank == int(sys.argv[sys.argv.index("--exit-rank") + 1]):
