@@ -146,6 +146,7 @@ def run(start: RankStart) -> None:
     """Run the rank's script as `python script.py` / `python -m module` runs it."""
     os.environ.clear()
     os.environ.update(start.import_env)
+    sys.orig_argv = [start.argv0, *start.argv]
     if "numpy.random" in sys.modules:  # seeded at import: a fresh process has its own seed
         sys.modules["numpy.random"].seed()
     _interpose_at_first_torch_import(start)
