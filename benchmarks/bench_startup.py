@@ -11,7 +11,19 @@ Wall is the run's wall time; CPU is user + system time of phantora and every pro
 (os.wait4's rusage includes every descendant that was waited for), so CPU/rank includes the
 simulator's share. PSS/rank: peak proportional set size of every process under phantora (pages
 shared by forked ranks are split between them), summed and divided by the rank count. More than
-8 ranks use 8-GPU nodes (--nnodes). One run each: compare ratios within one invocation.
+8 ranks use 8-GPU nodes (--nnodes). One rank never uses the fork server (nothing to share): both
+columns are Popen there. One run each: compare ratios within one invocation.
+
+Measured 2026-11-24 on the 2-core machine under a load average of 25-48 (other sessions' jobs):
+workload ranks | Popen wall s CPU/rank s PSS/rank MiB | fork wall s CPU/rank s PSS/rank MiB | wall x  CPU x
+ startup     1 |          3.7       2.80          220 |         4.6       2.99          221 |   0.80   0.94
+ startup     8 |         45.9       3.28          220 |         8.1       0.66          216 |   5.65   4.99
+ startup    16 |        102.4       3.08          220 |        18.9       0.55          191 |   5.41   5.59
+ startup    32 |        206.1       3.19          220 |        23.6       0.51          162 |   8.74   6.22
+    fsdp     1 |          4.8       2.95          243 |         4.5       2.94          248 |   1.06   1.00
+    fsdp     8 |         42.8       3.62          232 |        17.1       1.26          226 |   2.50   2.86
+    fsdp    16 |        141.0       3.86          226 |        30.7       1.14          201 |   4.60   3.39
+    fsdp    32 |        215.0       3.87          224 |        48.7       1.11          170 |   4.41   3.47
 """
 
 from __future__ import annotations

@@ -108,7 +108,9 @@ def main() -> None:
               help="Nodes in the cluster (as torchrun's --nnodes).")
 @click.option("--nproc-per-node", "--nproc_per_node", "nproc_per_node", type=click.IntRange(1), default=None,
               help="Start this many rank processes per node with torchrun's environment (RANK, LOCAL_RANK, "
-                   "WORLD_SIZE, MASTER_ADDR, ...). Without it COMMAND runs once (it may be torchrun itself).")
+                   "WORLD_SIZE, MASTER_ADDR, ...). Without it COMMAND runs once (it may be torchrun itself). "
+                   "For `python script.py` or `python -m module` the ranks fork from a process that imported "
+                   "torch once (PHANTORA_FORK_SERVER=0: start each with its own interpreter).")
 @click.option("--collective-timeout", type=click.FloatRange(1.0), default=300.0, show_default=True,
               help="Seconds (wall time) a collective waits for its last member before the waiting ranks fail.")
 @click.option("--call-timeout", type=click.FloatRange(1.0), default=600.0, show_default=True,

@@ -5,7 +5,7 @@ Every rank of `python script.py` pays torch's import (torch, torch._dynamo, FSDP
 of CPU) before doing anything else; a fork server pays it once and forks the ranks from there.
 It is used when the command is a Python interpreter (python, python3.11, a path to one) followed
 by a script file or `-m module`, and the ranks' environments differ only in the variables that
-name the rank (nothing reads those while torch is imported: tests/simulator/test_forkserver.py).
+name the rank (nothing reads those while torch is imported: tests/e2e/test_forkserver.py).
 Anything else (torchrun, a shell script, `python -c`, interpreter options) starts with Popen,
 as does everything when PHANTORA_FORK_SERVER=0.
 
@@ -96,6 +96,7 @@ class ForkServer:
         self._pending = b""
         self._by_pid: dict[int, RankProcess] = {}
         self._started: list[RankProcess] = []
+        self._expected = len(plan.rank_envs)
         self.fallback: str | None = None
         self._send({"argv0": plan.command[0], "argv": plan.command[1:], "path0": plan.path0,
                     "envs": [{k: v for k, v in env.items() if k not in plan.common_env} for env in plan.rank_envs]})
@@ -138,6 +139,9 @@ class ForkServer:
                 self._by_pid[int(pid)].returncode = int(code)
             elif word == "fallback":
                 self.fallback = rest
+        if len(self._started) == self._expected and all(p.returncode is not None for p in self._started):
+            while self._status_r >= 0:  # it exits after the last rank: reap it now
+                self.read(None)
 
     def _server_ended(self) -> None:
         os.close(self._status_r)
