@@ -150,20 +150,23 @@ def run(start: RankStart) -> None:
     if "numpy.random" in sys.modules:  # seeded at import: a fresh process has its own seed
         sys.modules["numpy.random"].seed()
     _interpose_at_first_torch_import(start)
-    if start.argv[0] == "-m":
-        sys.argv = ["-m", *start.argv[2:]]
-        runpy._run_module_as_main(start.argv[1], alter_argv=True)  # type: ignore[attr-defined]
-        return
-    script = start.argv[0]
-    sys.argv = list(start.argv)
+    module = start.argv[1] if start.argv[0] == "-m" else None
     try:
-        runpy.run_path(os.path.abspath(script), run_name="__main__")
+        if module is not None:
+            sys.argv = ["-m", *start.argv[2:]]
+            runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]  (what `python -m` runs)
+        else:
+            sys.argv = list(start.argv)
+            runpy.run_path(os.path.abspath(start.argv[0]), run_name="__main__")
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as e:  # noqa: BLE001 - printed as Python prints an uncaught exception
-        tb = e.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename != os.path.abspath(script):
-            tb = tb.tb_next  # this module's and runpy's frames: not in `python script.py`'s traceback
+        # Without this function's frame, and for a script without runpy's: as `python script.py`
+        # and `python -m module` print it.
+        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+        if module is None:
+            while tb is not None and tb.tb_frame.f_code.co_filename != os.path.abspath(start.argv[0]):
+                tb = tb.tb_next
         tb = tb or e.__traceback__
         sys.excepthook(type(e), e.with_traceback(tb), tb)  # some hooks format e.__traceback__
         sys.exit(1)

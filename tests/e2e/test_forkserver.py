@@ -24,10 +24,10 @@ SCRIPT = SCRIPTS / "forkserver_rank.py"
 
 
 def _trace(tmp_path: Path, *script_args: str, nproc: int = 2, env: dict[str, str] | None = None,
-           command: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str, str]:
+           command: tuple[str, ...] = (), cwd: Path = ROOT) -> tuple[subprocess.Popen, str, str]:
     cmd = [sys.executable, "-m", "phantora.cli", "trace", "--nproc-per-node", str(nproc), "-o",
            str(tmp_path / "run.json"), "--", *(command or (sys.executable, str(SCRIPT))), *script_args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=cwd, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=300)
     assert check_chrome_trace(tmp_path / "run.json").ok
@@ -53,6 +53,15 @@ def test_forked_ranks_have_their_own_rank_environment_argv_threads_and_seed(tmp_
     assert len({r["draw"] for r in ranks}) == 3  # numpy's global generator reseeded per process
     assert all(r["sum"] == 3.0 and r["devices"] == 8 for r in ranks)
     assert "phantora: simulated 3 rank(s)" in err
+
+
+def test_python_m_module_ranks_are_forked_with_the_argv_and_path_of_python_m(tmp_path):
+    proc, out, err = _trace(tmp_path, "b", command=(sys.executable, "-m", "forkserver_rank"), cwd=SCRIPTS,
+                            env={"PYTHONPATH": str(ROOT)})  # this checkout's phantora, from another directory
+    assert proc.returncode == 0, err[-3000:]
+    ranks = _ranks(out)
+    assert [r["rank"] for r in ranks] == ["0", "1"] and all(r["torch_before"] for r in ranks)
+    assert all(r["argv"] == [str(SCRIPT), "b"] and r["path0"] == str(SCRIPTS) for r in ranks)
 
 
 def test_phantora_fork_server_0_starts_every_rank_with_popen(tmp_path):
