@@ -35,17 +35,21 @@ def _pss_kib(pid: int) -> int:
 
 
 def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            pass
+    """Every process under `pid`: ranks forked by the fork server are its children, not phantora's."""
+    out, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                kids = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
     return out
 
 
 class MemorySampler(threading.Thread):
-    """Peak summed PSS of the rank processes (children of the simulator) and the simulator's PSS."""
+    """Peak summed PSS of the processes under the simulator (ranks, fork server) and the simulator's PSS."""
 
     def __init__(self, root_pid: int) -> None:
         super().__init__(daemon=True)
@@ -103,7 +107,7 @@ def main() -> None:
             long, mem, stdout = run(n, 1 + args.steps, model, Path(tmp) / f"l{n}.json", sync)
             per_step = (long - short) / args.steps
             sim = re.findall(r"^step \d+: time ([\d.]+) ms", stdout, re.M)
-            pss = mem.peak_ranks_kib / max(mem.peak_ranks, 1) / 1024
+            pss = mem.peak_ranks_kib / n / 1024  # the fork server's share counts too
             print(f"{sync:>12} {n:>5} {short:>13.1f} {per_step:>11.2f} {per_step / n:>10.2f} {float(sim[-1]):>11.2f} "
                   f"{pss:>12.0f} {mem.peak_sim_kib / 1024:>11.0f}", flush=True)
 

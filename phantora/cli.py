@@ -108,13 +108,16 @@ def main() -> None:
               help="Nodes in the cluster (as torchrun's --nnodes).")
 @click.option("--nproc-per-node", "--nproc_per_node", "nproc_per_node", type=click.IntRange(1), default=None,
               help="Start this many rank processes per node with torchrun's environment (RANK, LOCAL_RANK, "
-                   "WORLD_SIZE, MASTER_ADDR, ...). Without it COMMAND runs once (it may be torchrun itself).")
+                   "WORLD_SIZE, MASTER_ADDR, ...). Without it COMMAND runs once (it may be torchrun itself). "
+                   "For `python script.py` or `python -m module` the ranks fork from a process that imported "
+                   "torch once (PHANTORA_FORK_SERVER=0: start each with its own interpreter).")
 @click.option("--ranks", "ranks", default="default", show_default=True, metavar="all|auto|R0,R1,...",
-              help="Which ranks run as processes (with --nproc-per-node). all: every rank. auto: rank 0 runs and "
-                   "stands for every other rank, which is mirrored in the simulator (DDP, FSDP, TP x DP); a "
-                   "pipeline's point-to-point messages between mirrors stop the run naming the ranks to pass. "
-                   "R0,R1,...: these ranks run, each standing for the ranks up to the next (e.g. 0,8,16,24 for 4 "
-                   "pipeline stages over 32 GPUs). default: all up to 64 ranks, auto above.")
+              help="Which ranks run as processes (with --nproc-per-node or a torchrun command). all: every rank. "
+                   "auto: rank 0 runs and stands for every other rank, which is mirrored in the simulator (DDP, "
+                   "FSDP, TP x DP), and the last rank runs as its witness (checked against it); a pipeline is "
+                   "detected and the run starts again with one process per stage. R0,R1,...: these ranks run, "
+                   "each standing for the ranks up to the next (e.g. 0,8,16,24 for 4 pipeline stages over 32 "
+                   "GPUs). default: all up to 64 ranks, auto above (docs/scale.md).")
 @click.option("--collective-timeout", type=click.FloatRange(1.0), default=300.0, show_default=True,
               help="Seconds (wall time) a collective waits for its last member before the waiting ranks fail.")
 @click.option("--call-timeout", type=click.FloatRange(1.0), default=600.0, show_default=True,

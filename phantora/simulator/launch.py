@@ -34,6 +34,7 @@ from phantora.net.network import Network
 from phantora.roles import ENV as REPRESENTATIVES_ENV
 from phantora.roles import RankRoles, RanksChoiceError
 from phantora.simulator.failure import SimulatorFailure
+from phantora.simulator.forkserver import RankProcess, start_rank_processes
 from phantora.simulator.progress import Progress
 from phantora.simulator.server import SimulatorServer
 from phantora.simulator.torchrun import parse_torchrun
@@ -238,12 +239,12 @@ def _trace_once(run: TraceRun) -> TraceResult:
                 base_env[REPRESENTATIVES_ENV] = roles.env_value()
             envs = [dict(base_env, **rank_env(run, r, port, run_id)) for r in roles.processes]
         server.ranks_expected = len(envs) if run.nproc_per_node is not None else 0
-        for env in envs:
-            try:
-                procs.append(subprocess.Popen(run.command, env=env))
-            except (FileNotFoundError, PermissionError) as e:
-                ranks.stop_all(signal.SIGTERM)
-                raise CommandNotFound(f"cannot run {run.command[0]!r}: {e.strerror}") from e
+        try:
+            for proc in start_rank_processes(run.command, envs):  # from a fork server where sound
+                procs.append(proc)
+        except (FileNotFoundError, PermissionError) as e:
+            ranks.stop_all(signal.SIGTERM)
+            raise CommandNotFound(f"cannot run {run.command[0]!r}: {e.strerror}") from e
         server.serve(ranks.keep_going)
         ranks.finish()
         exit_code = ranks.exit_code()
@@ -441,7 +442,7 @@ class RankWatch:
 
     def __init__(self, server: SimulatorServer) -> None:
         self.server = server
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen | RankProcess] = []
         self.exits: dict[int, RankExit] = {}
         self.interrupted: list[int] = []  # signals phantora received
         self._stop_at: float | None = None

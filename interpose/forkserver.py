@@ -1,0 +1,205 @@
+"""The fork server of `phantora trace --nproc-per-node N -- python script.py`, run under the
+command's own interpreter: it does once what every rank's start does first (the bootstrap's
+preparation of virtual GPUs, `import torch`, then `torch._dynamo`, the first thing the
+interposition imports and the bulk of its cost, which also brings in FSDP, DTensor and Inductor),
+then forks one process per rank. The launcher side is phantora/simulator/forkserver.py.
+
+A forked rank is the process `python script.py` would be, up to the moment the script first
+imports torch: it gets its own environment, argv, sys.path[0] and signal handlers, runs the
+script as __main__, and exits as Python exits (SystemExit code, 1 after a traceback, SIGINT
+after an uncaught KeyboardInterrupt). The interposition is installed when the script first
+imports torch, as the bootstrap's import hook does: code before that line runs outside the
+simulation, as usual. If by then the environment differs from the one torch was imported
+with (a script that sets CUDA_VISIBLE_DEVICES or TORCH_LOGS before `import torch`), the rank
+re-executes itself as a fresh `python script.py` with its original environment, since torch
+read those variables at import; what the script did before that line then runs twice.
+
+Left shared with the server: the string hash seed (as under one PYTHONHASHSEED) and objects
+made at import, frozen for the garbage collector so that their pages stay shared.
+
+Protocol, lines over two pipes. Launcher -> server: one JSON request {"argv0", "argv",
+"path0", "envs": each rank's own variables}, then {"signal": [pid, signum]} lines. Server -> launcher: "fallback <why>"
+(torch could not be prepared here: the launcher starts the ranks with Popen, which shows the
+real error) or "started <pid>" per rank, then "exit <pid> <returncode>" as each ends
+(returncode as Popen's: -N when signal N killed it). The server exits when every rank has.
+"""
+
+from __future__ import annotations
+
+import builtins
+import gc
+import json
+import os
+import runpy
+import select
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class RankStart:
+    argv0: str  # the command's interpreter as written (argv[0] of a fresh start)
+    argv: list[str]  # [script, *args] or ["-m", module, *args]
+    env: dict[str, str]  # the rank's environment, as Popen would have given it
+    import_env: dict[str, str]  # the environment torch was imported with, plus what preparing added
+
+
+def serve(command_fd: int, status_fd: int) -> RankStart:
+    """Prepare, fork the ranks, report their exits; returns only in a rank process."""
+    status = os.fdopen(status_fd, "w", buffering=1)
+    request = json.loads(_read_line(command_fd))
+    shared_env = dict(os.environ)
+    sys.path[0] = request["path0"]  # what the script's own interpreter would have: torch imports see it
+    sys.argv = list(request["argv"])
+    try:
+        added = _prepare()
+    except BaseException as e:  # noqa: BLE001 - any failure: the ranks start fresh and show it
+        status.write("fallback " + f"{type(e).__name__}: {e}".replace("\n", " ") + "\n")
+        os._exit(0)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)}
+    # Ctrl-C reaches the whole process group: the ranks handle it; this server outlives them
+    # to report their exits.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.freeze()  # as CPython's docs advise before fork without exec: keeps these pages shared
+    running: set[int] = set()
+    for own in request["envs"]:
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            for s, h in handlers.items():
+                signal.signal(s, h)
+            for fd in (wake_r, wake_w, command_fd):
+                os.close(fd)
+            status.close()
+            env = dict(shared_env, **own)
+            import_env = dict(env, **{k: v for k, v in added.items() if k not in env})
+            return RankStart(request["argv0"], request["argv"], env, import_env)
+        running.add(pid)
+        status.write(f"started {pid}\n")
+    _report_until_done(running, command_fd, wake_r, status)
+    os._exit(0)
+
+
+def _prepare() -> dict[str, str]:
+    """What a rank's start does before the interposition patches anything; returns the variables
+    it set (the bootstrap sets some for the rank)."""
+    from interpose import hook
+
+    before = dict(os.environ)
+    hooks = [f for f in sys.meta_path if isinstance(f, hook._TorchImportHook)]
+    if not hooks or "torch" in sys.modules:
+        raise RuntimeError("the bootstrap's import hook is not installed ahead of torch")
+    sys.meta_path.remove(hooks[0])
+    hook.before_torch_import()
+    import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401  (after_torch_import's first line, before any patch)
+
+    return {k: v for k, v in os.environ.items() if before.get(k) != v}
+
+
+def _report_until_done(running: set[int], command_fd: int, wake_r: int, status: Any) -> None:
+    pending, commands_open = b"", True
+    while running:
+        ready, _, _ = select.select([wake_r] + ([command_fd] if commands_open else []), [], [])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        if command_fd in ready:
+            data = os.read(command_fd, 65536)
+            commands_open = bool(data)
+            *lines, pending = (pending + data).split(b"\n")
+            for line in lines:
+                pid, signum = json.loads(line)["signal"]
+                if pid in running:  # not yet reaped: the pid is still this rank's
+                    os.kill(pid, signum)
+        while running:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            running.discard(pid)
+            try:
+                status.write(f"exit {pid} {os.waitstatus_to_exitcode(wait_status)}\n")
+            except BrokenPipeError:  # the launcher is gone; still reap the rest
+                pass
+
+
+def _read_line(fd: int) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise EOFError("the launcher closed the fork server's pipe")
+        data += chunk
+    return data
+
+
+def run(start: RankStart) -> None:
+    """Run the rank's script as `python script.py` / `python -m module` runs it."""
+    os.environ.clear()
+    os.environ.update(start.import_env)
+    sys.orig_argv = [start.argv0, *start.argv]
+    if "numpy.random" in sys.modules:  # seeded at import: a fresh process has its own seed
+        sys.modules["numpy.random"].seed()
+    _interpose_at_first_torch_import(start)
+    module = start.argv[1] if start.argv[0] == "-m" else None
+    try:
+        if module is not None:
+            sys.argv = ["-m", *start.argv[2:]]
+            runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]  (what `python -m` runs)
+        else:
+            sys.argv = list(start.argv)
+            runpy.run_path(os.path.abspath(start.argv[0]), run_name="__main__")
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # noqa: BLE001 - printed as Python prints an uncaught exception
+        # Without this function's frame, and for a script without runpy's: as `python script.py`
+        # and `python -m module` print it.
+        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+        if module is None:
+            while tb is not None and tb.tb_frame.f_code.co_filename != os.path.abspath(start.argv[0]):
+                tb = tb.tb_next
+        tb = tb or e.__traceback__
+        sys.excepthook(type(e), e.with_traceback(tb), tb)  # some hooks format e.__traceback__
+        sys.exit(1)
+
+
+def _interpose_at_first_torch_import(start: RankStart) -> None:
+    """The bootstrap's import hook, for a torch that is already imported: every import statement
+    goes through builtins.__import__, so the script's first `import torch` (direct or in a
+    library) installs the interposition there, as a fresh rank's would."""
+    original = builtins.__import__
+
+    def __import__(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+        if level == 0 and (name == "torch" or name.startswith("torch.")):
+            builtins.__import__ = original
+            if dict(os.environ) != start.import_env:
+                _restart_fresh(start)
+            from interpose import hook
+
+            try:
+                hook.after_torch_import()
+            except Exception as e:
+                raise hook.InterpositionError(
+                    f"phantora: could not install virtual GPUs into torch: {type(e).__name__}: {e}") from e
+        return original(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = __import__
+
+
+def _restart_fresh(start: RankStart) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(sys.executable, [start.argv0, *start.argv], start.env)
+    except OSError:
+        traceback.print_exc()
+        os._exit(1)

@@ -1,0 +1,144 @@
+"""Issue 17, item 6: `phantora trace --nproc-per-node N -- python script.py` forks its ranks from a
+server that imported torch once (phantora/simulator/forkserver.py, interpose/forkserver.py). Each
+forked rank must be the process a fresh `python script.py` would be: its own RANK / LOCAL_RANK,
+argv, sys.path[0], intra-op threads and random seed; its exit code, signals and failures handled
+as a Popen'd rank's; and everything the fork server cannot do soundly starts with Popen."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from phantora.simulator.forkserver import RANK_VARIABLES, fork_plan
+from phantora.trace.check import check_chrome_trace
+
+from test_signals import _ended, _pids, _start
+from test_trace_cli import ROOT, SCRIPTS
+
+SCRIPT = SCRIPTS / "forkserver_rank.py"
+
+
+def _trace(tmp_path: Path, *script_args: str, nproc: int = 2, env: dict[str, str] | None = None,
+           command: tuple[str, ...] = (), cwd: Path = ROOT) -> tuple[subprocess.Popen, str, str]:
+    cmd = [sys.executable, "-m", "phantora.cli", "trace", "--nproc-per-node", str(nproc), "-o",
+           str(tmp_path / "run.json"), "--", *(command or (sys.executable, str(SCRIPT))), *script_args]
+    proc = subprocess.Popen(cmd, cwd=cwd, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=300)
+    assert check_chrome_trace(tmp_path / "run.json").ok
+    return proc, out, err
+
+
+def _ranks(stdout: str) -> list[dict]:
+    infos = [json.loads(m) for m in re.findall(r"RANKINFO (\{[^{}]*\})", stdout)]  # lines of ranks may interleave
+    return sorted(infos, key=lambda i: int(i["rank"]))
+
+
+def test_forked_ranks_have_their_own_rank_environment_argv_threads_and_seed(tmp_path):
+    proc, out, err = _trace(tmp_path, "a", "--flag", nproc=3, env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, err[-3000:]
+    ranks = _ranks(out)
+    assert [(r["rank"], r["local_rank"], r["dist_rank"]) for r in ranks] == [("0", "0", 0), ("1", "1", 1), ("2", "2", 2)]
+    assert all(r["torch_before"] for r in ranks), "the ranks were not forked from the fork server"
+    assert len({r["ppid"] for r in ranks}) == 1 and ranks[0]["ppid"] != proc.pid  # the server's children
+    assert len({r["pid"] for r in ranks}) == 3
+    assert all(r["argv"] == [str(SCRIPT), "a", "--flag"] and r["file"] == str(SCRIPT) for r in ranks)
+    assert all(r["path0"] == str(SCRIPT.parent) for r in ranks)
+    assert all(r["threads"] == 1 for r in ranks)  # OMP_NUM_THREADS (torch would use every core)
+    assert len({r["draw"] for r in ranks}) == 3  # numpy's global generator reseeded per process
+    assert all(r["sum"] == 3.0 and r["devices"] == 8 for r in ranks)
+    assert "phantora: simulated 3 rank(s)" in err
+
+
+def test_python_m_module_ranks_are_forked_with_the_argv_and_path_of_python_m(tmp_path):
+    proc, out, err = _trace(tmp_path, "b", command=(sys.executable, "-m", "forkserver_rank"), cwd=SCRIPTS,
+                            env={"PYTHONPATH": str(ROOT)})  # this checkout's phantora, from another directory
+    assert proc.returncode == 0, err[-3000:]
+    ranks = _ranks(out)
+    assert [r["rank"] for r in ranks] == ["0", "1"] and all(r["torch_before"] for r in ranks)
+    assert all(r["argv"] == [str(SCRIPT), "b"] and r["path0"] == str(SCRIPTS) for r in ranks)
+
+
+def test_phantora_fork_server_0_starts_every_rank_with_popen(tmp_path):
+    proc, out, err = _trace(tmp_path, env={"PHANTORA_FORK_SERVER": "0"})
+    assert proc.returncode == 0, err[-3000:]
+    ranks = _ranks(out)
+    assert [r["rank"] for r in ranks] == ["0", "1"]
+    assert not any(r["torch_before"] for r in ranks)
+    assert all(r["ppid"] == proc.pid for r in ranks)
+
+
+def test_a_forked_ranks_exit_code_is_the_root_cause(tmp_path):
+    proc, out, err = _trace(tmp_path, "--exit-rank", "1", "--code", "3")
+    assert proc.returncode == 1, err[-3000:]
+    assert all(r["torch_before"] for r in _ranks(out))
+    assert "rank 1 exited with code 3 (the first rank to fail: the root cause)" in err
+
+
+def test_an_uncaught_exception_prints_the_scripts_traceback_and_exits_1(tmp_path):
+    proc, out, err = _trace(tmp_path, "--raise-rank", "0")
+    assert proc.returncode == 1, err[-3000:]
+    assert "rank 0 exited with code 1" in err
+    traceback = err[err.index("Traceback (most recent call last):"):]
+    assert f'File "{SCRIPT}", line' in traceback and "ValueError: rank 0 failed on purpose" in traceback
+    frames = [line for line in traceback.splitlines() if line.split("]: ", 1)[-1].startswith("  File ")]
+    assert frames and all(str(SCRIPT) in line for line in frames), frames  # as `python script.py` prints it
+
+
+def test_a_script_that_sets_the_environment_before_importing_torch_gets_a_fresh_import(tmp_path):
+    """torch read CUDA_VISIBLE_DEVICES when the server imported it: a rank whose script changes the
+    environment before `import torch` restarts as a fresh process, which sees its one GPU."""
+    proc, out, err = _trace(tmp_path, "--set-visible")
+    assert proc.returncode == 0, err[-3000:]
+    ranks = _ranks(out)
+    assert [(r["rank"], r["devices"], r["torch_before"]) for r in ranks] == [("0", 1, False), ("1", 1, False)]
+
+
+def test_ctrl_c_reaches_forked_ranks_and_the_trace_stays_valid(tmp_path):
+    proc = _start(tmp_path, 2)
+    pids = _pids(tmp_path, 2)
+    parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in pids}
+    assert len(parents) == 1 and proc.pid not in parents  # forked by the server, not Popen'd
+    os.killpg(proc.pid, signal.SIGINT)
+    stderr = _ended(proc, tmp_path, 2)  # valid trace, exit code in it, no rank left running
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "run interrupted by SIGINT (Ctrl-C): 2 rank process(es) stopped" in stderr
+
+
+def test_the_fork_server_is_used_only_where_it_is_sound(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    envs = [{"PATH": os.environ["PATH"], "WORLD_SIZE": "2", "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(2)]
+    plan = fork_plan([sys.executable, str(script), "--x"], envs)
+    assert plan is not None and plan.path0 == str(tmp_path) and plan.common_env == {"PATH": os.environ["PATH"],
+                                                                                   "WORLD_SIZE": "2"}
+    assert fork_plan(["python3", "-m", "pkg.train"], envs).path0 == os.getcwd()
+    for command in (["torchrun", "--nproc-per-node", "2", str(script)], ["bash", str(script)],
+                    [sys.executable, "-c", "pass"], [sys.executable, "-u", str(script)],
+                    [sys.executable, str(tmp_path / "missing.py")], [sys.executable, "-m"], [sys.executable]):
+        assert fork_plan(command, envs) is None, command
+    assert fork_plan([sys.executable, str(script)], envs[:1]) is None  # one rank: nothing to share
+    assert fork_plan([sys.executable, str(script)], [dict(e, PHANTORA_FORK_SERVER="0") for e in envs]) is None
+    # a variable other than the rank's identity differs: torch may read it at import
+    assert fork_plan([sys.executable, str(script)], [dict(e, CUDA_VISIBLE_DEVICES=e["RANK"]) for e in envs]) is None
+
+
+def test_importing_torch_reads_none_of_the_variables_that_differ_between_ranks():
+    """The fork server imports torch and torch._dynamo without them (every rank has its own)."""
+    probe = f"""
+import os
+reads = []
+cls = type(os.environ)
+get, has = cls.__getitem__, cls.__contains__
+cls.__getitem__ = lambda self, k: (reads.append(k), get(self, k))[1]
+cls.__contains__ = lambda self, k: (reads.append(k), has(self, k))[1]
+import torch, torch._dynamo
+print(sorted(set(reads) & set({sorted(RANK_VARIABLES)!r})))
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True).stdout
+    assert out.strip() == "[]"
