@@ -157,8 +157,7 @@ class Placement:
         if force:
             for st in ranks.values():
                 for s in list(st.timeline.streams.values()):
-                    if force or s.queue or s.inflight is not None:
-                        self.place_stream(st, s, None, force=force)
+                    self.place_stream(st, s, None, force=True)
                 self._pop_placed(st)
             return
         first = True
