@@ -10,14 +10,20 @@ Two bounds: a cheap one (each rank's next collective is ready a launch latency a
 clock at the earliest) every time, and, when a rank is held waiting for an end (conservative
 sync, or the run is closing) and the cheap one does not free it, a proof that replays each
 rank's waiting work with lower bounds in place of unknown ends (deferred.replay_lower_bounds).
+
+`progress` runs after every message, so the cheap bound is kept in two heaps instead of a scan
+of every rank and every waiting arrival: a rank's bound and the host time of its waiting
+arrivals only grow, so an entry that no longer holds the current value is only ever too low,
+and is replaced when it reaches the top.
 """
 
 from __future__ import annotations
 
+import heapq
 from typing import Callable
 
 from phantora.engine.collective_lifecycle import CollectiveLifecycle
-from phantora.engine.deferred import EventRecord, LowerBounds, replay_lower_bounds
+from phantora.engine.deferred import Arrive, EventRecord, LowerBounds, replay_lower_bounds
 from phantora.engine.host_waits import HostWaits, WaitTarget
 from phantora.engine.placement import Placement
 from phantora.engine.ranks import RankState
@@ -37,6 +43,12 @@ class Finality:
         self.sync = sync
         self.expected_ranks = 0  # WORLD_SIZE the ranks announced: nothing is final before all joined
         self.closing = False  # no rank calls anything any more; what they called still counts
+        # The cheap bound's heaps (module docstring): (bound, seq, rank) and (host ns, seq, arrival)
+        self._rank_heap: list[tuple[int, int, RankState]] = []
+        self._known: set[int] = set()  # id() of the RankStates in _rank_heap
+        self._arrival_heap: list[tuple[int, int, tuple[int, int], Arrive]] = []
+        self._seen_arrivals: set[tuple[int, int]] = set()
+        self._seq = 0
 
     def progress(self) -> None:
         """Prove more ends final, read them, place the work that waited for them, and finish the
@@ -69,8 +81,43 @@ class Finality:
         if not self.ranks or len(self.ranks) < self.expected_ranks:
             return self.collectives.final_ns
         lat = self.timing.launch_latency_ns
-        bound = min((st.timeline.host_ns + lat for st in self.ranks.values() if not self._done(st)), default=_NEVER)
-        return min([bound] + [a.host_ns + lat for a in self.collectives.arrivals.values()])
+        return min(self._min_rank_bound(lat), self._min_arrival_ns() + lat)
+
+    def _rank_bound(self, st: RankState, lat: int) -> int:
+        return _NEVER if self._done(st) else st.timeline.host_ns + lat
+
+    def _min_rank_bound(self, lat: int) -> int:
+        """min over ranks of _rank_bound; the heap holds one entry per rank."""
+        heap = self._rank_heap
+        if len(self._known) != len(self.ranks):  # ranks joined (a renamed rank keeps its state)
+            for st in self.ranks.values():
+                if id(st) not in self._known:
+                    self._known.add(id(st))
+                    self._seq += 1
+                    heapq.heappush(heap, (self._rank_bound(st, lat), self._seq, st))
+        while heap:
+            bound, seq, st = heap[0]
+            now = self._rank_bound(st, lat)
+            if now == bound:
+                return bound
+            heapq.heapreplace(heap, (now, seq, st))
+        return _NEVER
+
+    def _min_arrival_ns(self) -> int:
+        """min host_ns over the collectives' waiting arrivals (collective_lifecycle.arrivals)."""
+        arrivals, heap, seen = self.collectives.arrivals, self._arrival_heap, self._seen_arrivals
+        new = []
+        for key in reversed(arrivals):  # added since the last call: at the end (insertion order)
+            if key in seen:
+                break
+            new.append(key)
+        for key in new:
+            seen.add(key)
+            self._seq += 1
+            heapq.heappush(heap, (arrivals[key].host_ns, self._seq, key, arrivals[key]))
+        while heap and arrivals.get(heap[0][2]) is not heap[0][3]:
+            seen.discard(heapq.heappop(heap)[2])  # placed since (keys never return)
+        return heap[0][0] if heap else _NEVER - self.timing.launch_latency_ns
 
     def _proven_horizon(self) -> int:
         """The latest time T proven to be before every future collective start, using lower
@@ -80,7 +127,7 @@ class Finality:
         t = colls.final_ns
         candidates = sorted({e for sub in colls.unread.values() if sub.handle is not None
                              for e in [colls.provisional_end(sub)] if e is not None and e > t}
-                            | {x for x in self.placement.wanted if x > t})
+                            | {x for x in self.placement.waiting_wanted() if x > t})
         self.placement.wanted.clear()
         changed = True
         while changed:

@@ -96,6 +96,9 @@ class HostWaits:
         self.collectives = collectives
         self.sync = sync
         self._unblocked: set[int] = set()
+        # id() -> rank whose host or call waits (blocked or blocked_call), kept so that the
+        # held ranks are found without a scan of every rank after every message
+        self._held: dict[int, RankState] = {}
 
     # --- records the host waits in ------------------------------------------------------------
     def wait(self, st: RankState, name: str, target: WaitTarget,
@@ -103,6 +106,7 @@ class HostWaits:
         """The rank's host waits for `target`: now if its time is known, else it is held (the
         rank's later records wait, Engine.apply)."""
         st.blocked = HostWait(name, target, st.timeline.host_ns, op_slice)
+        self._held[id(st)] = st
         self.resume(st)
 
     def work_wait(self, st: RankState, work: int, device: int, stream_id: int, host_blocks: bool) -> None:
@@ -164,6 +168,8 @@ class HostWaits:
         """The time a call needs; None (and the rank's call is held) if not known yet."""
         t = self.target_ns(st, target, self.sync == "optimistic")
         st.blocked_call = target if t is None else None
+        if t is None:
+            self._held[id(st)] = st
         return t
 
     def elapsed_ms(self, st: RankState, start_event: int, end_event: int) -> float | NotYet:
@@ -194,7 +200,14 @@ class HostWaits:
 
     # --- held ranks ---------------------------------------------------------------------------
     def blocked_ranks(self) -> list[RankState]:
-        return [st for st in self.ranks.values() if not st.finished and (st.blocked or st.blocked_call)]
+        """Ranks whose host or call waits, by rank (trace pid)."""
+        held = []
+        for key, st in list(self._held.items()):
+            if st.blocked is None and st.blocked_call is None:
+                del self._held[key]
+            elif not st.finished:
+                held.append(st)
+        return sorted(held, key=lambda st: st.info.trace_pid)
 
     def resume_blocked(self, force: bool | None = None) -> bool:
         """Finish what blocked ranks wait for, where possible; True if any could go on."""
