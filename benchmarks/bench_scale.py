@@ -40,33 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+from _procfs import descendants, pss_kib
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA_8B = ["--layers", "32", "--dim", "4096", "--heads", "32", "--kv-heads", "8", "--ffn", "14336",
             "--vocab", "128256", "--batch", "1", "--seq", "8192"]
-
-
-def _pss_kib(pid: int) -> int:
-    try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return 0
-    m = re.search(r"^Pss:\s+(\d+) kB", text, re.M)
-    return int(m.group(1)) if m else 0
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
 
 
 class PeakPss(threading.Thread):
@@ -78,7 +56,7 @@ class PeakPss(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(0.5):
-            self.peak_kib = max(self.peak_kib, sum(_pss_kib(p) for p in [self.pid, *_descendants(self.pid)]))
+            self.peak_kib = max(self.peak_kib, sum(pss_kib(p) for p in [self.pid, *descendants(self.pid)]))
 
 
 @dataclass

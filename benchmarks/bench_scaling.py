@@ -30,30 +30,9 @@ import threading
 import time
 from pathlib import Path
 
+from _procfs import descendants, pss_kib
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _pss_kib(pid: int) -> int:
-    try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return 0
-    m = re.search(r"^Pss:\s+(\d+) kB", text, re.M)
-    return int(m.group(1)) if m else 0
-
-
-def _children(pid: int) -> list[int]:
-    """Every process under `pid`: ranks forked by the fork server are its children, not phantora's."""
-    out, todo = [], [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            try:
-                kids = [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
 
 
 class MemorySampler(threading.Thread):
@@ -69,11 +48,11 @@ class MemorySampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(0.5):
-            ranks = [p for p in _children(self.root_pid)]
-            total = sum(_pss_kib(p) for p in ranks)
+            ranks = descendants(self.root_pid)
+            total = sum(pss_kib(p) for p in ranks)
             if total > self.peak_ranks_kib:
                 self.peak_ranks_kib, self.peak_ranks = total, len(ranks)
-            self.peak_sim_kib = max(self.peak_sim_kib, _pss_kib(self.root_pid))
+            self.peak_sim_kib = max(self.peak_sim_kib, pss_kib(self.root_pid))
 
 
 def _cpu_s(pid: int) -> float:

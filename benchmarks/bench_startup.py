@@ -40,33 +40,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from _procfs import descendants, pss_kib
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = {
     "startup": ["benchmarks/_startup_only.py"],
     "fsdp": ["examples/fsdp_train.py", "--layers", "2", "--steps", "1"],
 }
-
-
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            found += kids
-            todo += kids
-    return found
-
-
-def _pss_kib(pid: int) -> int:
-    try:
-        m = re.search(r"^Pss:\s+(\d+) kB", Path(f"/proc/{pid}/smaps_rollup").read_text(), re.M)
-    except OSError:
-        return 0
-    return int(m.group(1)) if m else 0
 
 
 @dataclass
@@ -88,7 +68,7 @@ def run(ranks: int, workload: str, fork_server: bool, out: Path) -> Run:
 
         def sample() -> None:
             while not done.wait(0.5):
-                peak[0] = max(peak[0], sum(_pss_kib(p) for p in _descendants(proc.pid)))
+                peak[0] = max(peak[0], sum(pss_kib(p) for p in descendants(proc.pid)))
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
