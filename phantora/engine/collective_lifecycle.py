@@ -130,8 +130,8 @@ class CollectiveLifecycle:
         or RanksDiverged when the ranks turn out not to be alike."""
         mirrored = []
         if self.mirrors is not None:
-            self.mirrors.check_witness(call)  # RolesRefuted, RanksDiverged
             mirrored = self.mirrors.calls_for(call)  # RolesRefuted
+            self.mirrors.check_witness(call)  # RolesRefuted, RanksDiverged
         try:
             p = self.matcher.join(call)
             work = self._work_for(call.key, p)  # before its mirrors' joins, which may complete it

@@ -46,6 +46,10 @@ class RanksDiverged(CollectiveMismatch):
     """A witness and its role's representative called different collectives: the ranks are
     not alike, and mirroring the representative would be wrong."""
 
+    def __init__(self, message: str, ranks: tuple[int, ...], other_op: str = "") -> None:
+        super().__init__(message, ranks)
+        self.other_op = other_op  # the op the other of the two called
+
 
 class Witness:
     """Compares each witness (RankRoles.witnesses) with its role's representative as both run:
@@ -84,7 +88,7 @@ class Witness:
                 f"role: --ranks auto), but their collective #{index} differs:\n  rank {rep.rank}: {rep.describe()} "
                 f"on {len(rep.group)} ranks at {rep.site}\n  rank {wit.rank}: {wit.describe()} on {len(wit.group)} "
                 f"ranks at {wit.site}\nRanks mirrored from rank {rep.rank} would copy it. Run every rank (--ranks all) "
-                "or choose the representatives (--ranks R0,R1,...).", (rep.rank, wit.rank))
+                "or choose the representatives (--ranks R0,R1,...).", (rep.rank, wit.rank), them.op)
 
     def step(self, rank: int, ops: int, warn: Callable[[str], None]) -> None:
         other = self._partner(rank)
@@ -204,7 +208,13 @@ class Mirrors:
         try:
             self.witness.collective(call)
         except RanksDiverged as e:
-            stages = self.groups.outermost(self.roles.world_size) if len(self.roles.representatives) == 1 else None
+            if len(self.roles.representatives) > 1:
+                raise
+            stages = self.groups.outermost(self.roles.world_size)
+            if stages is None and (call.op in P2P_OPS or e.other_op in P2P_OPS):
+                # a point-to-point message where the witness's role sends another: its group's
+                # ranks are the stages (a pipeline over the whole world: every rank)
+                stages = tuple(sorted(self.groups.members.get(call.group_name, call.group)))
             if stages is None:
                 raise
             raise RolesRefuted(f"{e}\nThe groups of the outermost mesh dimension ({list(stages)}) look like "

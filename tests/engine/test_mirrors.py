@@ -186,3 +186,18 @@ def test_a_witness_of_another_stage_refutes_one_role_with_the_outermost_groups()
     with pytest.raises(RolesRefuted, match=r"outermost mesh dimension \(\[0, 4\]\).*--ranks 0,4") as refuted:
         e.join_collective(7, all_reduce((4, 5, 6, 7), "tp1", 7, nbytes=1 << 20))
     assert refuted.value.representatives == (0, 4)
+
+
+def test_a_pipeline_over_the_whole_world_refutes_auto_whichever_rank_calls_first():
+    """pp_train: one stage per rank, no group but the world. The witness (last stage) may
+    receive before rank 0 sends: the divergence of a send and a receive names every rank."""
+    for first in (7, 0):
+        e = mirrored_engine(8, "auto")
+        for r in (0, 7):
+            e.apply(r, [[P.R_GROUP, "0", list(range(8))]])
+        base = {"seq": 0, "nbytes": 4, "dtype": "int32", "stream": 0, "group_name": "0"}
+        calls = {0: dict(base, op="send", group=[0, 1], device=0), 7: dict(base, op="recv", group=[6, 7], device=7)}
+        with pytest.raises(RolesRefuted) as refuted:
+            for r in (first, 7 - first):
+                e.join_collective(r, calls[r])
+        assert refuted.value.representatives == tuple(range(8))
