@@ -148,10 +148,12 @@ def _timelines(path: Path) -> tuple[dict, dict]:
     return steps, {pid: sorted(v, key=lambda x: x[1]) for pid, v in ends.items()}
 
 
-def equivalence(gpus: list[int], tmp: Path) -> None:
+def equivalence(gpus: list[int], tmp: Path, examples: list[str]) -> None:
     print(f"{'example':<14} {'GPUs':>5} {'processes':>9} {'wall auto s':>11} {'wall all s':>10} {'same ranks':>10} "
           f"{'max step diff':>13} {'max coll. end diff us':>21}", flush=True)
     for name, (script, *extra) in EXAMPLES.items():
+        if name not in examples:
+            continue
         for n in gpus:
             if name.startswith("PP") and n > 16:
                 continue  # one stage per rank: nothing is mirrored, auto starts again with every rank
@@ -177,10 +179,11 @@ def main() -> None:
     ap.add_argument("--only", choices=("fsdp", "titan"), default=None)
     ap.add_argument("--equivalence", action="store_true", help="compare --ranks auto with --ranks all instead")
     ap.add_argument("--equivalence-gpus", default="8,16,32,64")
+    ap.add_argument("--examples", default=",".join(EXAMPLES), help="which examples --equivalence runs")
     args = ap.parse_args()
     if args.equivalence:
         with tempfile.TemporaryDirectory() as tmp_dir:
-            equivalence([int(g) for g in args.equivalence_gpus.split(",")], Path(tmp_dir))
+            equivalence([int(g) for g in args.equivalence_gpus.split(",")], Path(tmp_dir), args.examples.split(","))
         return
     print(f"{'config':<32} {'GPUs':>5} {'processes':>9} {'wall 1 step s':>13} {'wall/step s':>11} "
           f"{'sim step ms':>11} {'peak PSS MiB':>12} {'trace MiB':>9}", flush=True)
