@@ -112,3 +112,29 @@ def test_values_in_groups_without_a_representative_do_not_wait_for_posts_nobody_
     # rank 0: its dp peer 2 is mirrored from it (1 + 1); rank 3: its peer 1 is taken as itself (4 + 4)
     assert "rank 0: dp sum 2 tp ranks [0, 0] broadcast 0" in proc.stdout
     assert "rank 3: dp sum 8 tp ranks [3, 3] broadcast 3" in proc.stdout
+
+
+def _torchrun_line(tmp_path, *torchrun_args: str, options: tuple[str, ...] = ()):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    out = tmp_path / "run.json"
+    cmd = [sys.executable, "-m", "phantora.cli", "trace", "-q", *options, "-o", str(out), "--", torchrun,
+           *torchrun_args, "examples/ddp_train.py", *SMALL, "--batch", "2", "--steps", "2"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900), out
+
+
+def test_a_torchrun_line_of_several_nodes_starts_its_workers_under_phantora(tmp_path):
+    """torchrun --nnodes 2 would wait for a second node's agent: phantora reads the line with
+    torchrun's own parser and starts the 4 workers itself, with --ranks auto only 2 of them."""
+    proc, out = _torchrun_line(tmp_path, "--nnodes", "2", "--nproc-per-node", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "simulated 4 rank(s)" in proc.stderr
+    assert sorted(timelines(out)[0]) == [1, 2, 3, 4]
+    proc, out = _torchrun_line(tmp_path, "--nnodes=2", "--nproc_per_node=2", options=("--ranks", "auto"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "simulated 4 ranks (2 process(es), 2 mirrored: --ranks 0,3)" in proc.stderr
+    proc, _ = _torchrun_line(tmp_path, "--nnodes", "1:2", "--nproc-per-node", "2", options=("--ranks", "auto"))
+    assert proc.returncode == 2 and "elastic range" in proc.stderr
