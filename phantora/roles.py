@@ -80,9 +80,7 @@ class RankRoles:
 
     def representative(self, rank: int) -> int:
         """The rank whose process stands for `rank` (itself if it runs)."""
-        if rank in self.witnesses:
-            return rank
-        return self.representatives[bisect.bisect_right(self.representatives, rank) - 1]
+        return rank if rank in self.witnesses else self.role_of(rank)
 
     def role_of(self, rank: int) -> int:
         """The representative of `rank`'s role (a witness's too)."""

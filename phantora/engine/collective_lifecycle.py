@@ -84,10 +84,8 @@ class CollectiveLifecycle:
 
     def global_gpu(self, rank: int) -> int:
         st = self.ranks.get(rank)
-        if st is None and self.mirrors is not None and rank in self.mirrors:
-            return self.mirrors.global_gpu(rank)
-        info = self.ranks[rank].info
-        return info.node * self.gpus_per_node + info.local_rank
+        where = st.info if st is not None or self.mirrors is None else self.mirrors.ranks[rank]  # node, local_rank
+        return where.node * self.gpus_per_node + where.local_rank
 
     def mirror_source(self, work: int, rank: int) -> tuple[int, int]:
         """(work, rank) whose arrival `rank`'s arrival at `work` follows: its representative's

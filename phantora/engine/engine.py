@@ -165,8 +165,7 @@ class Engine:
     def mirror_ranks(self, roles: RankRoles, nproc_per_node: int) -> None:
         """Only `roles.representatives` run as processes; the other ranks are mirrored."""
         if roles.mirrored:
-            self.collectives.mirrors = Mirrors(roles, nproc_per_node, self.collectives.gpus_per_node, self.sink,
-                                               self.gpu.aliases[0].upper())
+            self.collectives.mirrors = Mirrors(roles, nproc_per_node, self.trace, self.gpu.aliases[0].upper())
             self.expected_ranks = len(roles.processes)
 
     def processes_in(self, world_size: int) -> int:

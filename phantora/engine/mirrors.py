@@ -26,11 +26,10 @@ from typing import Callable
 
 from phantora.engine.collectives import P2P_OPS, CollectiveCall, CollectiveMismatch
 from phantora.engine.ranks import CallError
-from phantora.engine.trace_events import STEP_TRACK
+from phantora.engine.trace_events import TraceEvents
 from phantora.roles import RankRoles
-from phantora.trace import TraceSink
 
-MIRROR_COLLECTIVES_TRACK = 3  # a mirrored rank's trace process: its collectives (steps on STEP_TRACK)
+MIRROR_COLLECTIVES_TRACK = 3  # a mirrored rank's trace process: its collectives (steps on the step track)
 
 
 class RolesRefuted(CallError):
@@ -174,11 +173,10 @@ class GroupFamilies:
 
 
 class Mirrors:
-    def __init__(self, roles: RankRoles, nproc_per_node: int, gpus_per_node: int, sink: TraceSink,
-                 gpu_name: str) -> None:
+    def __init__(self, roles: RankRoles, nproc_per_node: int, trace: TraceEvents, gpu_name: str) -> None:
         self.roles = roles
-        self.gpus_per_node = gpus_per_node
-        self.sink = sink
+        self.trace = trace
+        sink = self.sink = trace.sink
         self.groups = GroupFamilies()
         self.witness = Witness(roles)
         self.ranks: dict[int, MirrorRank] = {}
@@ -194,10 +192,6 @@ class Mirrors:
 
     def __contains__(self, rank: int) -> bool:
         return rank in self.ranks
-
-    def global_gpu(self, rank: int) -> int:
-        m = self.ranks[rank]
-        return m.node * self.gpus_per_node + m.local_rank
 
     # --- joining ------------------------------------------------------------------------------
     def check_witness(self, call: CollectiveCall) -> None:
@@ -276,8 +270,4 @@ class Mirrors:
     def step(self, rep: int, step: int, begin: int, end: int) -> None:
         """The representative's optimizer step `step`: each of its mirrors takes it too."""
         for r in self.roles.mirrors_of(rep):
-            m = self.ranks[r]
-            if step == 0:
-                self.sink.thread(m.trace_pid, STEP_TRACK, "steps (optimizer.step)", 1)
-            self.sink.slice(m.trace_pid, STEP_TRACK, f"ProfilerStep#{step}", begin, end - begin, "user_annotation",
-                            {"step": step, "mirrored from rank": rep})
+            self.trace.step(self.ranks[r].trace_pid, step, begin, end, mirrored_from=rep)

@@ -148,10 +148,12 @@ class TraceEvents:
     def memory(self, pid: int, device: int, t: int, allocated: int, reserved: int) -> None:
         self.sink.counter(pid, f"cuda:{device} memory", t, {"allocated": allocated, "reserved": reserved})
 
-    def step(self, pid: int, step: int, begin: int, end: int) -> None:
+    def step(self, pid: int, step: int, begin: int, end: int, mirrored_from: int | None = None) -> None:
+        """Optimizer step `step` of a rank (`mirrored_from`: of a rank mirrored from that one)."""
         if step == 0:
             self.sink.thread(pid, STEP_TRACK, "steps (optimizer.step)", 1)
-        self.sink.slice(pid, STEP_TRACK, f"ProfilerStep#{step}", begin, end - begin, "user_annotation", {"step": step})
+        args = {"step": step} if mirrored_from is None else {"step": step, "mirrored from rank": mirrored_from}
+        self.sink.slice(pid, STEP_TRACK, f"ProfilerStep#{step}", begin, end - begin, "user_annotation", args)
 
     def collective_call_open(self, pid: int, call: CollectiveCall, begin: int, end: int) -> None:
         """A collective's host slice, written by `collective_call` once the collective has run;
