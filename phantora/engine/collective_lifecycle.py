@@ -14,6 +14,11 @@
 
 A network rollback can change an end after it was read: such a correction is written to the
 trace and counted as a stale reply (what was placed from the old end stays).
+
+The network forgets its history before `final_ns` as the run goes (`prune_network`): flows that
+ended before it no longer tie islands together, so a late arrival rolls back only the flows it
+shares links with from its start on (on a pipeline of 64 GPUs, tens of flows instead of every
+flow since the start), and the network's memory is bounded by what is not final yet.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ from phantora.engine.ranks import CallError, RankState
 from phantora.engine.timeline import Stream
 from phantora.engine.trace_events import TraceEvents, nccl_kernel_name
 from phantora.net.network import Network
-from phantora.net.records import CollectiveSpec
+from phantora.net.records import CollectiveInfo, CollectiveSpec
+
+_PRUNE_MIN_FLOWS = 512  # the network is pruned once this many flows, or as many as it held, were added
 
 
 @dataclass
@@ -61,6 +68,10 @@ class CollectiveLifecycle:
         self.dropped: set[int] = set()  # collectives that never ran (a member never joined)
         self.network_failed = False  # the network raised: from then on collectives never run
         self._handle_works: dict[int, int] = {}  # network handle -> work id (names corrections)
+        self._retired: dict[int, CollectiveInfo] = {}  # handle -> info, of unread ones the network forgot
+        self._pruned_ns = 0  # the network's history before this is forgotten (link counters written)
+        self._flows_at_prune = 0  # flows submitted to the network by then
+        self._live_at_prune = 0  # flows it still held then
         self._key_works: dict[Any, int] = {}  # collective key -> its work id, until it runs
         self._work_ids = 0
         # (collective key, rank) -> host begin and end of that rank's call, until the collective runs
@@ -291,7 +302,7 @@ class CollectiveLifecycle:
             sub = self.unread.get(work)
             if sub is None or sub.handle is None:  # submitted later, so it starts (and ends) after t
                 return t if sub is None else min(sub.start_ns, t)
-            if self.network.provisional_end(sub.handle) > t:  # type: ignore[union-attr, operator]
+            if self.provisional_end(sub) > t:  # type: ignore[operator]
                 return t  # the network up to t is final: it still runs at t
         end = self.end(work, force)
         return None if end is None else min(end, t)
@@ -299,7 +310,8 @@ class CollectiveLifecycle:
     def provisional_end(self, sub: SubmittedCollective) -> int | None:
         """Its end as the network has it now (a later submission may still move it)."""
         assert self.network is not None and sub.handle is not None
-        return self.network.provisional_end(sub.handle)
+        retired = self._retired.get(sub.handle)
+        return retired.end_ns if retired is not None else self.network.provisional_end(sub.handle)
 
     def _is_final(self, sub: SubmittedCollective) -> bool:
         end = self.provisional_end(sub)
@@ -330,9 +342,13 @@ class CollectiveLifecycle:
         info = None
         if sub.handle is not None:
             assert self.network is not None
-            end = self.network.finish_time(sub.handle)
-            info = self.network.collective_info(sub.handle)
-            self._record_corrections()
+            info = self._retired.pop(sub.handle, None)
+            if info is None:
+                end = self.network.finish_time(sub.handle)
+                info = self.network.collective_info(sub.handle)
+                self._record_corrections()
+            else:  # final before the network forgot it
+                end = info.end_ns
         else:
             end = start  # one member (or no network): nothing moves
         del self.unread[work]  # only now: if the network raised, give_up() still finds it
@@ -375,6 +391,38 @@ class CollectiveLifecycle:
             self.mirrors.lag(call.rank, end - rep_end)
         else:
             self._lag_waits.setdefault(source[0], []).append((call.rank, end))
+
+    # --- the network's history ---------------------------------------------------------------
+    def prune_network(self) -> None:
+        """Let the network forget its history before `final_ns` (no submission can start
+        before it), once at least as many flows were added as it held after the last time (so
+        each flow is pruned over a bounded number of times). The link counters of that window
+        are written first: nothing can change them any more."""
+        net = self.network
+        if net is None or self.network_failed or self.final_ns <= self._pruned_ns:
+            return
+        if net.flows_submitted - self._flows_at_prune < max(_PRUNE_MIN_FLOWS, self._live_at_prune):
+            return
+        h = self.final_ns
+        net.run_before(h)
+        self.trace.link_counters(net, self._pruned_ns, h, self._counter_nodes())
+        for info in net.prune(h):
+            work = self._handle_works.pop(info.handle, None)
+            if work in self.unread:
+                self._retired[info.handle] = info
+        self._pruned_ns = h
+        self._flows_at_prune = net.flows_submitted
+        self._live_at_prune = net.live_flows
+
+    def write_link_counters(self, end: int) -> None:
+        """The link counters of the history not written yet, up to `end` (the run is over)."""
+        if self.network is not None:
+            self.trace.link_counters(self.network, self._pruned_ns, end + 1, self._counter_nodes())
+            self.trace.close_link_counters()
+
+    def _counter_nodes(self) -> set[int] | None:
+        """The nodes whose links get counters: all, or with mirrored ranks the representatives'."""
+        return {st.info.node for st in self.ranks.values()} if self.mirrors is not None else None
 
     def read_all(self) -> None:
         for work in sorted(self.unread):

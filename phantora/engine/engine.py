@@ -240,6 +240,7 @@ class Engine:
         """Prove more ends final, read them, place the work that waited for them, and finish the
         host waits and calls that can finish now (take_unblocked names their ranks)."""
         self.finality.progress()
+        self.collectives.prune_network()
 
     def host_blocked(self, rank: int) -> bool:
         """Is `rank`'s host waiting for a time not known yet (its later records and calls wait)?"""
@@ -349,9 +350,7 @@ class Engine:
         for r in list(self.ranks):
             self.finish_rank(r)
         try:
-            if self.network is not None:
-                nodes = {st.info.node for st in self.ranks.values()} if self.mirrors is not None else None
-                self.trace.link_counters(self.network, simulated_end_ns(self.ranks.values()), nodes)
+            self.collectives.write_link_counters(simulated_end_ns(self.ranks.values()))
         except Exception as e:  # the trace must still close on every path
             self._warn(f"link counters not written: {type(e).__name__}: {e}")
         self.trace.close(metadata)

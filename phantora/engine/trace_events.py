@@ -88,6 +88,9 @@ class TraceEvents:
         self.sink = sink
         self._flow_ids = 0
         self._simulator_tracks: set[int] = set()
+        self._link_names: dict[int, str] | None = None
+        self._link_held: dict[int, tuple[int, float]] = {}  # link -> (end, load) of its last sample
+        self._wrote_network = False
 
     def next_flow(self) -> int:
         self._flow_ids += 1
@@ -247,26 +250,43 @@ class TraceEvents:
                               "stale": "dependents were placed at the end used",
                           })
 
-    def link_counters(self, network: Network, end: int, nodes: set[int] | None = None) -> None:
-        """Each link's load over the run as counters. Written at the end, when rollbacks can no
-        longer change them. `nodes`: only the links of these nodes (with mirrored ranks, the
-        representatives': a counter per link of 1,000 GPUs would be most of the trace)."""
-        names = {info.link: info.name for info in network.links()}
+    def link_counters(self, network: Network, start: int, end: int, nodes: set[int] | None = None) -> None:
+        """Each link's load over [start, end) as counters. Written window by window, each once
+        rollbacks can no longer change it: before the network forgets that history (the engine
+        prunes it as ends become final) and the rest at the end of the run; a load that goes on
+        across a window's edge stays one sample. `nodes`: only the links of these nodes (with
+        mirrored ranks, the representatives': a counter per link of 1,000 GPUs would be most of
+        the trace). close_link_counters() ends the last samples."""
+        if self._link_names is None:
+            self._link_names = {info.link: info.name for info in network.links()}
+        names = self._link_names
         links = None
         if nodes is not None:
             tags = tuple(f"[node{n} " for n in sorted(nodes))
             links = [link for link, name in names.items() if any(t in name for t in tags)]
-        segments = network.link_utilization(0, end + 1, links)
-        if not segments:
-            return
-        self.sink.process(NETWORK_PID, "network", 1_000_000)
-        for i, seg in enumerate(segments):  # sorted by link, then time
+        segments = network.link_utilization(start, end, links)
+        if segments and not self._wrote_network:
+            self.sink.process(NETWORK_PID, "network", 1_000_000)
+            self._wrote_network = True
+        held = self._link_held
+        for seg in segments:  # sorted by link, then time
             name = f"link {names[seg.link]}"
+            last = held.pop(seg.link, None)
+            if last is not None:
+                if last[0] == seg.start_ns and abs(last[1] - seg.load) <= 1e-9 * max(seg.load, 1.0):
+                    held[seg.link] = (seg.end_ns, seg.load)  # the same load goes on
+                    continue
+                if last[0] != seg.start_ns:
+                    self.sink.counter(NETWORK_PID, name, last[0], {"utilization": 0.0, "GB/s": 0.0})
             self.sink.counter(NETWORK_PID, name, seg.start_ns,
                               {"utilization": round(seg.utilization, 6), "GB/s": round(seg.load, 3)})
-            nxt = segments[i + 1] if i + 1 < len(segments) else None
-            if nxt is None or nxt.link != seg.link or nxt.start_ns != seg.end_ns:
-                self.sink.counter(NETWORK_PID, name, seg.end_ns, {"utilization": 0.0, "GB/s": 0.0})
+            held[seg.link] = (seg.end_ns, seg.load)
+
+    def close_link_counters(self) -> None:
+        """The end of each link's last load: its counter goes back to 0."""
+        for link, (end, _) in sorted(self._link_held.items()):
+            self.sink.counter(NETWORK_PID, f"link {self._link_names[link]}", end, {"utilization": 0.0, "GB/s": 0.0})
+        self._link_held.clear()
 
     def close(self, metadata: dict[str, Any]) -> None:
         self.sink.close(metadata)

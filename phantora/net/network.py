@@ -4,7 +4,8 @@
     h = net.submit(CollectiveSpec("all_reduce", 256 << 20, tuple(range(16))), start_ns=0)
     end = net.finish_time(h)          # simulates as far as needed
     net.take_corrections()            # ends already returned that a late arrival changed
-    net.prune(horizon_ns)             # every participant's clock is past horizon_ns
+    net.prune(horizon_ns)             # every participant's clock is past horizon_ns: forget
+                                      # the history before it (smaller islands, less memory)
 
 Modes. "optimistic": finish_time simulates ahead; a collective that later arrives with an
 earlier start rolls the affected part of the network back (rollback.py), re-simulates, and
@@ -216,6 +217,12 @@ class Network:
         """Promise: no future submit() starts before t_ns."""
         self._horizon = max(self._horizon, int(t_ns))
 
+    def run_before(self, t_ns: int) -> None:
+        """Simulate every event before t_ns (what link_utilization reads up to t_ns is then
+        settled unless a submission starts before t_ns)."""
+        for island in list(self._sim.islands.values()):
+            self._sim.run_before(island, int(t_ns))
+
     def take_corrections(self) -> list[Correction]:
         out, self._corrections = self._corrections, []
         return out
@@ -232,8 +239,7 @@ class Network:
         self.advance_horizon(horizon_ns)
         h = self._horizon
         sim = self._sim
-        for island in list(sim.islands.values()):
-            sim.run_before(island, h)
+        self.run_before(h)
         retired = []
         for handle in sorted(self._collectives):
             c = self._collectives[handle]
@@ -331,6 +337,11 @@ class Network:
             event_batches=sim.batches,
             rollbacks=self._rollback_count,
         )
+
+    @property
+    def live_flows(self) -> int:
+        """Flows the network holds (submitted, not yet forgotten by prune)."""
+        return len(self._sim.flows)
 
     @property
     def rollback_count(self) -> int:
