@@ -38,8 +38,6 @@ from phantora.engine.trace_events import TraceEvents, nccl_kernel_name
 from phantora.net.network import Network
 from phantora.net.records import CollectiveInfo, CollectiveSpec
 
-_PRUNE_MIN_FLOWS = 512  # the network is pruned once this many flows, or as many as it held, were added
-
 
 @dataclass
 class SubmittedCollective:
@@ -70,6 +68,8 @@ class CollectiveLifecycle:
         self._handle_works: dict[int, int] = {}  # network handle -> work id (names corrections)
         self._retired: dict[int, CollectiveInfo] = {}  # handle -> info, of unread ones the network forgot
         self._pruned_ns = 0  # the network's history before this is forgotten (link counters written)
+        self.prune_min_flows = 512  # prune once this many flows, and as many as the network held, were added
+        self.prunes = 0
         self._flows_at_prune = 0  # flows submitted to the network by then
         self._live_at_prune = 0  # flows it still held then
         self._key_works: dict[Any, int] = {}  # collective key -> its work id, until it runs
@@ -401,7 +401,7 @@ class CollectiveLifecycle:
         net = self.network
         if net is None or self.network_failed or self.final_ns <= self._pruned_ns:
             return
-        if net.flows_submitted - self._flows_at_prune < max(_PRUNE_MIN_FLOWS, self._live_at_prune):
+        if net.flows_submitted - self._flows_at_prune < max(self.prune_min_flows, self._live_at_prune):
             return
         h = self.final_ns
         net.run_before(h)
@@ -411,6 +411,7 @@ class CollectiveLifecycle:
             if work in self.unread:
                 self._retired[info.handle] = info
         self._pruned_ns = h
+        self.prunes += 1
         self._flows_at_prune = net.flows_submitted
         self._live_at_prune = net.live_flows
 

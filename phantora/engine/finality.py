@@ -19,6 +19,7 @@ and is replaced when it reaches the top.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from typing import Callable
 
@@ -135,13 +136,32 @@ class Finality:
             bound = self._min_bound(t)
             if bound > t:
                 t, changed = bound, True
-            for c in candidates:
-                if c <= t:
-                    continue
-                if self._min_bound(c) < c:
-                    break
+            c = self._latest_proven(candidates[bisect.bisect_right(candidates, t):])
+            if c is not None:
                 t, changed = c, True
         return t
+
+    def _latest_proven(self, candidates: list[int]) -> int | None:
+        """A candidate c (sorted ascending) with _min_bound(c) >= c, found by galloping then
+        bisecting (a few replays, where trying each would take one replay per candidate; with
+        mirrored ranks there are thousands of unread ends at the end of a run). Each c it returns
+        is proven on its own, whether or not the candidates before it are."""
+        lo, step = -1, 1  # candidates[lo] is proven (-1: none yet)
+        hi = len(candidates)  # candidates[hi] is not (len: none tried)
+        while lo + step < hi:
+            i = lo + step
+            if self._min_bound(candidates[i]) >= candidates[i]:
+                lo, step = i, step * 2
+            else:
+                hi = i
+                break
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._min_bound(candidates[mid]) >= candidates[mid]:
+                lo = mid
+            else:
+                hi = mid
+        return candidates[lo] if lo >= 0 else None
 
     def _min_bound(self, t: int) -> int:
         """A lower bound of every future collective start, valid if no collective that is not

@@ -273,7 +273,7 @@ class TraceEvents:
             name = f"link {names[seg.link]}"
             last = held.pop(seg.link, None)
             if last is not None:
-                if last[0] == seg.start_ns and abs(last[1] - seg.load) <= 1e-9 * max(seg.load, 1.0):
+                if last[0] == seg.start_ns and last[1] == seg.load:
                     held[seg.link] = (seg.end_ns, seg.load)  # the same load goes on
                     continue
                 if last[0] != seg.start_ns:

@@ -40,6 +40,7 @@ from phantora.net.tuning import (P2P, NcclConstants, collective_latency_us, defa
 MODES = ("optimistic", "conservative")
 _CACHE_SIZE = 1024  # communicators (and their algorithm candidates) remembered
 _CACHE_LINK_ENTRIES = 8_000_000  # routed plans are kept up to this many (link, load) pairs
+_LOAD_UNITS = 1e6  # link_utilization sums loads in integer micro-GB/s
 
 
 @dataclass(frozen=True)
@@ -311,19 +312,23 @@ class Network:
         if links is not None:
             keep = np.isin(link, np.asarray(links))
             link, load, t0, t1 = link[keep], load[keep], t0[keep], t1[keep]
+        # Loads are summed in integer units (_LOAD_UNITS per GB/s): every + cancels its - exactly,
+        # so a level does not depend on which other segments were summed before it (on how
+        # the history was cut into windows).
+        quanta = np.rint(load * _LOAD_UNITS).astype(np.int64)
         ev_link = np.concatenate([link, link])
         ev_time = np.concatenate([t0, t1])
-        ev_delta = np.concatenate([load, -load])
+        ev_delta = np.concatenate([quanta, -quanta])
         order = np.lexsort((ev_time, ev_link))
         ev_link, ev_time, ev_delta = ev_link[order], ev_time[order], ev_delta[order]
         level = np.cumsum(ev_delta)  # every + has its -, so the sum restarts at 0 per link
         out = []
         cap = self.topology.capacity
         for i in range(len(ev_link) - 1):
-            if ev_link[i] == ev_link[i + 1] and ev_time[i] < ev_time[i + 1] and level[i] > 1e-9:
+            if ev_link[i] == ev_link[i + 1] and ev_time[i] < ev_time[i + 1] and level[i] > 0:
                 lk = int(ev_link[i])
-                out.append(LinkSegment(lk, int(ev_time[i]), int(ev_time[i + 1]),
-                                       float(level[i]), float(level[i] / cap[lk])))
+                gbps = float(level[i]) / _LOAD_UNITS
+                out.append(LinkSegment(lk, int(ev_time[i]), int(ev_time[i + 1]), gbps, float(gbps / cap[lk])))
         return out
 
     def stats(self) -> NetworkStats:

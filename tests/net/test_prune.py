@@ -100,6 +100,7 @@ def test_link_utilization_is_piecewise_constant_and_within_capacity():
     net.finish_time(a), net.finish_time(b)
     segments = net.link_utilization(0, 10**12)
     assert segments and all(0 < s.utilization <= 1 + 1e-9 for s in segments)
+    assert all(type(s.load) is float and type(s.utilization) is float for s in segments)  # the trace writes them
     nic = [l.link for l in net.links() if l.name == "nic->leaf [node0 nic0]"][0]
     on_nic = [s for s in segments if s.link == nic]
     # alone, then shared by two flows (still full), then the survivor alone: the NIC is
