@@ -403,6 +403,8 @@ class CollectiveLifecycle:
             return
         if net.flows_submitted - self._flows_at_prune < max(self.prune_min_flows, self._live_at_prune):
             return
+        if all(st.finished for st in self.ranks.values()):
+            return  # the run is closing: the rest is written up to its end (write_link_counters)
         h = self.final_ns
         net.run_before(h)
         self.trace.link_counters(net, self._pruned_ns, h, self._counter_nodes())

@@ -240,7 +240,8 @@ class Engine:
         """Prove more ends final, read them, place the work that waited for them, and finish the
         host waits and calls that can finish now (take_unblocked names their ranks)."""
         self.finality.progress()
-        self.collectives.prune_network()
+        if not self.finality.closing:
+            self.collectives.prune_network()
 
     def host_blocked(self, rank: int) -> bool:
         """Is `rank`'s host waiting for a time not known yet (its later records and calls wait)?"""
@@ -271,12 +272,18 @@ class Engine:
 
     def read_all_collectives(self) -> None:
         """Place all waiting work, reading every end (the run is over: nothing can arrive
-        before them). Collectives some member never joined never run."""
+        before them). Collectives some member never joined never run. Conservative sync reads
+        each end once it is proven final; optimistic sync reads them as the placement needs
+        them, in stream order, like a host that waits (a later submission that moves one is a
+        correction, counted as a stale reply), but no host waited for them: they do not count
+        as early reads."""
         self.collectives.drop_unjoined()
         self.finality.closing = True  # no rank calls anything any more; what they called still counts
         self.progress()
+        early_reads = self.collectives.early_reads
         self.place_all()
         self.collectives.read_all()
+        self.collectives.early_reads = early_reads
 
     # --- calls --------------------------------------------------------------------------------
     def now(self, rank: int) -> int:
