@@ -409,7 +409,10 @@ class Placement:
             if done > max(ready, start):
                 spans.append((max(ready, start), done))
         if len(log) > 64:  # forget collectives that ended before anything still to be placed can start
-            floor = min([st.timeline.host_ns] + [x.tail_ns for x in st.timeline.streams.values() if x.device == device])
+            # (work queued on a stream starts after its tail; work not launched yet, after the
+            # host clock: a stream idle since early in the run does not hold the floor back)
+            floor = min([st.timeline.host_ns] + [x.tail_ns for x in st.timeline.streams.values()
+                                                 if x.device == device and x.queue])
             ends = self.collectives.work_end_ns
             log[:] = [a for a in log if not (a.placed and ends.get(a.work, floor) < floor)]
         return _union_ns(spans)
