@@ -17,8 +17,8 @@ trace and counted as a stale reply (what was placed from the old end stays).
 
 The network forgets its history before `final_ns` as the run goes (`prune_network`): flows that
 ended before it no longer tie islands together, so a late arrival rolls back only the flows it
-shares links with from its start on (on a pipeline of 64 GPUs, tens of flows instead of every
-flow since the start), and the network's memory is bounded by what is not final yet.
+shares links with since then (not every flow since the start of the run, once one collective over
+all GPUs tied everything together), and the network's memory is bounded by what is not final yet.
 """
 
 from __future__ import annotations

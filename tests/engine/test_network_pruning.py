@@ -6,6 +6,7 @@ history."""
 
 from __future__ import annotations
 
+import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +14,7 @@ from phantora.engine.engine import NETWORK_PID, Engine, RankInfo
 from phantora.hardware import lookup_gpu
 from phantora.net.cluster import load_cluster
 from phantora.net.network import Network
+from phantora.trace import TeeSink, open_sink
 
 from engine.test_engine import FixedEstimator  # noqa: E402
 from engine.test_sync_property import TIMING, Recorder, programs, run  # noqa: E402
@@ -65,7 +67,7 @@ def test_pruning_the_network_changes_no_slice_host_time_or_link_counter(prog_col
     assert pruned[2] == kept[2]  # link counter samples
 
 
-def _long_allreduce_run(prune_min_flows: int) -> tuple[Engine, CounterRecorder]:
+def _long_allreduce_run(prune_min_flows: int, path=None) -> tuple[Engine, CounterRecorder]:
     """Two ranks on two nodes: 300 rounds of a kernel, an all-reduce the stream waits for, and a
     stream sync."""
     from phantora import protocol as P
@@ -75,7 +77,8 @@ def _long_allreduce_run(prune_min_flows: int) -> tuple[Engine, CounterRecorder]:
 
     sink = CounterRecorder()
     net = Network(load_cluster("dgx-h100", nodes=2))
-    e = Engine(lookup_gpu("h100"), FixedEstimator(), sink, TIMING, network=net)
+    out = sink if path is None else TeeSink([sink, open_sink(path)])
+    e = Engine(lookup_gpu("h100"), FixedEstimator(), out, TIMING, network=net)
     e.collectives.prune_min_flows = prune_min_flows
     e.expected_ranks = 2
     gpus = {0: (0, 0), 1: (1, 0)}  # rank -> (node, local rank)
@@ -96,8 +99,8 @@ def _long_allreduce_run(prune_min_flows: int) -> tuple[Engine, CounterRecorder]:
     return e, sink
 
 
-def test_a_long_run_keeps_the_network_small_and_its_link_counters_whole():
-    pruned, pruned_sink = _long_allreduce_run(64)
+def test_a_long_run_keeps_the_network_small_and_its_link_counters_whole(tmp_path):
+    pruned, pruned_sink = _long_allreduce_run(64, tmp_path / "pruned.json")
     kept, kept_sink = _long_allreduce_run(NEVER)
     assert pruned.collectives.prunes >= 4
     assert kept.network.live_flows >= 300  # every all-reduce's flows, kept
@@ -106,3 +109,5 @@ def test_a_long_run_keeps_the_network_small_and_its_link_counters_whole():
     assert link_samples and link_samples == sorted(c for c in kept_sink.counters if c[0] == NETWORK_PID)
     assert {r: st.timeline.host_ns for r, st in pruned.ranks.items()} == \
         {r: st.timeline.host_ns for r, st in kept.ranks.items()}
+    written = orjson.loads((tmp_path / "pruned.json").read_bytes())["traceEvents"]  # the JSON writer took them
+    assert len([ev for ev in written if ev.get("pid") == NETWORK_PID and ev.get("ph") == "C"]) == len(link_samples)
