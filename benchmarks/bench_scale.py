@@ -9,8 +9,8 @@ Rows:
   nodes: one process stands for every rank.
 - TorchTitan 0.3.0 Llama 3 8B with TP 8 x PP 4 x FSDP (local batch 8, seq 8192, its default
   Interleaved1F1B schedule, SAC, eager) through its own torchrun line: `--ranks auto`
-  finds the pipeline stages (the run starts again with one representative per stage), so 4
-  processes stand for every rank. Needs the CUDA build of torch with torchtitan
+  finds the pipeline stages (the run starts again with one representative per stage), so 5
+  processes (one per stage, and a witness of the last) stand for every rank. Needs the CUDA build of torch with torchtitan
   ($PHANTORA_CUDA_TORCH_PYTHON or the environment tests/conftest.py builds); skipped, saying
   so, without it.
 
@@ -21,8 +21,9 @@ steps and collectives.
 
 Each configuration runs twice, with 1 and with 2 training steps; the difference in wall time is
 the wall time of one step without start-up. Columns: processes that ran (distinct roles and the
-witness), wall time of the 1-step run, wall per step, the simulated time of one step (the
-difference of the two runs' simulated time), peak summed PSS of phantora and every process it started (/proc, sampled), and
+witness), wall time of the 1-step run, wall per step, the simulated time of one step (FSDP2: the
+difference of the two runs' simulated time; TorchTitan: step 2 on rank 0, between the optimizer
+kernels ending steps 1 and 2), peak summed PSS of phantora and every process it started (/proc, sampled), and
 the size of the Chrome JSON trace of the 2-step run.
 """
 
@@ -89,11 +90,11 @@ def nodes_options(gpus: int) -> list[str]:
     return ["--nnodes", str(max(gpus // 8, 1)), "--nproc-per-node", str(min(gpus, 8)), "--ranks", "auto"]
 
 
-def fsdp_row(gpus: int, tmp: Path) -> tuple[str, int, Run, Run]:
+def fsdp_row(gpus: int, tmp: Path) -> tuple[str, int, Run, Run, float]:
     script = [sys.executable, str(ROOT / "tests/e2e/scripts/fsdp2_llama_memory.py"), *LLAMA_8B]
     one = trace([*script, "--steps", "1"], nodes_options(gpus), tmp / f"fsdp{gpus}-1.json", ROOT)
     two = trace([*script, "--steps", "2"], nodes_options(gpus), tmp / f"fsdp{gpus}-2.json", ROOT)
-    return "FSDP2 Llama 8B", gpus, one, two
+    return "FSDP2 Llama 8B", gpus, one, two, two.simulated_ms - one.simulated_ms
 
 
 def _titan_python() -> str | None:
@@ -106,9 +107,13 @@ def _titan_python() -> str | None:
     return python if probe.returncode == 0 else None
 
 
-def titan_row(gpus: int, tmp: Path, python: str) -> tuple[str, int, Run, Run]:
+def titan_row(gpus: int, tmp: Path, python: str) -> tuple[str, int, Run, Run, float]:
+    """Its simulated step is step 2's on rank 0, between the optimizer kernels that end steps 1
+    and 2: the runs' simulated ends also hold TorchTitan's start-up, whose length varies (its
+    processes poll for each other with time.sleep before their first GPU work)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from frameworks.torchtitan.assets import write_assets
+    from frameworks.torchtitan.run import step_ends_us
 
     workdir = tmp / f"titan{gpus}"
     workdir.mkdir()
@@ -123,7 +128,8 @@ def titan_row(gpus: int, tmp: Path, python: str) -> tuple[str, int, Run, Run]:
                    "--training.local_batch_size", "8", "--training.seq_len", "8192",
                    "--hf_assets_path", "./tests/assets/tokenizer", "--dataloader.dataset", "c4_test"]
         runs.append(trace(command, ["--ranks", "auto"], workdir / f"run{steps}.json", workdir, env))
-    return "TorchTitan 8B TP8 x PP4 x FSDP", gpus, runs[0], runs[1]
+    ends = step_ends_us(workdir / "run2.json", 0, 2)
+    return "TorchTitan 8B TP8 x PP4 x FSDP", gpus, runs[0], runs[1], (ends[1] - ends[0]) / 1e3
 
 
 EXAMPLES = {  # small models: the point is the comparison, and --ranks all at 64 ranks
@@ -199,8 +205,8 @@ def main() -> None:
         elif python is not None:
             rows += [(lambda g, t, p=python: titan_row(g, t, p), int(g)) for g in args.titan.split(",") if g]
         for make, gpus in rows:
-            name, gpus, one, two = make(gpus, tmp)
-            step = f"{two.simulated_ms - one.simulated_ms:11.1f}"
+            name, gpus, one, two, step_ms = make(gpus, tmp)
+            step = f"{step_ms:11.1f}"
             print(f"{name:<32} {gpus:>5} {two.processes:>9} {one.wall_s:>13.1f} {two.wall_s - one.wall_s:>11.1f} "
                   f"{step} {two.peak_mib:>12.0f} {two.trace_mib:>9.1f}", flush=True)
             for f in tmp.glob("*.json"):

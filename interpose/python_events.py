@@ -87,11 +87,14 @@ def install_python_events(rt: Any) -> None:
 
     def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         rt.in_optimizer -= 1
+        if rt.in_optimizer:
+            return  # stepped inside another optimizer's step (TorchTitan's OptimizersContainer
+            # is an Optimizer whose step steps one per model part): the outer one marks the step
         # Scripts with several optimizers (one per parameter set, or per pipeline stage) step
         # each once per training step: the first one to step marks the steps.
         if not stepping:
             stepping.append(id(optimizer))
-        if stepping[0] == id(optimizer) and rt.in_optimizer == 0 and rt.active and rt.client.connected:
+        if stepping[0] == id(optimizer) and rt.active and rt.client.connected:
             rt.client.record([P.R_STEP])
 
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook

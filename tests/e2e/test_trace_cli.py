@@ -88,6 +88,15 @@ def test_step_time_printed_by_the_script_is_the_simulated_time(tmp_path):
         assert printed == pytest.approx(span, abs=0.006), (printed_ms, spans)
 
 
+def test_a_container_of_optimizers_marks_one_step_per_training_step(tmp_path):
+    # TorchTitan steps an Optimizer subclass that steps one optimizer per model part: the outer
+    # step is the training step (the inner ones once marked nothing at all)
+    proc, out = trace_script(tmp_path, str(SCRIPTS / "nested_optimizers.py"))
+    assert proc.returncode == 0, proc.stderr
+    steps = [e["name"] for e in events(out) if e.get("ph") == "X" and e["tid"] == 2]
+    assert steps == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+
+
 @pytest.mark.slow
 def test_optimizer_steps_are_marked_as_profiler_steps(tmp_path):
     proc, out = trace_script(tmp_path, "examples/gpt_train.py", *SMALL_GPT)

@@ -43,9 +43,13 @@ def _assert_trained(run: Run, ranks: int, non_dp: int = 1) -> list[StepLine]:
         # step 1's interval starts before the first GPU work (real host time loading the data)
         assert s.tps > 0 and (0 < s.mfu < 100 or s.step == 1) and s.memory_gib > 0
     steps = {s.step: s for s in lines}
+    events = load_chrome_trace(run.trace)["traceEvents"]
     for rank in range(ranks):
         ends = optimizer_kernel_ends_us(run.trace, rank)
         assert len(ends) == STEPS, f"rank {rank}: {len(ends)} fused AdamW kernels for {STEPS} steps"
+        # its optimizer steps (an OptimizersContainer) are the trace's training steps
+        marked = [e["name"] for e in events if e.get("ph") == "X" and e["pid"] == rank + 1 and e["tid"] == 2]
+        assert marked == [f"ProfilerStep#{k}" for k in range(STEPS)], (rank, marked)
         # TorchTitan's tps is tokens / (time between two log lines * non-data-parallel degree);
         # from step 3 on (after warm-up and CUDA-graph capture) every step is the same, so the step
         # period it implies equals the distance between two optimizer kernels in the trace
