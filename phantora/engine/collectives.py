@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from phantora.net.records import OPS
 
@@ -106,6 +106,10 @@ class PendingCollective:
 class CollectiveMatcher:
     def __init__(self) -> None:
         self.pending: dict[CollectiveKey, PendingCollective] = {}
+        # What waits are timed with (first_wall_s, overdue). The simulator's server sets the
+        # seconds it has spent waiting for the ranks: while it is busy simulating, ranks wait
+        # for it, not for a missing member, and that is no reason to give up on one.
+        self.clock: Callable[[], float] = time.monotonic
 
     def join(self, call: CollectiveCall) -> PendingCollective:
         """Register one member's call (on the host: its stream may reach the collective later).
@@ -116,7 +120,8 @@ class CollectiveMatcher:
                 f"rank {call.rank} called {call.describe()} on a group it is not in ({list(call.group)})", (call.rank,))
         p = self.pending.get(call.key)
         if p is None:
-            p = self.pending[call.key] = PendingCollective(call.key, tuple(dict.fromkeys(call.group)))
+            p = self.pending[call.key] = PendingCollective(call.key, tuple(dict.fromkeys(call.group)),
+                                                           first_wall_s=self.clock())
         if call.rank in p.arrivals:
             raise CollectiveMismatch(f"rank {call.rank} joined collective {call.key} twice", (call.rank,))
         p.arrivals[call.rank] = call
@@ -136,7 +141,7 @@ class CollectiveMatcher:
         return [p for p in self.pending.values() if rank in p.members and rank not in p.arrivals]
 
     def overdue(self, timeout_s: float, now_s: float | None = None) -> list[PendingCollective]:
-        now = time.monotonic() if now_s is None else now_s
+        now = self.clock() if now_s is None else now_s
         return [p for p in self.pending.values() if now - p.first_wall_s > timeout_s]
 
     def drop(self, key: CollectiveKey) -> None:

@@ -58,6 +58,11 @@ class SimulatorServer:
         self.failed: dict[int, str] = {}  # rank -> collective failure, the answer to its next call
         self.rank_errors: list[str] = []  # collective failures (mismatch, missing rank), shown in the summary
         self._next_overdue_check = 0.0
+        # Collective waits are timed in the wall time the server spends waiting for the ranks
+        # (select), not in the time it spends simulating: when the simulator is the bottleneck,
+        # a member late to a collective is waiting for its answers, not missing.
+        self.waited_s = 0.0
+        engine.matcher.clock = lambda: self.waited_s
         self.hello_reply = hello_reply or {}
         self.tmpdir = Path(tempfile.mkdtemp(prefix="phantora-"))
         os.chmod(self.tmpdir, 0o700)
@@ -119,7 +124,9 @@ class SimulatorServer:
         return sum(1 for c in self.connections if c.sock.fileno() >= 0)
 
     def _poll(self, timeout: float) -> bool:
+        before = time.monotonic()
         events = self._sel.select(timeout)
+        self.waited_s += time.monotonic() - before
         for key, _ in events:
             if key.data is None:
                 self._accept()
@@ -194,10 +201,11 @@ class SimulatorServer:
         than progress.every_s: each said once, naming the rank."""
         limit = progress.every_s
         for p in list(self.engine.matcher.pending.values()):
-            if now - p.first_wall_s > limit:
+            waited = self.waited_s - p.first_wall_s
+            if waited > limit:
                 call = next(iter(p.arrivals.values()))
                 progress.notice(f"wait {p.key}", f"{call.describe()} (collective #{call.seq} of group "
-                                f"{list(call.group)}, called at {call.site}) has waited {now - p.first_wall_s:.0f} s "
+                                f"{list(call.group)}, called at {call.site}) has waited {waited:.0f} s "
                                 f"for rank(s) {p.missing()}; it fails after --collective-timeout "
                                 f"{self.collective_timeout_s:.0f} s")
         pids = {c.rank: c.pid for c in self.connections if c.rank is not None}

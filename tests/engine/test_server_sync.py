@@ -47,3 +47,20 @@ def test_a_held_conservative_wait_is_answered_after_the_stall_timeout():
         ours.close()
         theirs.close()
         server.close()
+
+
+def test_a_collective_waits_only_in_the_time_the_server_waits_for_the_ranks():
+    # a member late to a collective while the simulator is busy (simulating 1,000 GPUs' flows) is
+    # waiting for the simulator's answers, not missing: the collective timeout must not count it
+    from engine.test_collectives import call, two_rank_engine
+
+    e = two_rank_engine()
+    server = SimulatorServer(e, collective_timeout_s=0.2)
+    p = e.matcher.join(call(0))  # rank 0 joined, rank 1 has not
+    time.sleep(0.3)  # the server busy, outside select
+    assert e.matcher.overdue(0.2) == []
+    started = time.monotonic()
+    while time.monotonic() - started < 0.35:
+        server._poll(0.05)  # waiting for the ranks: this time counts
+    assert e.matcher.overdue(0.2) == [p]
+    assert 0.3 <= server.waited_s <= 0.6
