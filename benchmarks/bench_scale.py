@@ -109,8 +109,8 @@ def _titan_python() -> str | None:
 
 def titan_row(gpus: int, tmp: Path, python: str) -> tuple[str, int, Run, Run, float]:
     """Its simulated step is step 2's on rank 0, between the optimizer kernels that end steps 1
-    and 2: the runs' simulated ends also hold TorchTitan's start-up, whose length varies (its
-    processes poll for each other with time.sleep before their first GPU work)."""
+    and 2: the runs' simulated ends also hold TorchTitan's start-up, whose simulated length
+    varies from run to run (docs/scale.md)."""
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     from frameworks.torchtitan.assets import write_assets
     from frameworks.torchtitan.run import step_ends_us
