@@ -10,13 +10,15 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from phantora import protocol as P
 from phantora.engine.engine import NETWORK_PID, Engine, RankInfo
 from phantora.hardware import lookup_gpu
 from phantora.net.cluster import load_cluster
 from phantora.net.network import Network
+from phantora.ops import OpSignature
 from phantora.trace import TeeSink, open_sink
 
-from engine.test_engine import FixedEstimator  # noqa: E402
+from engine.test_engine import FixedEstimator, t  # noqa: E402
 from engine.test_sync_property import TIMING, Recorder, programs, run  # noqa: E402
 
 NEVER = 1 << 62
@@ -33,24 +35,8 @@ class CounterRecorder(Recorder):
 
 def _run_closed(progs, colls, seed: int, sync: str, prune_min_flows: int):
     """run() with the engine closed (link counters written), pruning as configured."""
-    import engine.test_sync_property as prop
-
-    made: list[Engine] = []
-    real_engine = prop.Engine
-
-    def engine(*a, **k):
-        e = real_engine(*a, **k)
-        e.collectives.prune_min_flows = prune_min_flows
-        made.append(e)
-        return e
-
     sink = CounterRecorder()
-    real_recorder = prop.Recorder
-    prop.Engine, prop.Recorder = engine, lambda: sink  # type: ignore[assignment]
-    try:
-        slices, hosts, e = run(progs, colls, seed, sync)
-    finally:
-        prop.Engine, prop.Recorder = real_engine, real_recorder  # type: ignore[assignment]
+    slices, hosts, e = run(progs, colls, seed, sync, sink=sink, prune_min_flows=prune_min_flows)
     e.close({})
     return slices, hosts, sorted(sink.counters), e
 
@@ -70,11 +56,6 @@ def test_pruning_the_network_changes_no_slice_host_time_or_link_counter(prog_col
 def _long_allreduce_run(prune_min_flows: int, path=None) -> tuple[Engine, CounterRecorder]:
     """Two ranks on two nodes: 300 rounds of a kernel, an all-reduce the stream waits for, and a
     stream sync."""
-    from phantora import protocol as P
-    from phantora.ops import OpSignature
-
-    from engine.test_engine import t
-
     sink = CounterRecorder()
     net = Network(load_cluster("dgx-h100", nodes=2))
     out = sink if path is None else TeeSink([sink, open_sink(path)])

@@ -75,10 +75,15 @@ def programs(draw) -> list[list[Step]]:
     return [p for p in progs], colls  # type: ignore[return-value]
 
 
-def run(progs: list[list[Step]], colls: list, order_seed: int, sync: str) -> tuple[list, dict, Engine]:
-    sink = Recorder()
+def run(progs: list[list[Step]], colls: list, order_seed: int, sync: str, sink: Recorder | None = None,
+        prune_min_flows: int | None = None) -> tuple[list, dict, Engine]:
+    """Feed the programs to an engine in an interleaving drawn from order_seed; its sorted slices,
+    final host clocks, and the engine. prune_min_flows: as CollectiveLifecycle's (None: default)."""
+    sink = sink if sink is not None else Recorder()
     e = Engine(lookup_gpu("h100"), FixedEstimator(), sink, TIMING,
                network=Network(load_cluster("dgx-h100", nodes=1)), sync=sync)
+    if prune_min_flows is not None:
+        e.collectives.prune_min_flows = prune_min_flows
     e.expected_ranks = RANKS
     for r in range(RANKS):
         e.add_rank(RankInfo(r, 0, r, 100 + r))
