@@ -329,6 +329,9 @@ def install_fake_fixes() -> None:
     FakeTensor.__repr__ = _fake_repr  # type: ignore[method-assign]
     FakeTensor.__str__ = _fake_repr  # type: ignore[method-assign]
     torch.Tensor.tolist = _fake_tolist  # type: ignore[method-assign]
+    # FakeTensor defines its own tolist (an .item() per element, each a D2H copy and sync); a real
+    # tensor's .tolist() is one copy of the whole tensor.
+    FakeTensor.tolist = _fake_tolist  # type: ignore[method-assign]
     torch.Tensor.__format__ = _fake_format  # type: ignore[method-assign]
     torch.Tensor.numpy = _fake_numpy  # type: ignore[method-assign]
     torch.save = _save

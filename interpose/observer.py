@@ -22,11 +22,11 @@ from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
-from interpose import cuda_graphs, cuda_rng, hops
+from interpose import cuda_graphs, cuda_rng, data_dependent, hops, routing
 from interpose import runtime as rt_mod
 from interpose import values
 from interpose.python_events import op_flags
-from interpose.signature import signature_of
+from interpose.signature import signature_data, signature_of
 from phantora import protocol as P
 from phantora.engine.memory import OutOfMemory
 from phantora.ops import OpSignature
@@ -82,6 +82,12 @@ class OpObserver(TorchDispatchMode):
         special = _SPECIAL.get(func)
         if special is not None:
             return special(self, func, args, kwargs)
+        return self.run_op(func, args, kwargs)
+
+    def run_op(self, func: Any, args: tuple, kwargs: dict, tags: frozenset[str] = frozenset()) -> Any:
+        """An op as the observer runs any op without a special handler: run it, track its values
+        and shadows, report it (with `tags` added to its signature). Handlers in _SPECIAL that
+        only rewrite arguments or add to the result call this."""
         if not self.rt.active:
             return func(*args, **kwargs)
         if getattr(_metadata_only, "depth", 0):
@@ -93,7 +99,7 @@ class OpObserver(TorchDispatchMode):
             with unset_fake_temporarily():
                 out = func(*args, **kwargs)
             values.note_result(func, args, kwargs, out)  # GradScaler's found_inf may be a real CPU tensor
-            self._report(func, args, kwargs, out)
+            self._report(func, args, kwargs, out, tags)
             return out
         internal = _is_internal_detach(func)
         out = func(*args, **kwargs)
@@ -105,14 +111,24 @@ class OpObserver(TorchDispatchMode):
         values.note_shadow(func, args, kwargs, out, _is_fake, unset_fake_temporarily)
         out = _real_host_copy(func, args, out)
         if not internal:
-            self._report(func, args, kwargs, out)
+            self._report(func, args, kwargs, out, tags)
         return out
 
+    def active(self) -> bool:
+        """Whether ops now run as the program's GPU work (not phantora's own set-up, not torch's
+        metadata-only propagation)."""
+        return self.rt.active and not getattr(_metadata_only, "depth", 0)
+
     # --- reporting ----------------------------------------------------------------------------
-    def _report(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+    def _report(self, func: Any, args: tuple, kwargs: dict, out: Any, tags: frozenset[str] = frozenset()) -> None:
+        """Send the op to the simulator. `tags` join its signature's (phantora/ops.py), e.g.
+        HOST_SYNC for an op whose CUDA implementation reads a count back to the host."""
         rt = self.rt
         self.ops_seen += 1
         key, device = _signature_key(func, args, kwargs, rt)
+        data = signature_data(func, args, kwargs)
+        if tags or data:
+            key = (*key, tags, data)
         if device < 0 and not rt.client.connected:
             return  # host-only work of a process that is not a rank (yet)
         if device >= 0 and not rt.config.device_count:
@@ -121,7 +137,8 @@ class OpObserver(TorchDispatchMode):
             sig_id = rt.sig_ids.get(key)
             if sig_id is None:
                 sig_id = rt.sig_ids[key] = len(rt.sig_ids)
-                sig = signature_of(func, args, kwargs, out, is_pinned=_pinned_checker(rt))
+                sig = signature_of(func, args, kwargs, out, is_pinned=_pinned_checker(rt), extra_tags=tags,
+                                   data=data)
                 rt.client.record([P.R_SIG, sig_id, sig.to_wire()])
             peer = _peer_copy_devices(func, args, out)
             if peer is not None:  # it runs on the source device's current stream (copy_kernel_cuda)
@@ -527,3 +544,5 @@ _SPECIAL = {
     aten.is_pinned.default: _is_pinned,
     aten.record_stream.default: _record_stream,
 }
+_SPECIAL.update(data_dependent.data_dependent_handlers())
+_SPECIAL.update(routing.routing_handlers())

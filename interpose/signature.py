@@ -6,6 +6,7 @@ are walked by the op schema, once.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -87,12 +88,47 @@ def positional_args(func: Any, args: tuple, kwargs: dict) -> list[Any]:
     return out
 
 
+@functools.cache
+def _data_args() -> dict[Any, str]:
+    """Ops whose work depends on the values of an argument (OpSignature.data): its name."""
+    found: dict[Any, str] = {}
+    for name in ("_grouped_mm", "_scaled_grouped_mm", "_scaled_grouped_mm_v2"):
+        packet = getattr(torch.ops.aten, name, None)
+        for overload in (packet.overloads() if packet is not None else ()):
+            found[getattr(packet, overload)] = "offs"
+    return found
+
+
+def signature_data(func: Any, args: tuple, kwargs: dict) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """OpSignature.data for this call: a grouped GEMM's group offsets, as the program's data
+    (interpose/values.py) holds them. Empty for other ops, and where offsets hold no data."""
+    name = _data_args().get(func)
+    if not name:
+        return ()
+    from interpose import values
+
+    names, _ = _schema_of(func)
+    if name not in names:
+        return ()
+    i = names.index(name)
+    t = args[i] if i < len(args) else kwargs.get(name)
+    if not isinstance(t, torch.Tensor):
+        return ()
+    data = values.host_data(t)
+    if data is None:
+        return ()
+    with values.real_cpu():
+        return ((name, tuple(int(x) for x in data.reshape(-1).tolist())),)
+
+
 def signature_of(
     func: Any,
     args: tuple,
     kwargs: dict,
     result: Any,
     is_pinned: Callable[[torch.Tensor], bool] = _never_pinned,
+    extra_tags: frozenset[str] = frozenset(),
+    data: tuple[tuple[str, tuple[int, ...]], ...] = (),
 ) -> OpSignature:
     """The signature of `func(*args, **kwargs)` that returned `result`."""
     if isinstance(func, HigherOrderOperator):
@@ -121,7 +157,7 @@ def signature_of(
     tags = op_tags(func)
     if any(isinstance(a, TensorMeta) and a.dtype == "float32" for a in in_args):
         tags = tags | _fp32_math_tags()
-    return OpSignature(schema_name, overload, in_args, outs, tags)
+    return OpSignature(schema_name, overload, in_args, outs, tags | extra_tags, data)
 
 
 def _fp32_math_tags() -> frozenset[str]:

@@ -65,6 +65,13 @@ SHADOW_MAX_NUMEL = 64
 # Accelerate broadcasts through the GPU (5,056 bytes) and a batch of token ids (8 x 1024),
 # and leaves out image batches and model weights, whose copies would cost real memory per rank.
 COPY_SHADOW_MAX_NUMEL = 1 << 16
+# Index data: integer and bool results (expert ids, masks, counts, positions), and any result
+# computed only from tensors that hold data, keep a shadow up to this size: 32 Mi elements (256 MiB
+# as int64). Routing is steered by such tensors: a top-k's expert ids (the routing model's,
+# phantora/routing.py), one_hot masks of them ([tokens, k, experts]: 16 Mi elements for 16 Ki
+# tokens, top-8 of 128 experts), their sums, sorts and cumulative sums; every count a program
+# reads back must follow from them. Beyond this size a result reads as one value (docs/moe.md).
+DERIVED_SHADOW_MAX_NUMEL = 1 << 25
 # Integer/bool CPU tensors from factories (randperm, arange) are real up to this size: 16 Mi
 # elements, 128 MiB as int64, the index permutation of a 16M-sample dataset; .tolist() on them is
 # then one local call. The real program holds the same tensor in host memory.
@@ -281,6 +288,28 @@ def tolist_value(t: torch.Tensor) -> Any:
     return build(shape)
 
 
+def host_data(t: torch.Tensor) -> torch.Tensor | None:
+    """t's data as a real CPU tensor where it is known element by element (its shadow, or t
+    itself when t is real); None where t reads as one value."""
+    if not is_virtual(t):
+        return t if t.device.type == "cpu" else None
+    shadow = shadow_of(t)
+    if shadow is None:
+        inner = inner_tensor(t)
+        return host_data(inner) if inner is not None else None
+    return shadow
+
+
+def host_view(t: torch.Tensor) -> torch.Tensor:
+    """What t reads as, as a real CPU tensor of t's shape: its data (host_data), else its value
+    in every element, as a broadcast view that costs no memory."""
+    data = host_data(t)
+    with real_cpu():
+        if data is not None:
+            return data if data.dtype == t.dtype else data.to(t.dtype)
+        return torch.tensor(value_of(t), dtype=t.dtype).expand(tuple(t.shape))
+
+
 def host_copy(t: torch.Tensor) -> torch.Tensor:
     """A real CPU tensor with what t reads as: its shadow, or its value in every element."""
     with real_cpu():
@@ -368,16 +397,38 @@ def _shadow_cap(func: Any) -> int:
     return COPY_SHADOW_MAX_NUMEL if func in _COPIES or getattr(func, "is_view", False) else SHADOW_MAX_NUMEL
 
 
+def is_index_dtype(dtype: torch.dtype) -> bool:
+    """Integer and bool tensors: ids, masks, counts (not data a model computes in floats)."""
+    return not (dtype.is_floating_point or dtype.is_complex)
+
+
+def _has_tensor(a: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return True
+    return isinstance(a, (list, tuple)) and any(_has_tensor(x) for x in a)
+
+
+def _derived_cap(o: Any, from_tensors: bool) -> int:
+    """The shadow size allowed for output o, beyond _shadow_cap: index data, and anything
+    computed from tensors that all hold data (shadows or real CPU tensors)."""
+    if isinstance(o, FakeTensor) and (from_tensors or is_index_dtype(o.dtype)):
+        return DERIVED_SHADOW_MAX_NUMEL
+    return 0
+
+
 def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Callable[[Any], bool],
                 real_mode: Callable[[], Any]) -> None:
-    """Give small results on a virtual GPU their real values, computed on the CPU shadows of the
+    """Give results on a virtual GPU their real values, computed on the CPU shadows of the
     inputs; forget stale ones when that is not possible. `real_mode` is a context manager under
     which ops compute for real (the observer's unset_fake_temporarily). Several outputs (unbind:
     iterating over a tensor) are shadowed one by one. Random ops get no shadow: computing them
-    on the CPU would draw from the script's CPU generator."""
+    on the CPU would draw from the script's CPU generator. Which results may hold a shadow:
+    small ones (_shadow_cap), index data and results of shadowed inputs (_derived_cap)."""
     outs = out if isinstance(out, (tuple, list)) else (out,)
-    cap = _shadow_cap(func)
-    if not any(shadowable(o, cap) for o in outs):
+    base = _shadow_cap(func)
+    from_tensors = _has_tensor(args) or _has_tensor(tuple(kwargs.values()))
+    caps = [max(base, _derived_cap(o, from_tensors)) for o in outs]
+    if not any(shadowable(o, cap) for o, cap in zip(outs, caps)):
         return
     res = None
     if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
@@ -392,7 +443,7 @@ def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Callabl
         except Exception:  # no shadow for an input, or an op the CPU does not run: value unknown
             res = None
     results = res if isinstance(res, (tuple, list)) else (res,)
-    for i, o in enumerate(outs):
+    for i, (o, cap) in enumerate(zip(outs, caps)):
         if not shadowable(o, cap):
             continue
         r = results[i] if i < len(results) else None

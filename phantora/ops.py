@@ -122,6 +122,15 @@ class OpSignature:
     args: tuple[Arg, ...]
     outputs: tuple[TensorMeta | None, ...]
     tags: frozenset[str] = field(default_factory=frozenset)
+    # Values of the few arguments whose data decides the work, by argument name: a grouped
+    # GEMM's group offsets ("offs"). Empty for every other op.
+    data: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def data_of(self, name: str) -> tuple[int, ...] | None:
+        for key, value in self.data:
+            if key == name:
+                return value
+        return None
 
     @property
     def full_name(self) -> str:
@@ -166,6 +175,7 @@ class OpSignature:
             [arg_to_wire(a) for a in self.args],
             [o.to_wire() if o is not None else None for o in self.outputs],
             sorted(self.tags),
+            *([[[k, list(v)] for k, v in self.data]] if self.data else []),
         ]
 
     @staticmethod
@@ -176,4 +186,10 @@ class OpSignature:
             args=tuple(arg_from_wire(a) for a in w[2]),
             outputs=tuple(TensorMeta.from_wire(o) if o is not None else None for o in w[3]),
             tags=frozenset(w[4]),
+            data=tuple((str(k), tuple(int(x) for x in v)) for k, v in w[5]) if len(w) > 5 else (),
         )
+
+
+# Tag of an op whose CUDA implementation copies a count to the host and waits for it (nonzero,
+# boolean-mask indexing, unique, bincount, ...): the host stalls until the op is done on the GPU.
+HOST_SYNC = "host_sync"

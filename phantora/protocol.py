@@ -38,6 +38,9 @@ R_HOST = 14  # [R_HOST, kind, count]: Python-level work with modelled host time 
 R_WORK_WAIT = 15  # [R_WORK_WAIT, work_id, device, stream_id, host_blocks]: Work.wait() on a collective
 R_STEP = 16  # [R_STEP]: the script's (first) optimizer finished a step: a training-step marker
 R_GROUP = 17  # [R_GROUP, group name, global ranks]: a process group was created (sent with --ranks, phantora/roles.py)
+# [R_ROUTING, layer, sub, label, experts, k, counts]: a MoE router's decision (interpose/routing.py), sent when
+# the counts of (layer, sub, experts) change: tokens routed to each expert, top-k
+R_ROUTING = 18
 # CUDA graphs (phantora/engine/graphs.py). Between R_GRAPH_BEGIN and R_GRAPH_END, ops on the
 # capturing streams come as R_OP with OP_CAPTURED: recorded into the graph, not run.
 R_GRAPH_BEGIN = 30  # [R_GRAPH_BEGIN, graph_id, device, stream_id]: cudaStreamBeginCapture on this stream
