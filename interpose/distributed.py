@@ -119,6 +119,22 @@ def _write_shadow(t: torch.Tensor, value: torch.Tensor | None) -> None:
         values.set_shadow(t, None if value is None else value.clone())
 
 
+def _rows(t: torch.Tensor, splits: list[int] | None, n: int) -> list[int]:
+    """Rows of t per member: the split sizes given, else t's first dimension split evenly."""
+    if splits:
+        return [int(x) for x in splits]
+    rows = t.shape[0] if t.dim() else 1
+    return [rows // n] * n
+
+
+def _row_bytes(t: torch.Tensor) -> int:
+    """Bytes of one row (one index of the first dimension) of t."""
+    per_row = 1
+    for d in t.shape[1:]:
+        per_row *= d
+    return per_row * t.element_size()
+
+
 def _write_held(t: torch.Tensor, held: _Held) -> None:
     _write_shadow(t, held.shadow if held.shadow is not None and held.shadow.shape == t.shape else None)
     values.set_value(t, held.value)
@@ -271,7 +287,9 @@ class SimProcessGroup(dist.ProcessGroup):
         return True
 
     def _collective(self, op: str, tensors: list[torch.Tensor], nbytes: int, *, reduce_op: Any = None,
-                    root: int | None = None, host_blocks: bool = False) -> SimWork:
+                    root: int | None = None, host_blocks: bool = False,
+                    splits: tuple[list[int], list[int]] | None = None) -> SimWork:
+        """Report a collective; `splits`: an all_to_all's (send, receive) bytes per member."""
         device = _device(tensors)
         stream = current_stream_id(device)
         captured = self._captured(op, device, stream, self._next_seq)
@@ -283,6 +301,8 @@ class SimProcessGroup(dist.ProcessGroup):
             "root": None if root is None else self.global_ranks[root], "device": device,
             "stream": stream, "site": call_site(), "group_name": self._group_name,
         }
+        if splits is not None:
+            payload["send_splits"], payload["recv_splits"] = splits
         work = self._submit(payload, device, tensors, host_blocks)
         work.captured = captured
         if op in ("all_reduce", "broadcast") and tensors and not captured:
@@ -519,11 +539,74 @@ class SimProcessGroup(dist.ProcessGroup):
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts: Any = None) -> SimWork:
         check.alltoall_base(output, input, output_split_sizes, input_split_sizes, self.size())
-        return self._collective("all_to_all", [output], input.nbytes)
+        return self._all_to_all_rows(output, input, output_split_sizes, input_split_sizes)
+
+    def _all_to_all_rows(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None,
+                         input_split_sizes: list[int] | None) -> SimWork:
+        """all_to_all_single (c10d's and the functional one): rows of `input` go to the members in
+        the input split sizes, rows from them fill `output` in the output split sizes (even
+        splits where none are given). Expert parallelism's token exchange: sizes differ per rank."""
+        n = self.size()
+        ins, outs = _rows(input, input_split_sizes, n), _rows(output, output_split_sizes, n)
+        splits = ([r * _row_bytes(input) for r in ins], [r * _row_bytes(output) for r in outs])
+        seq = self._seq
+        work = self._collective("all_to_all", [output], input.nbytes, splits=splits)
+        if not work.captured:
+            with values.real_cpu():
+                shadow = values.shadow_of(input)
+                chunks = list(shadow.reshape(input.shape).split(ins)) if shadow is not None and input.dim() \
+                    else [None] * n
+                mine = [_Held(None if c is None else c.clone(), values.value_of(input)) for c in chunks]
+            self._all_to_all_values(seq, mine, [output], [input, output])
+        return work
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
         check.alltoall(outputs, inputs)
-        return self._collective("all_to_all", outputs, sum(t.nbytes for t in inputs))
+        splits = ([t.nbytes for t in inputs], [t.nbytes for t in outputs])
+        seq = self._seq
+        work = self._collective("all_to_all", outputs, sum(t.nbytes for t in inputs), splits=splits)
+        if not work.captured and len(inputs) == len(outputs) == self.size():
+            with values.real_cpu():
+                mine = [_held(t) for t in inputs]
+            self._all_to_all_values(seq, mine, outputs, [*inputs, *outputs])
+        return work
+
+    def _all_to_all_values(self, seq: int, mine: list[_Held], outputs: list[torch.Tensor],
+                           tensors: list[torch.Tensor]) -> None:
+        """An all_to_all's data: output chunk j of this member is member j's chunk for this one
+        (`mine[i]`: this member's chunk for member i). One output tensor holds the chunks one
+        after another; a list holds one each. Exchanged for tensors up to
+        values.COPY_SHADOW_MAX_NUMEL (the per-expert counts an expert-parallel dispatcher
+        exchanges, which decide the split sizes of its token exchange); larger outputs read as
+        this member's value."""
+        if not all(values.exchanges_values(t) for t in tensors):
+            with values.real_cpu():
+                for o in outputs:
+                    _write_held(o, _Held(None, mine[0].value if mine else values.value_of(o)))
+            return
+        key = f"phantora/values/{self._group_name}/{seq}"
+        me = self.global_ranks[self.rank()]
+        pos = self.rank()
+        self._post(f"{key}/{me}", mine)
+        keys = [f"{key}/{_source(r, self.global_ranks, me)}" for r in self.global_ranks]
+
+        def exchange() -> None:
+            with values.real_cpu():
+                everyone = self._collect(key, keys, _processes(self.global_ranks), [mine] * len(keys))
+                got = [member[pos] for member in everyone]
+                if len(outputs) > 1:
+                    for o, h in zip(outputs, got):
+                        _write_held(o, h)
+                    return
+                out = outputs[0]
+                shadows = [h.shadow for h in got]
+                if all(x is not None for x in shadows) and sum(x.numel() for x in shadows) == out.numel():
+                    _write_shadow(out, torch.cat([x.reshape(-1) for x in shadows]).reshape(out.shape))
+                    values.set_value(out, None)
+                else:
+                    _write_held(out, _Held(None, got[0].value))
+
+        self._resolve_when_used(outputs, exchange, keys)
 
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
         # NCCL gathers with point-to-point sends to the root; as traffic it is an all-to-all
@@ -778,7 +861,7 @@ def _functional(kind: str) -> Any:
         elif kind == "reduce_scatter":
             work = pg._collective("reduce_scatter", outs, sum(t.nbytes for t in ins), reduce_op=a.get("reduce_op", "sum"))
         elif kind == "all_to_all":
-            work = pg._collective("all_to_all", outs, sum(t.nbytes for t in ins))
+            work = pg._all_to_all_rows(outs[0], ins[0], a.get("output_split_sizes"), a.get("input_split_sizes"))
         else:  # broadcast
             src = int(a.get("src", 0))
             work = pg._collective("broadcast", outs, sum(t.nbytes for t in ins), root=pg.global_ranks.index(src)

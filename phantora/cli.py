@@ -145,6 +145,12 @@ def main() -> None:
 @click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Calibration table (.jsonl, as `phantora calibrate` writes) for the calibrated estimator; "
                    "auto uses it when its device row names the simulated GPU.")
+@click.option("--routing", "routing_text", default="balanced", show_default=True, metavar="MODEL",
+              help="Which experts MoE routers pick (their scores hold no data on a virtual GPU): balanced (equal "
+                   "tokens per expert), zipf:S (popularity ~ 1/rank^S, shuffled per layer), dirichlet:A (per-layer "
+                   "fractions ~ Dirichlet(A)), or a .json file of measured per-layer expert fractions (docs/moe.md).")
+@click.option("--routing-seed", type=int, default=0, show_default=True,
+              help="Seed of the zipf and dirichlet routing models.")
 @click.option("--quiet", "-q", is_flag=True,
               help="No status line (on a terminal) and no periodic status lines (elsewhere). Notices of a possible "
                    "hang (a collective waiting for a missing rank, a rank that sends nothing) are still printed.")
@@ -154,8 +160,8 @@ def main() -> None:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def trace(output: Path, gpu, host, vram: int | None, gpus_per_node: int | None, cluster_name: str, nnodes: int,  # type: ignore[no-untyped-def]
           nproc_per_node: int | None, ranks: str, collective_timeout: float, call_timeout: float, comm_slowdown: float,
-          sync: str, kineto_dir: Path | None, kernel_times: str, calibration: Path | None, quiet: bool,
-          status_every: float, command: tuple[str, ...]) -> None:
+          sync: str, kineto_dir: Path | None, kernel_times: str, calibration: Path | None, routing_text: str,
+          routing_seed: int, quiet: bool, status_every: float, command: tuple[str, ...]) -> None:
     """Run COMMAND on simulated GPUs and write a trace.
 
     Put `--` before the command. The exit code is the command's. A short summary (simulated
@@ -175,6 +181,7 @@ def trace(output: Path, gpu, host, vram: int | None, gpus_per_node: int | None, 
     from phantora.cost.measurements import CalibrationFileError
     from phantora.net.cluster import ClusterConfigError, load_cluster
     from phantora.roles import RanksChoiceError
+    from phantora.routing import RoutingModelError, parse_routing
     from phantora.simulator.torchrun import TorchrunLineError
     from phantora.simulator.launch import CommandNotFound, LaunchError, TraceRun, print_summary, run_trace
     from phantora.trace import UnsupportedTraceFormat
@@ -183,6 +190,10 @@ def trace(output: Path, gpu, host, vram: int | None, gpus_per_node: int | None, 
     problem = output_path_problem(output)
     if problem:
         raise click.BadParameter(problem, param_hint="'-o' / '--output'")
+    try:
+        routing = parse_routing(routing_text, routing_seed)
+    except RoutingModelError as e:
+        raise click.BadParameter(str(e), param_hint="'--routing'") from None
     try:
         cluster = load_cluster(cluster_name, nodes=nnodes)
     except ClusterConfigError as e:
@@ -195,7 +206,7 @@ def trace(output: Path, gpu, host, vram: int | None, gpus_per_node: int | None, 
                    gpus_per_node=gpus_per_node or cluster.gpus_per_node, call_timeout_s=call_timeout,
                    cluster=cluster, nproc_per_node=nproc_per_node, collective_timeout_s=collective_timeout,
                    comm_slowdown=comm_slowdown, sync=sync, kineto_dir=kineto_dir, estimator=kernel_times,
-                   calibration=calibration, quiet=quiet, status_every_s=status_every, ranks=ranks)
+                   calibration=calibration, quiet=quiet, status_every_s=status_every, ranks=ranks, routing=routing)
     try:
         result = run_trace(run)
     except CommandNotFound as e:

@@ -213,18 +213,102 @@ def scaled_mm(sig: OpSignature, ctx: CostContext) -> OpCost:
     return single(gemm_kernel(shape, a.dtype, out.dtype, nbytes, ctx))
 
 
-def grouped_mm(sig: OpSignature, ctx: CostContext) -> OpCost:
-    """_grouped_mm / _scaled_grouped_mm (MoE): total work as one GEMM over all groups.
+# CUTLASS's grouped GEMM (torch._grouped_mm on sm90) first builds the per-group problem list on
+# the GPU: prepare_grouped_gemm_data, 1.8-2.1 us in the H100 sweep (shared/calibration).
+GROUPED_PREPARE_NS = 1_900
 
-    With offsets the group sizes are data; FLOPs follow from the output: 2 * out.numel * K.
-    """
-    a, b = sig.args[0], sig.args[1]
+
+def grouped_problems(sig: OpSignature) -> tuple[list[GemmShape], str] | None:
+    """The per-group GEMMs of _grouped_mm(a, b, offs) and how they were found: with offsets,
+    a 2-D `a` against a 3-D `b` groups a's rows (MoE's forward and input gradient; m_g are the
+    tokens routed to expert g), a 2-D against a 2-D groups the shared K (the weight gradient:
+    one [M, N] output per group); 3-D against 3-D is a batch. Offsets are data (the group
+    boundaries, OpSignature.data); without them the groups are taken as equal."""
+    ts = _tensors(sig)
+    if len(ts) < 2:
+        return None
+    a, b = ts[0], ts[1]
+    offs = sig.data_of("offs")
+    n_groups = len(offs) if offs else (ts[2].shape[0] if len(ts) > 2 and ts[2].shape else 0)
+    sizes: list[int] | None = None
+    if offs:
+        sizes = [max(0, offs[0])] + [max(0, hi - lo) for lo, hi in zip(offs, offs[1:])]
+    if len(a.shape) == 2 and len(b.shape) == 3:
+        n, k = b.shape[-1], a.shape[-1]
+        groups = n_groups or b.shape[0]
+        ms = sizes or [a.shape[0] // max(groups, 1)] * groups
+        return [GemmShape(m, n, k) for m in ms], "offsets" if sizes else "equal groups (no offsets data)"
+    if len(a.shape) == 2 and len(b.shape) == 2:
+        m, n = a.shape[0], b.shape[-1]
+        groups = max(n_groups, 1)
+        ks = sizes or [a.shape[1] // groups] * groups
+        return [GemmShape(m, n, k) for k in ks], "offsets" if sizes else "equal groups (no offsets data)"
+    if len(a.shape) == 3 and len(b.shape) == 2:
+        m, k = a.shape[1], a.shape[2]
+        groups = max(n_groups, 1)
+        ns = sizes or [b.shape[-1] // groups] * groups
+        return [GemmShape(m, n, k) for n in ns], "offsets" if sizes else "equal groups (no offsets data)"
+    if len(a.shape) == 3 and len(b.shape) == 3:
+        return [GemmShape(a.shape[1], b.shape[2], a.shape[2])] * a.shape[0], "batch"
+    return None
+
+
+def grouped_gemm_compute_ns(problems: list[GemmShape], compute_type: str, gpu: GPUSpec) -> float:
+    """One persistent kernel over every group's tiles: the tiles of all groups (each group's own
+    ceil(m/tile) x ceil(n/tile), so a group of 3 tokens costs a whole tile row) run in waves of
+    one tile per SM. No split-K and no stream-K across groups."""
+    tensor_cores = uses_tensor_cores(compute_type)
+    tiles = TENSOR_CORE_TILES if tensor_cores else SIMT_TILES
+    rate_per_sm = peak_flops(gpu, compute_type) * gpu.gemm_efficiency / gpu.sm_count
+    k_overhead = K_OVERHEAD[tensor_cores]
+    best = float("inf")
+    for tile in tiles:
+        work = 0.0  # tile-steps: sum over tiles of (K + overhead)
+        count = 0
+        for p in problems:
+            if p.m <= 0 or p.n <= 0:
+                continue
+            t = ceil_div(p.m, tile.m) * ceil_div(p.n, tile.n)
+            count += t
+            work += t * (max(p.k, 0) + k_overhead)
+        if count == 0:
+            return 0.0
+        # waves: the mean tile's time, times full waves (a group's tiles are alike; mixed K
+        # across groups spreads over the SMs like one more partial wave)
+        waves = ceil_div(count, gpu.sm_count)
+        mean_steps = work / count
+        ns = waves * 2.0 * tile.m * tile.n * mean_steps / (rate_per_sm * tile.efficiency) * 1e9
+        best = min(best, ns)
+    return best
+
+
+def grouped_mm(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """_grouped_mm / _scaled_grouped_mm (MoE's experts): one grouped kernel over the groups the
+    offsets give (grouped_problems), timed per group's tiles, so uneven groups (imbalanced
+    routing) and groups smaller than a tile cost what they cost; plus the kernel that builds
+    the problem list."""
+    found = grouped_problems(sig)
     out = _out(sig)
-    k = a.shape[-1]
-    m = prod(out.shape[:-1])
-    shape = GemmShape(m, out.shape[-1], k)
-    nbytes = _matrix_bytes(a, b, out)
-    return single(gemm_kernel(shape, a.dtype, out.dtype, nbytes, ctx))
+    ts = _tensors(sig)
+    a = ts[0]
+    if found is None:  # an unexpected layout: total work as one GEMM, as before
+        k = a.shape[-1]
+        shape = GemmShape(prod(out.shape[:-1]), out.shape[-1], k)
+        return single(gemm_kernel(shape, a.dtype, out.dtype, _matrix_bytes(a, ts[1], out), ctx))
+    problems, _how = found
+    gpu = ctx.gpu
+    compute_type = matmul_compute_type(a.dtype, ctx.allow_tf32)
+    flops = sum(p.flops for p in problems)
+    nbytes = _matrix_bytes(*ts[:2], out)
+    name = "cutlass_grouped_gemm_" + gemm_kernel_name(gpu, compute_type, out.dtype).split("_", 1)[1]
+    if flops == 0:
+        main = Kernel(name, gpu.kernel_ramp_ns, 0.0, nbytes)
+    else:
+        compute = grouped_gemm_compute_ns(problems, compute_type, gpu)
+        memory = memory_ns(nbytes, gpu, OPERAND_STREAMING_EFFICIENCY) - gpu.kernel_ramp_ns
+        main = Kernel(name, max(compute, memory) + gpu.kernel_ramp_ns, flops, nbytes)
+    prepare = Kernel("prepare_grouped_gemm_data", GROUPED_PREPARE_NS, 0.0, 0.0)
+    return OpCost((main, prepare))
 
 
 def weight_only_quant_mm(sig: OpSignature, ctx: CostContext) -> OpCost:

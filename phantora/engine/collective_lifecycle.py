@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from phantora.cost.host import HOST_COSTS
-from phantora.engine.collectives import CollectiveCall, CollectiveMatcher, CollectiveMismatch, PendingCollective
+from phantora.engine.collectives import (CollectiveCall, CollectiveMatcher, CollectiveMismatch, PendingCollective,
+                                         split_matrix)
 from phantora.engine.deferred import Arrive
 from phantora.engine.graphs import CapturedGraph
 from phantora.engine.mirrors import Mirrors
@@ -257,9 +258,11 @@ class CollectiveLifecycle:
             gpus = tuple(self.global_gpu(r) for r in p.members)
             self.unread[work] = SubmittedCollective(p, start, None)
             if self.network is not None and len(set(gpus)) > 1:
+                split = split_matrix([p.arrivals[r] for r in p.members]) if first.op == "all_to_all" else None
                 specs.append((CollectiveSpec(first.net_op, max(first.nbytes, 1), gpus,
                                              root=self.global_gpu(first.root) if first.root is not None else None,
-                                             label=f"{first.op} group {list(first.group)} #{first.seq}"), start))
+                                             label=f"{first.op} group {list(first.group)} #{first.seq}",
+                                             split_bytes=split), start))
                 on_network.append(work)
         if specs:
             assert self.network is not None

@@ -51,6 +51,11 @@ class CollectiveCall:
     stream: int = 0
     site: str = ""
     group_name: str = ""
+    # all_to_all: bytes this rank sends to / receives from each member, in group order (empty:
+    # nbytes split evenly). Split sizes differ per rank when tokens are routed to experts.
+    send_splits: tuple[int, ...] = ()
+    recv_splits: tuple[int, ...] = ()
+    mirrored: bool = False  # made for a mirrored rank from its representative's call (mirrors.py)
 
     @classmethod
     def from_wire(cls, rank: int, d: dict[str, Any]) -> "CollectiveCall":
@@ -58,10 +63,22 @@ class CollectiveCall:
         if op not in OPS and op not in P2P_OPS:
             raise ValueError(f"unknown collective op {op!r}")
         root = d.get("root")
-        return cls(rank, op, tuple(int(r) for r in d["group"]), int(d["seq"]), int(d["nbytes"]),
+        group = tuple(int(r) for r in d["group"])
+        send, recv = (tuple(int(x) for x in d.get(k) or ()) for k in ("send_splits", "recv_splits"))
+        for name, splits in (("send_splits", send), ("recv_splits", recv)):
+            if splits and (len(splits) != len(group) or min(splits) < 0):
+                raise ValueError(f"{name}: {len(splits)} sizes for a group of {len(group)} ranks")
+        return cls(rank, op, group, int(d["seq"]), int(d["nbytes"]),
                    str(d.get("dtype", "")), str(d.get("reduce_op", "")), None if root is None else int(root),
                    int(d.get("device", 0)), int(d.get("stream", 0)), str(d.get("site", "")),
-                   str(d.get("group_name", "")))
+                   str(d.get("group_name", "")), send, recv)
+
+    def sends(self) -> tuple[int, ...]:
+        """all_to_all: bytes sent to each member, in group order."""
+        if self.send_splits:
+            return self.send_splits
+        n = len(self.group)
+        return (self.nbytes // n,) * n
 
     @property
     def key(self) -> CollectiveKey:
@@ -77,6 +94,8 @@ class CollectiveCall:
 
     def describe(self) -> str:
         what = f"{self.op}({self.nbytes:,} bytes"
+        if self.send_splits or self.recv_splits:
+            what += f", send {list(self.sends())}, receive {list(self.recv_splits) or 'even'}"
         if self.dtype:
             what += f", {self.dtype}"
         if self.reduce_op:
@@ -154,6 +173,9 @@ def _check_agreement(p: PendingCollective) -> None:
         send, recv = p.arrivals.get(calls[0].group[0]), p.arrivals.get(calls[0].group[1])
         ok = (send is not None and recv is not None and send.op == "send" and recv.op == "recv"
               and send.nbytes == recv.nbytes)
+    elif calls[0].op == "all_to_all" and any(c.send_splits or c.recv_splits for c in calls):
+        _check_splits(p, calls)
+        return
     else:
         first = calls[0]
         ok = all((c.op, c.nbytes, c.dtype, c.reduce_op, c.root) == (first.op, first.nbytes, first.dtype, first.reduce_op,
@@ -165,3 +187,34 @@ def _check_agreement(p: PendingCollective) -> None:
     raise CollectiveMismatch(
         f"mismatched collective: the ranks disagree on {what} (on real GPUs this hangs or corrupts data):\n"
         + "\n".join(lines), tuple(p.members))
+
+
+def _check_splits(p: PendingCollective, calls: list[CollectiveCall]) -> None:
+    """all_to_all with split sizes: every member calls all_to_all with one dtype, and what member i
+    expects from member j is what j sends to i (a mismatch hangs or corrupts data on NCCL). A
+    mirrored member's receive sizes are its representative's, not its own: not checked."""
+    first = calls[0]
+    problems = [f"  rank {c.rank}: {c.describe()} at {c.site or '<unknown call site>'}" for c in calls
+                if (c.op, c.dtype) != (first.op, first.dtype)]
+    if not problems:
+        for i, c in enumerate(calls):
+            if c.mirrored or not c.recv_splits:
+                continue
+            for j, other in enumerate(calls):
+                sent = other.sends()[i]
+                if c.recv_splits[j] != sent:
+                    problems.append(f"  rank {c.rank} expects {c.recv_splits[j]:,} bytes from rank {other.rank}, which "
+                                    f"sends it {sent:,} (at {c.site or '?'} and {other.site or '?'})")
+    if problems:
+        raise CollectiveMismatch(
+            f"mismatched all_to_all: collective #{first.seq} of group {list(first.group)} has split sizes that do not "
+            "agree across ranks (on real GPUs this hangs or corrupts data):\n" + "\n".join(problems[:8])
+            + (f"\n  ... {len(problems) - 8} more" if len(problems) > 8 else ""), tuple(p.members))
+
+
+def split_matrix(calls: list[CollectiveCall]) -> tuple[tuple[int, ...], ...] | None:
+    """all_to_all: bytes member i sends to member j (CollectiveSpec.split_bytes), or None when every
+    member sends the same to every other (the even case the network splits itself)."""
+    rows = tuple(c.sends() for c in calls)
+    flat = {x for row in rows for x in row}
+    return None if len(flat) <= 1 else rows

@@ -223,6 +223,8 @@ class Engine:
                 waits.work_wait(st, int(rec[1]), int(rec[2]), int(rec[3]), bool(rec[4]))
             elif kind == P.R_STREAM:
                 placement.stream(st, rec[1], rec[2])
+            elif kind == P.R_ROUTING:
+                host.routing(st, rec)
             elif kind == P.R_WARN:
                 self._warn_once(str(rec[1]))
             elif P.R_GRAPH_BEGIN <= kind <= P.R_GRAPH_RESET:

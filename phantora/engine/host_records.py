@@ -23,9 +23,10 @@ from phantora.engine.graphs import CapturedGraph, GraphCollective, GraphError, G
 from phantora.engine.host_waits import HostWaits, WaitTarget, host_waits_for_copy
 from phantora.engine.placement import Placement
 from phantora.engine.ranks import CallError, DeviceMemory, RankState
+from phantora.engine.routing_log import decision_from_record
 from phantora.engine.timeline import TimingConfig
 from phantora.engine.trace_events import TraceEvents, estimator_label, shape_args
-from phantora.ops import OpSignature
+from phantora.ops import HOST_SYNC, OpSignature
 
 
 _COPY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize"})
@@ -105,7 +106,7 @@ class HostRecords:
         shapes, _ = shape_args(sig)
         args = {"Input Dims": shapes, "correlation": flow, "python_overhead_ns": overhead}
         self.placement.enqueue(st, work)
-        if host_waits_for_copy(sig, est) or sig.name == "aten::_local_scalar_dense":
+        if host_waits_for_copy(sig, est) or sig.name == "aten::_local_scalar_dense" or HOST_SYNC in sig.tags:
             # the op's host slice lasts until the copy is done, so it is written then
             self.waits.wait(st, "", WaitTarget("op", action=work), (sig.name, begin, args, flow))
             return
@@ -246,6 +247,12 @@ class HostRecords:
                                   {"triton kernels generated": count, "modelled": "phantora/cost/host.py"})
         elif kind != "module_call":  # module calls are too many and too short to show one by one
             self.trace.host_slice(st.info.trace_pid, f"python: {kind}", start, tl.host_ns, "python", {"count": count})
+
+    def routing(self, st: RankState, rec: list[Any]) -> None:
+        """A MoE router's decision (R_ROUTING): kept for the summary, drawn as a counter."""
+        d = decision_from_record(rec)
+        st.routing[(d.layer, d.sub, d.experts)] = d
+        self.trace.routing(st.info.trace_pid, st.timeline.host_ns, d)
 
     def step(self, st: RankState) -> None:
         now = st.timeline.host_ns

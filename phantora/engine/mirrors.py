@@ -227,7 +227,8 @@ class Mirrors:
         for m in mirrors:
             name, group = self.groups.counterpart(call.group_name, m, rep)
             root = None if call.root is None else group[call.group.index(call.root)]
-            calls.append(replace(call, rank=m, group=group, root=root, group_name=name, site=f"mirrored from rank {rep}"))
+            calls.append(replace(call, rank=m, group=group, root=root, group_name=name, site=f"mirrored from rank {rep}",
+                                 mirrored=True))
         return calls
 
     def _p2p_calls(self, call: CollectiveCall, mirrors: list[int]) -> list[CollectiveCall]:
@@ -249,7 +250,8 @@ class Mirrors:
         for m in mirrors:
             name, group = self.groups.counterpart(call.group_name, m, rep)
             pair = (group[positions[0]], group[positions[1]])
-            calls.append(replace(call, rank=m, group=pair, group_name=name, site=f"mirrored from rank {rep}"))
+            calls.append(replace(call, rank=m, group=pair, group_name=name, site=f"mirrored from rank {rep}",
+                                 mirrored=True))
         return calls
 
     # --- trace --------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from phantora.ops import OpSignature
 
 if TYPE_CHECKING:
     from phantora.engine.host_waits import HostWait, WaitTarget
+    from phantora.engine.routing_log import RoutingDecision
 
 
 class CallError(Exception):
@@ -72,3 +73,5 @@ class RankState:
     blocked: HostWait | None = None  # the host waits for a time not known yet
     blocked_call: WaitTarget | None = None  # a call waits for a time not known yet
     graphs: RankGraphs = field(default_factory=RankGraphs)  # CUDA graphs (phantora/engine/graphs.py)
+    # MoE routing decisions, the latest per (layer, sub, experts) (phantora/engine/routing_log.py)
+    routing: dict[tuple[int, int, int], RoutingDecision] = field(default_factory=dict)

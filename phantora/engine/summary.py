@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from phantora.engine.ranks import RankState
+from phantora.engine.routing_log import routing_layers
 
 
 @dataclass
@@ -33,6 +34,7 @@ class EngineSummary:
     representatives: tuple[int, ...] = ()
     mirror_lag_ns: int = 0  # largest (a mirrored rank's collective end - its representative's end of it)
     mirror_lag_rank: int | None = None
+    routing: list[dict] = field(default_factory=list)  # MoE layers' decisions (routing_log.routing_layers)
 
 
 def simulated_end_ns(ranks: Iterable[RankState]) -> int:
@@ -69,4 +71,5 @@ def summarize(ranks: dict[int, RankState], unknown_ops: dict[str, int], warnings
         largest_stale_error_ns=largest_stale_error_ns,
         early_reads=early_reads,
         kernels_by_estimator=dict(kernels_by_estimator),
+        routing=routing_layers(ranks),
     )

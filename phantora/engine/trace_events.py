@@ -18,6 +18,7 @@ from phantora.cost import COPY_D2H, COPY_H2D, KernelEstimate
 from phantora.engine.collectives import CollectiveCall
 from phantora.engine.deferred import GraphReplay, OpWork
 from phantora.engine.ranks import RankInfo
+from phantora.engine.routing_log import RoutingDecision, counter_values
 from phantora.engine.timeline import Stream
 from phantora.net.network import Network
 from phantora.net.records import Correction, RollbackRecord
@@ -151,6 +152,10 @@ class TraceEvents:
     def memory(self, pid: int, device: int, t: int, allocated: int, reserved: int) -> None:
         self.sink.counter(pid, f"cuda:{device} memory", t, {"allocated": allocated, "reserved": reserved})
 
+    def routing(self, pid: int, t: int, d: RoutingDecision) -> None:
+        """A MoE layer's tokens per expert, one series per expert, from a router's decision on."""
+        self.sink.counter(pid, f"MoE {d.name} tokens per expert", t, counter_values(d))
+
     def step(self, pid: int, step: int, begin: int, end: int, mirrored_from: int | None = None) -> None:
         """Optimizer step `step` of a rank (`mirrored_from`: of a rank mirrored from that one)."""
         if step == 0:
@@ -218,6 +223,8 @@ class TraceEvents:
             "bus bandwidth GB/s": round(busbw, 2) if busbw is not None else None,
             "waited for peers ns": start - ready, "network ns": end - start, "call site": call.site,
             "collective": work, "correlation": launch,
+            **({"bytes sent to each member": list(call.sends()),
+                "bytes received from each member": list(call.recv_splits)} if call.send_splits else {}),
         }, flow_in=launch)
 
     def collective_arrows(self, flow: int, label: str, places: list[tuple[int, int, int]]) -> None:

@@ -33,6 +33,8 @@ from phantora.net.cluster import Cluster
 from phantora.net.network import Network
 from phantora.roles import ENV as REPRESENTATIVES_ENV
 from phantora.roles import RankRoles, RanksChoiceError
+from phantora.routing import ENV as ROUTING_ENV
+from phantora.routing import RoutingModel
 from phantora.simulator.failure import SimulatorFailure
 from phantora.simulator.forkserver import RankProcess, start_rank_processes
 from phantora.simulator.progress import Progress
@@ -73,6 +75,7 @@ class TraceRun:
     status_every_s: float = 30.0  # --status-every: plain status lines off a terminal; hang notices after it
     ranks: str = "default"  # --ranks: which ranks run as processes (phantora/roles.py)
     witness: bool = False  # also run the last rank as a witness (set when --ranks auto found the stages)
+    routing: RoutingModel = field(default_factory=RoutingModel)  # --routing: MoE routers' choices (phantora/routing.py)
 
 
 MIRROR_FROM_RANKS = 65  # --ranks default: every rank runs up to 64 ranks, rank 0 stands for the rest above
@@ -140,6 +143,7 @@ def child_env(run: TraceRun, socket_path: str) -> dict[str, str]:
     env["PHANTORA_CALL_TIMEOUT"] = str(run.call_timeout_s)
     if run.vram_bytes:
         env["PHANTORA_VRAM"] = str(run.vram_bytes)
+    env[ROUTING_ENV] = run.routing.spec()
     env.update(run.extra_env)
     return env
 
@@ -283,6 +287,7 @@ def _trace_once(run: TraceRun) -> TraceResult:
             "largest_stale_error_ns": summary.largest_stale_error_ns,
             "sync": run.sync,
             "early_reads": summary.early_reads,
+            "moe_routing": {"model": run.routing.describe(), "layers": summary.routing},
         }
         if server.failure is not None:
             metadata["simulator_error"] = server.failure.message
@@ -330,6 +335,8 @@ def format_summary(run: TraceRun, result: TraceResult) -> str:
         lines.append("  unknown ops: none")
     if s.collectives:
         lines.extend(collective_lines(run, s))
+    if s.routing:
+        lines.extend(routing_lines(run.routing.describe(), s.routing))
     if s.ooms:
         lines.append(f"  out-of-memory errors raised in the script: {s.ooms}")
     for msg in result.failures:
@@ -354,6 +361,20 @@ def format_summary(run: TraceRun, result: TraceResult) -> str:
             lines.append(f"    note: HTA will also load {len(k.other_trace_files)} other .json/.gz file(s) there: "
                          + ", ".join(p.name for p in k.other_trace_files[:4]))
     return "\n".join(lines)
+
+
+def routing_lines(model: str, layers: list[dict], most: int = 8) -> list[str]:
+    """MoE routers' decisions: the model, and each layer's imbalance (max/mean tokens per expert)."""
+    lines = [f"  MoE routing: {model}; {len(layers)} routing decision(s) (topk/argmax over scores without data, "
+             "docs/moe.md)"]
+    for d in layers[:most]:
+        worst = d["worst_rank_max_over_mean"]
+        lines.append(f"    {d['name']} {d['router']}: {d['experts']} experts, top-{d['top_k']}, {d['tokens']:,} tokens "
+                     f"over {d['ranks']} rank(s), max/mean {d['max_over_mean']:.2f}"
+                     + (f" (worst rank {worst:.2f})" if worst != d["max_over_mean"] else ""))
+    if len(layers) > most:
+        lines.append(f"    ... {len(layers) - most} more (trace metadata moe_routing)")
+    return lines
 
 
 def collective_lines(run: TraceRun, s: Any) -> list[str]:

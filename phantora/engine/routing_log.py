@@ -1,0 +1,75 @@
+"""MoE routing decisions the ranks report (R_ROUTING, interpose/routing.py): kept per rank for the
+summary and the trace's metadata, and drawn as one counter per MoE layer in the rank's process
+(tokens routed to each expert, a series per expert)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from phantora.engine.ranks import RankState
+from phantora.routing import imbalance
+
+# A layer's counter has one series per expert up to this many experts; beyond, max/mean/min only
+# (a counter with thousands of series is unreadable and large).
+COUNTER_SERIES_MAX = 256
+# The metadata lists per-expert counts up to this many experts (an argmax over a vocabulary is a
+# "routing decision" too, see interpose/routing.py; its counts are not worth 50k numbers).
+METADATA_COUNTS_MAX = 4096
+
+
+@dataclass(frozen=True)
+class RoutingDecision:
+    """One router's choice in one rank: `counts[e]` of the tokens' k choices went to expert e."""
+
+    layer: int
+    sub: int  # 0, or the n-th other decision over as many experts in the same layer
+    label: str
+    experts: int
+    k: int
+    counts: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return f"L{self.layer}" + (f".{self.sub}" if self.sub else "")
+
+    @property
+    def imbalance(self) -> float:
+        return imbalance(self.counts)
+
+
+def decision_from_record(rec: list[Any]) -> RoutingDecision:
+    return RoutingDecision(int(rec[1]), int(rec[2]), str(rec[3]), int(rec[4]), int(rec[5]),
+                           tuple(int(c) for c in rec[6]))
+
+
+def counter_values(d: RoutingDecision) -> dict[str, float]:
+    if d.experts <= COUNTER_SERIES_MAX:
+        return {f"expert {e}": float(c) for e, c in enumerate(d.counts)}
+    mean = sum(d.counts) / len(d.counts)
+    return {"max": float(max(d.counts)), "mean": mean, "min": float(min(d.counts))}
+
+
+def routing_layers(ranks: dict[int, RankState]) -> list[dict[str, Any]]:
+    """Every layer's decisions, over the ranks that reported them (the latest counts of each):
+    counts summed over those ranks, and the worst rank's imbalance (max/mean)."""
+    merged: dict[tuple[int, int, int], list[RoutingDecision]] = {}
+    for st in ranks.values():
+        for key, d in st.routing.items():
+            merged.setdefault(key, []).append(d)
+    out = []
+    for key in sorted(merged):
+        ds = merged[key]
+        total = [sum(c) for c in zip(*(d.counts for d in ds))]
+        first = ds[0]
+        entry: dict[str, Any] = {
+            "layer": first.layer, "sub": first.sub, "name": first.name, "router": first.label,
+            "experts": first.experts, "top_k": first.k, "ranks": len(ds),
+            "tokens": sum(total) // max(first.k, 1),
+            "max_over_mean": round(imbalance(total), 4),
+            "worst_rank_max_over_mean": round(max(d.imbalance for d in ds), 4),
+        }
+        if first.experts <= METADATA_COUNTS_MAX:
+            entry["tokens_per_expert"] = total
+        out.append(entry)
+    return out
