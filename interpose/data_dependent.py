@@ -187,6 +187,44 @@ def _identity_sort(obs: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     return out
 
 
+def _grouped_mm(obs: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """torch._grouped_mm (F.grouped_mm). In bf16 one CUTLASS grouped kernel (phantora/cost/gemm.py
+    times it from its offsets). In other dtypes CUDA takes its fallback (GroupedBlas.cpp
+    _grouped_mm_fallback): the offsets are copied to the host (a sync) and each group is one mm
+    into its slice of the output, which is what is reported here; FakeTensor's meta kernel
+    refuses these dtypes outright."""
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+
+    a, b = args[0], args[1]
+    offs = args[2] if len(args) > 2 else kwargs.get("offs")
+    bias = args[3] if len(args) > 3 else kwargs.get("bias")
+    out_dtype = args[4] if len(args) > 4 else kwargs.get("out_dtype")
+    if (a.dtype == b.dtype == torch.bfloat16 and out_dtype in (None, torch.bfloat16)) or bias is not None \
+            or _virtual_device((a, b)) is None:
+        return obs.run_op(func, args, kwargs)
+    out = _create_grouped_mm_output_tensor(a, b, offs, out_dtype)
+    bounds: list[int] = []
+    if offs is not None:
+        obs.run_op(aten._to_copy.default, (offs,), {"device": torch.device("cpu")})  # offs.cpu(): waits
+        with values.real_cpu():
+            bounds = [int(x) for x in values.host_view(offs).tolist()]
+    starts = [0, *bounds[:-1]]
+    if a.dim() == 2 and b.dim() == 3:  # groups of a's rows
+        for g, (lo, hi) in enumerate(zip(starts, bounds)):
+            if hi > lo:
+                obs.run_op(aten.mm.out, (a[lo:hi], b[g]), {"out": out[lo:hi]})
+    elif a.dim() == 2 and b.dim() == 2:  # groups of the shared K: one [M, N] output each
+        for g, (lo, hi) in enumerate(zip(starts, bounds)):
+            obs.run_op(aten.mm.out, (a[:, lo:hi], b[lo:hi]), {"out": out[g]})
+    elif a.dim() == 3 and b.dim() == 2:  # groups of b's columns
+        for g, (lo, hi) in enumerate(zip(starts, bounds)):
+            if hi > lo:
+                obs.run_op(aten.mm.out, (a[g], b[:, lo:hi]), {"out": out[:, lo:hi]})
+    else:
+        obs.run_op(aten.bmm.out, (a, b), {"out": out})
+    return out
+
+
 def data_dependent_handlers() -> dict[Any, Any]:
     """Handlers the observer uses for these ops (observer.py _SPECIAL)."""
     handlers: dict[Any, Any] = {
@@ -197,6 +235,7 @@ def data_dependent_handlers() -> dict[Any, Any]:
         aten.index.Tensor: _index_with_masks,
         aten.sort.default: _identity_sort,
         aten.sort.stable: _identity_sort,
+        aten._grouped_mm.default: _grouped_mm,
     }
     for name in ("_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive"):
         packet = getattr(aten, name, None)

@@ -22,7 +22,7 @@ from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
-from interpose import cuda_graphs, cuda_rng, data_dependent, hops, routing
+from interpose import cuda_graphs, cuda_rng, custom_ops, data_dependent, hops, routing
 from interpose import runtime as rt_mod
 from interpose import values
 from interpose.python_events import op_flags
@@ -82,6 +82,9 @@ class OpObserver(TorchDispatchMode):
         special = _SPECIAL.get(func)
         if special is not None:
             return special(self, func, args, kwargs)
+        impl = custom_ops.python_implementation(func)
+        if impl is not None and self.active():
+            return custom_ops.run_implementation(self, impl, args, kwargs)
         return self.run_op(func, args, kwargs)
 
     def run_op(self, func: Any, args: tuple, kwargs: dict, tags: frozenset[str] = frozenset()) -> Any:
@@ -102,13 +105,14 @@ class OpObserver(TorchDispatchMode):
             self._report(func, args, kwargs, out, tags)
             return out
         internal = _is_internal_detach(func)
+        exact = values.exact_inputs(args, kwargs)  # before an in-place op changes them
         out = func(*args, **kwargs)
         if func in cuda_rng.RANDOM_OPS:
             cuda_rng.note_random_op(func, args, kwargs, out)
         if not any_tensor and not wants_cuda:
             out = _make_small_cpu_factory_real(func, args, kwargs, out)
-        values.note_result(func, args, kwargs, out)
-        values.note_shadow(func, args, kwargs, out, _is_fake, unset_fake_temporarily)
+        values.note_result(func, args, kwargs, out, exact)
+        values.note_shadow(func, args, kwargs, out, _is_fake, unset_fake_temporarily, exact)
         out = _real_host_copy(func, args, out)
         if not internal:
             self._report(func, args, kwargs, out, tags)

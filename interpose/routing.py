@@ -1,6 +1,6 @@
 """Routing decisions over data phantora does not hold: top-k and argmax (docs/moe.md).
 
-A router picks experts with `topk(scores, k)` (or `argmax`, `max(dim)`) over scores computed
+A router picks experts with `topk(scores, k)` (or `argmax`, for top-1) over scores computed
 on the GPU. On a virtual GPU the scores hold no data; every element reads as one value, and a
 top-k of equal values would send every token to the same k experts. The indices such an op
 returns come from the routing model instead (phantora/routing.py; balanced by default), and are
@@ -56,29 +56,29 @@ class _Layers:
         """(layer, sub, label) of the routing call being made now: sub counts the earlier call
         lines of this layer that decide over as many experts."""
         frame = sys._getframe(2)
-        module, where = None, None
+        module, call, where = None, None, None
         while frame is not None:
             code = frame.f_code
             if not _internal(code.co_filename):
-                if where is None:
-                    where = (code.co_filename, frame.f_lineno)
+                if call is None:  # the line that made the call
+                    call = (code.co_filename, frame.f_lineno)
                 # a method's first argument (self, by any name) that is a module
                 owner = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
                 if isinstance(owner, torch.nn.Module):
                     module, where = owner, (code.co_filename, frame.f_lineno)
                     break
             frame = frame.f_back
-        where = where or ("<unknown>", 0)
+        call = call or ("<unknown>", 0)
         if module is not None:
             layer = self.by_module.get(module)
             if layer is None:
-                layer = self.by_module[module] = self._new(f"{type(module).__name__} ({_short(where)})")
+                layer = self.by_module[module] = self._new(f"{type(module).__name__} ({_short(where or call)})")
         else:
-            layer = self.by_line.get(where)
+            layer = self.by_line.get(call)
             if layer is None:
-                layer = self.by_line[where] = self._new(_short(where))
+                layer = self.by_line[call] = self._new(_short(call))
         seen = self.decisions.setdefault(layer, [])
-        mine = (experts, *where)
+        mine = (experts, *call)
         if mine not in seen:
             seen.append(mine)
         sub = [d for d in seen if d[0] == experts].index(mine)
@@ -100,6 +100,12 @@ def _short(where: tuple[str, int]) -> str:
     return f"{os.path.basename(where[0])}:{where[1]}"
 
 
+# Decisions over more choices than this are balanced and not reported: an argmax over a
+# vocabulary (a metric, a sampler) is not a MoE layer, and routers choose among at most a few
+# hundred experts.
+REPORTED_EXPERTS_MAX = 4096
+
+
 def _route(obs: Any, x: torch.Tensor, k: int, dim: int | None, indices: torch.Tensor, keepdim: bool) -> None:
     """Give `indices`, the result of a top-k (k) or argmax (k = 1) over x's dimension `dim`, the
     routing model's experts."""
@@ -113,8 +119,11 @@ def _route(obs: Any, x: torch.Tensor, k: int, dim: int | None, indices: torch.Te
     tokens = x.numel() // experts if experts else 0
     if experts == 0 or tokens * k > values.DERIVED_SHADOW_MAX_NUMEL:
         return
-    layer, sub, label = _layers.site(experts)
-    model = routing_model()
+    if experts > REPORTED_EXPERTS_MAX:  # not a MoE router: balanced, no layer, not reported
+        layer, sub, label, model = -1, 0, "", RoutingModel()
+    else:
+        layer, sub, label = _layers.site(experts)
+        model = routing_model()
     try:
         fractions = model.fractions(layer, experts)
     except ExpertCountMismatch as e:
@@ -144,6 +153,8 @@ def _warn(obs: Any, text: str) -> None:
 
 
 def _send(obs: Any, layer: int, sub: int, label: str, experts: int, k: int, counts: np.ndarray) -> None:
+    if layer < 0:
+        return
     key = (layer, sub, experts)
     c = tuple(int(x) for x in counts)
     if _layers.sent.get(key) == c:
@@ -180,22 +191,7 @@ def _argmax(obs: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     return out
 
 
-def _max_dim(obs: Any, func: Any, args: tuple, kwargs: dict) -> Any:
-    out = obs.run_op(func, args, kwargs)
-    x = args[0]
-    if _unheld(obs, x):
-        dim = int(args[1] if len(args) > 1 else kwargs["dim"])
-        keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
-        _route(obs, x, 1, dim, out[1], keepdim)
-    return out
-
-
 def routing_handlers() -> dict[Any, Any]:
-    """Handlers the observer uses for these ops (observer.py _SPECIAL)."""
-    return {
-        aten.topk.default: _topk,
-        aten.argmax.default: _argmax,
-        aten.argmin.default: _argmax,
-        aten.max.dim: _max_dim,
-        aten.min.dim: _max_dim,
-    }
+    """Handlers the observer uses for these ops (observer.py _SPECIAL). max(dim)/min(dim) are
+    not routers' ops (losses take the row maximum for stability): their indices keep the value."""
+    return {aten.topk.default: _topk, aten.argmax.default: _argmax}

@@ -145,6 +145,11 @@ _shadows = _TensorAttr("_phantora_shadow")  # virtual tensor -> real CPU tensor 
 _values = _StorageAttr("_phantora_value")   # virtual memory -> its value, where not its dtype's default
 
 
+# virtual memory -> True where every element holds its value exactly (a fill: zeros, ones, full,
+# fill_, and views, copies and pointwise ops of such memory), not a placeholder for unknown data.
+# Combined with data phantora holds (a shadow), such memory takes part as what it is: a routing
+# map `zeros_like(scores).int().scatter(1, expert_ids, 1)` has real counts.
+_exact = _StorageAttr("_phantora_exact")
 _pending = _TensorAttr("_phantora_pending")  # virtual tensor -> values other ranks still owe it
 
 
@@ -321,19 +326,56 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
         return torch.full(tuple(t.shape), value_of(t), dtype=t.dtype)
 
 
-def set_value(t: torch.Tensor, v: Number | None) -> None:
-    """t now reads as v everywhere (None: as its dtype's default). A wrapper's (DTensor's) inner
-    tensor takes the value too: the observer sees the wrapper's ops, not those on its local
-    tensor, and reads fall through to the local tensor."""
+def set_value(t: torch.Tensor, v: Number | None, exact: bool = False) -> None:
+    """t now reads as v everywhere (None: as its dtype's default); `exact`: every element holds v
+    (a fill), rather than v standing for data nothing is known about. A wrapper's (DTensor's)
+    inner tensor takes the value too: the observer sees the wrapper's ops, not those on its
+    local tensor, and reads fall through to the local tensor."""
     _settle(t)
     if v is None or as_dtype(v, t.dtype) == default_value(t.dtype):
         _values.drop(t)
     else:
         _values.set(t, as_dtype(v, t.dtype))
+    exact = exact and v is not None
+    if exact or _exact.get(t) is not None:
+        # A fill written through a view that covers part of the memory leaves the rest as it was:
+        # the memory is exact only if the view covers all of it, or it held that value already.
+        keep = exact and (_covers_storage(t) or (_exact.get(t) and v == _values.get(t)))
+        _exact.set(t, True if keep else None)
     inner = inner_tensor(t) if not isinstance(t, FakeTensor) else None
     if inner is not None:
         _shadows.drop(inner)  # the wrapper's op changed the local data out of the observer's sight
-        set_value(inner, v)
+        set_value(inner, v, exact)
+
+
+def _covers_storage(t: torch.Tensor) -> bool:
+    """t addresses every byte of its storage (a fill through it fills the memory)."""
+    if not isinstance(t, FakeTensor):
+        return True
+    return t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def is_exact(t: Any) -> bool:
+    """t's memory holds its value in every element (see _exact)."""
+    return isinstance(t, FakeTensor) and bool(_exact.get(t))
+
+
+def exact_inputs(args: tuple, kwargs: dict) -> frozenset[int]:
+    """ids of the op's arguments whose memory holds its value exactly, before the op runs (an
+    in-place op changes that)."""
+    found: set[int] = set()
+
+    def walk(a: Any) -> None:
+        if isinstance(a, FakeTensor):
+            if _exact.get(a):
+                found.add(id(a))
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                walk(x)
+
+    walk(args)
+    walk(tuple(kwargs.values()))
+    return frozenset(found)
 
 
 # --- shadows ----------------------------------------------------------------------------------
@@ -363,7 +405,9 @@ def set_shadow(t: torch.Tensor, shadow: torch.Tensor | None) -> None:
         _shadows.set(t, shadow)
 
 
-def _on_cpu(a: Any, is_fake: Callable[[Any], bool]) -> Any:
+def _on_cpu(a: Any, is_fake: Callable[[Any], bool], exact: frozenset[int] = frozenset()) -> Any:
+    """a with every virtual tensor replaced by its data on the CPU: its shadow, or (for memory in
+    `exact`, ids of exact_inputs) its value in every element; _NoShadow where neither is held."""
     if isinstance(a, torch.Tensor):
         if not is_fake(a):
             if a.device.type != "cpu":
@@ -371,15 +415,25 @@ def _on_cpu(a: Any, is_fake: Callable[[Any], bool]) -> Any:
             return a
         s = shadow_of(a)
         if s is None:
-            raise _NoShadow
+            if id(a) not in exact or a.numel() > DERIVED_SHADOW_MAX_NUMEL:
+                raise _NoShadow
+            v = value_of(a)
+            with real_cpu():
+                return torch.full(tuple(a.shape), v, dtype=a.dtype)
         return s
     if isinstance(a, torch.device):
         return torch.device("cpu") if a.type == "cuda" else a
     if isinstance(a, (list, tuple)):
-        return type(a)(_on_cpu(x, is_fake) for x in a)
+        return type(a)(_on_cpu(x, is_fake, exact) for x in a)
     if isinstance(a, str) and a.startswith("cuda"):
         return "cpu"
     return a
+
+
+def _any_shadow(a: Any) -> bool:
+    if isinstance(a, FakeTensor):
+        return shadow_of(a) is not None
+    return isinstance(a, (list, tuple)) and any(_any_shadow(x) for x in a)
 
 
 # Ops that copy data unchanged (or a view of it): their results keep shadows up to the copy cap.
@@ -391,6 +445,23 @@ _UNINITIALIZED = {aten.empty.memory_format, aten.empty_like.default, aten.empty_
 _COPIES = {aten._to_copy.default, aten.clone.default, aten.copy_.default, aten.lift_fresh.default,
            aten.lift_fresh_copy.default, aten.detach.default, aten.alias.default, aten._copy_from.default,
            aten.contiguous.default}
+
+
+# Ops that read no data of their first argument, only its shape and dtype (a factory "like" it, a
+# fill): their result has data whether or not the argument does. Megatron's and TorchTitan's
+# routing maps are `zeros_like(scores, dtype=bool).scatter_(1, expert_ids, True)` over scores
+# without data.
+_SHAPE_ONLY = {aten.zeros_like.default, aten.ones_like.default, aten.full_like.default, aten.empty_like.default,
+               aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.new_empty.default,
+               aten.new_empty_strided.default, aten.zero_.default, aten.fill_.Scalar, aten.fill.Scalar}
+
+
+def _shape_stand_in(t: Any) -> Any:
+    """A real CPU tensor shaped like t (its data unread), for _SHAPE_ONLY ops."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    with real_cpu():
+        return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype)
 
 
 def _shadow_cap(func: Any) -> int:
@@ -416,28 +487,46 @@ def _derived_cap(o: Any, from_tensors: bool) -> int:
     return 0
 
 
+def _cpu_call(func: Any, args: Any, kwargs: dict) -> Any:
+    """func on CPU tensors, computing what CUDA computes where the CPU kernel lacks a dtype: histc
+    of integers (Transformers counts tokens per expert with `histc(expert_ids.int())` on CUDA;
+    the CPU's histc takes floats only) is the histc of their exact float64 values."""
+    if func is aten.histc.default and isinstance(args[0], torch.Tensor) and is_index_dtype(args[0].dtype):
+        x = args[0]
+        return func(x.double(), *args[1:], **kwargs).to(x.dtype)
+    return func(*args, **kwargs)
+
+
 def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Callable[[Any], bool],
-                real_mode: Callable[[], Any]) -> None:
+                real_mode: Callable[[], Any], exact: frozenset[int] = frozenset()) -> None:
     """Give results on a virtual GPU their real values, computed on the CPU shadows of the
     inputs; forget stale ones when that is not possible. `real_mode` is a context manager under
     which ops compute for real (the observer's unset_fake_temporarily). Several outputs (unbind:
     iterating over a tensor) are shadowed one by one. Random ops get no shadow: computing them
     on the CPU would draw from the script's CPU generator. Which results may hold a shadow:
-    small ones (_shadow_cap), index data and results of shadowed inputs (_derived_cap)."""
+    small ones (_shadow_cap), index data and results of shadowed inputs (_derived_cap). Inputs
+    in `exact` (exact_inputs, taken before the op) take part with their value in every element
+    where another input has a shadow or every result is small; else their value and exactness
+    carry over (note_result) without copying them to the CPU."""
     outs = out if isinstance(out, (tuple, list)) else (out,)
     base = _shadow_cap(func)
-    from_tensors = _has_tensor(args) or _has_tensor(tuple(kwargs.values()))
+    from_tensors = func not in _SHAPE_ONLY and (_has_tensor(args) or _has_tensor(tuple(kwargs.values())))
     caps = [max(base, _derived_cap(o, from_tensors)) for o in outs]
     if not any(shadowable(o, cap) for o, cap in zip(outs, caps)):
         return
+    if exact and not (_any_shadow(args) or _any_shadow(tuple(kwargs.values()))) and \
+            not all(shadowable(o) or not isinstance(o, FakeTensor) for o in outs):
+        exact = frozenset()  # exact memory alone, large results: values carry it (no CPU copy)
     res = None
     if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
         try:
-            cargs, ckwargs = _on_cpu(args, is_fake), {k: _on_cpu(v, is_fake) for k, v in kwargs.items()}
+            if func in _SHAPE_ONLY and args and isinstance(args[0], torch.Tensor) and shadow_of(args[0]) is None:
+                args = (_shape_stand_in(args[0]), *args[1:])
+            cargs, ckwargs = _on_cpu(args, is_fake, exact), {k: _on_cpu(v, is_fake, exact) for k, v in kwargs.items()}
             if "pin_memory" in ckwargs:
                 ckwargs["pin_memory"] = False
             with real_mode():
-                res = func(*cargs, **ckwargs)
+                res = _cpu_call(func, cargs, ckwargs)
                 if func in _UNINITIALIZED:
                     res.fill_(default_value(res.dtype))
         except Exception:  # no shadow for an input, or an op the CPU does not run: value unknown
@@ -593,9 +682,59 @@ def _result_value(func: Any, args: tuple, kwargs: dict) -> Number | None:
     return None
 
 
-def note_result(func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-    """Set the value of an op's result (the module's table). Called before note_shadow, so an
-    in-place op still sees its input's old shadow."""
+def _result_exact(func: Any, args: tuple, kwargs: dict, exact: frozenset[int]) -> bool:
+    """Whether the result holds its value in every element: a fill, or a view, copy or pointwise
+    op of exact memory (`exact`: exact_inputs before the op) and plain numbers."""
+    if func in _FILLS:
+        return True
+    if func in _FROM_SECOND:
+        src = args[1] if len(args) > 1 else None
+        return not isinstance(src, torch.Tensor) or id(src) in exact or (not is_virtual(src) and src.numel() == 1)
+    kind = _kind(func)
+    if kind == _KEEP and (getattr(func, "is_view", False) or func in _COPIES):
+        src = _first_tensor(args)
+        return src is not None and id(src) in exact
+    if kind == _POINTWISE:
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        return bool(tensors) and all(id(a) in exact or (not is_virtual(a) and a.numel() == 1) for a in tensors)
+    return False
+
+
+_written: dict[Any, tuple[int, ...]] = {}
+
+
+def _written_args(func: Any) -> tuple[int, ...]:
+    """Schema positions of the arguments func writes (in-place ops, out= variants, _foreach_*_)."""
+    found = _written.get(func)
+    if found is None:
+        schema = getattr(func, "_schema", None)
+        found = tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write) \
+            if schema is not None else ()
+        _written[func] = found
+    return found
+
+
+def _forget_exact(func: Any, args: tuple, kwargs: dict) -> None:
+    """The memory an op writes no longer holds a fill (unless the op says so again below): ops
+    that write in place and return nothing (_foreach_add_, fsdp::chunk_cat) would leave it
+    marked exact."""
+    written = _written_args(func)
+    if not written:
+        return
+    names = [a.name for a in func._schema.arguments]
+    for i in written:
+        a = args[i] if i < len(args) else kwargs.get(names[i])
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, FakeTensor) and _exact.get(t):
+                _exact.set(t, None)
+
+
+def note_result(func: Any, args: tuple, kwargs: dict, out: Any, exact: frozenset[int] = frozenset()) -> None:
+    """Set the value of an op's result (the module's table), and whether it is exact (`exact`:
+    exact_inputs before the op). Called before note_shadow, so an in-place op still sees its
+    input's old shadow."""
+    if exact:
+        _forget_exact(func, args, kwargs)
     if func is aten._amp_foreach_non_finite_check_and_unscale_.default:
         # GradScaler's found_inf (written in place): no inf/NaN gradient on a healthy run. Read as
         # the usual placeholder 1, it made GradScaler skip every optimizer step (fp16 AMP).
@@ -604,13 +743,13 @@ def note_result(func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         return
     if isinstance(out, torch.Tensor):
         if is_virtual(out):
-            set_value(out, _result_value(func, args, kwargs))
+            set_value(out, _result_value(func, args, kwargs), _result_exact(func, args, kwargs, exact))
     elif isinstance(out, (tuple, list)):
         if getattr(func, "is_view", False):  # unbind, split, chunk: views of the input's memory
             src = _first_tensor(args)
             for o in out:
                 if isinstance(o, torch.Tensor) and is_virtual(o) and src is not None:
-                    set_value(o, value_of(src))
+                    set_value(o, value_of(src), id(src) in exact)
             return
         first = True
         for o in out:
