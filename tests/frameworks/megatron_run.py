@@ -32,6 +32,9 @@ class GPTConfig:
     microbatches: int = 4
     iters: int = 3
     bucket_size: int | None = None  # parameters per DDP gradient bucket (None: Megatron's default)
+    experts: int | None = None  # MoE: routed experts per layer (SequentialMLP, alltoall dispatcher)
+    topk: int = 2
+    ep: int = 1  # expert model parallel size
 
     def args(self) -> list[str]:
         a = ["--tp", str(self.tp), "--pp", str(self.pp), "--num-layers", str(self.layers),
@@ -43,6 +46,9 @@ class GPTConfig:
             a += ["--virtual-pipeline-model-parallel-size", str(self.vp)]
         if self.bucket_size is not None:
             a += ["--ddp-bucket-size", str(self.bucket_size)]
+        if self.experts is not None:
+            a += ["--num-experts", str(self.experts), "--moe-router-topk", str(self.topk),
+                  "--expert-model-parallel-size", str(self.ep)]
         return a
 
 

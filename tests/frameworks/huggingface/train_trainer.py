@@ -21,7 +21,18 @@ CONFIGS = {
     # A Llama of the same size class (GQA, SwiGLU, RMSNorm, RoPE).
     "llama": dict(model_type="llama", num_hidden_layers=2, hidden_size=1024, intermediate_size=2816,
                   num_attention_heads=16, num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048),
+    # Mixture-of-Experts: Mixtral's shape (8 experts, top-2) and Qwen3-MoE's (many small experts,
+    # top-8), narrowed and shortened.
+    "mixtral": dict(model_type="mixtral", num_hidden_layers=2, hidden_size=1024, intermediate_size=2048,
+                    num_attention_heads=16, num_key_value_heads=4, num_local_experts=8, num_experts_per_tok=2,
+                    vocab_size=32000, max_position_embeddings=2048),
+    "qwen3_moe": dict(model_type="qwen3_moe", num_hidden_layers=2, hidden_size=1024, intermediate_size=2816,
+                      moe_intermediate_size=384, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                      num_experts=64, num_experts_per_tok=8, decoder_sparse_step=1, vocab_size=32000,
+                      max_position_embeddings=2048),
 }
+LAYER_CLASSES = {"gpt2": "GPT2Block", "llama": "LlamaDecoderLayer", "mixtral": "MixtralDecoderLayer",
+                 "qwen3_moe": "Qwen3MoeDecoderLayer"}
 
 
 class RandomTokens(Dataset):
@@ -50,6 +61,8 @@ def main() -> None:
     ap.add_argument("--fsdp", default="", help="TrainingArguments.fsdp, e.g. 'full_shard auto_wrap'")
     ap.add_argument("--fsdp-version", type=int, default=1)
     ap.add_argument("--output-dir", default="trainer-out")
+    ap.add_argument("--experts-implementation", choices=["eager", "grouped_mm"], default=None,
+                    help="MoE models: Transformers' experts forward (its default: grouped_mm where available)")
     args = ap.parse_args()
 
     cfg = dict(CONFIGS[args.model])
@@ -59,12 +72,12 @@ def main() -> None:
         cfg.update(hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4,
                    num_attention_heads=args.hidden // 64, num_key_value_heads=args.hidden // 256)
     config = AutoConfig.for_model(**cfg)
-    model = AutoModelForCausalLM.from_config(config)
+    extra = {"experts_implementation": args.experts_implementation} if args.experts_implementation else {}
+    model = AutoModelForCausalLM.from_config(config, **extra)
 
     fsdp_config = None
     if args.fsdp:
-        layer = {"gpt2": "GPT2Block", "llama": "LlamaDecoderLayer"}[args.model]
-        fsdp_config = {"version": args.fsdp_version, "transformer_layer_cls_to_wrap": [layer]}
+        fsdp_config = {"version": args.fsdp_version, "transformer_layer_cls_to_wrap": [LAYER_CLASSES[args.model]]}
     training_args = TrainingArguments(
         output_dir=args.output_dir,
         per_device_train_batch_size=args.batch,

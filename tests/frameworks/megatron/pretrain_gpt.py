@@ -60,18 +60,23 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--no-overlap-param-gather", dest="overlap_param_gather", action="store_false")
     p.add_argument("--no-check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad",
                    action="store_false", help="as in Megatron-LM, the check is on by default")
+    p.add_argument("--num-experts", type=int, default=None, help="MoE: routed experts per layer (Megatron's "
+                   "--num-experts); SequentialMLP experts on the local spec")
+    p.add_argument("--moe-router-topk", type=int, default=2)
+    p.add_argument("--moe-token-dispatcher-type", default="alltoall", choices=["allgather", "alltoall"])
+    p.add_argument("--expert-model-parallel-size", dest="ep", type=int, default=1)
     p.add_argument("--ddp-bucket-size", type=int, default=None,
                    help="parameters per gradient bucket (Megatron's default: max(40M, 1M x DP size))")
     return p.parse_args()
 
 
-def initialize_distributed(tp: int, pp: int, vp: int | None) -> None:
+def initialize_distributed(tp: int, pp: int, vp: int | None, ep: int = 1) -> None:
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
     torch.distributed.init_process_group(backend="nccl", rank=int(os.environ["RANK"]),
                                          world_size=int(os.environ["WORLD_SIZE"]))
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                             virtual_pipeline_model_parallel_size=vp)
+                                             virtual_pipeline_model_parallel_size=vp, expert_model_parallel_size=ep)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
 
 
@@ -92,13 +97,18 @@ def model_provider(args: argparse.Namespace) -> tuple[list[GPTModel], Transforme
         autocast_dtype=torch.bfloat16,
         hidden_dropout=0.0,
         attention_dropout=0.0,
+        num_moe_experts=args.num_experts,
+        moe_router_topk=args.moe_router_topk,
+        moe_token_dispatcher_type=args.moe_token_dispatcher_type,
+        expert_model_parallel_size=args.ep,
+        moe_aux_loss_coeff=1e-2 if args.num_experts else 0.0,
     )
     chunks = []
     for vp_stage in range(args.vp or 1):
         vp = vp_stage if args.vp else None
         chunks.append(GPTModel(
             config=config,
-            transformer_layer_spec=get_gpt_layer_local_spec(),
+            transformer_layer_spec=get_gpt_layer_local_spec(num_experts=args.num_experts, moe_grouped_gemm=False),
             vocab_size=args.vocab_size,
             max_sequence_length=args.seq_length,
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=args.vp is None, vp_stage=vp),
@@ -155,13 +165,15 @@ def num_floating_point_operations(args: argparse.Namespace, batch_size: int) -> 
     QKV/output projections, the MLP, causal core attention and the logits."""
     h, s, n_layers = args.hidden_size, args.seq_length, args.num_layers
     ffn = args.ffn_hidden_size or 4 * h
-    per_token = 3 * 2 * (n_layers * (h * 3 * h + h * h + 2 * h * ffn + h * s) + h * args.vocab_size)
+    # MoE: each token runs top-k experts' MLPs, plus the router's [h, experts] projection
+    mlp = 2 * h * ffn * (args.moe_router_topk if args.num_experts else 1) + h * (args.num_experts or 0)
+    per_token = 3 * 2 * (n_layers * (h * 3 * h + h * h + mlp + h * s) + h * args.vocab_size)
     return float(batch_size * s * per_token)
 
 
 def main() -> None:
     args = parse_args()
-    initialize_distributed(args.tp, args.pp, args.vp)
+    initialize_distributed(args.tp, args.pp, args.vp, args.ep)
     rank = torch.distributed.get_rank()
     world = torch.distributed.get_world_size()
     dp = parallel_state.get_data_parallel_world_size()

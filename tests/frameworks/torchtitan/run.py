@@ -59,16 +59,17 @@ class Run:
 
 
 def torchtitan(workdir: Path, python: str, nproc: int, *overrides: str, config: str = "llama3_debugmodel",
-               phantora_options: tuple[str, ...] = (), timeout: float = 1800, nnodes: int = 1) -> Run:
+               phantora_options: tuple[str, ...] = (), timeout: float = 1800, nnodes: int = 1,
+               module: str = "llama3") -> Run:
     """`phantora trace [options] -o workdir/run.json -- torchrun --nproc-per-node N -m torchtitan.train
-    --module llama3 --config CONFIG OVERRIDES...` from workdir, with the stand-in assets in it."""
+    --module MODULE --config CONFIG OVERRIDES...` from workdir, with the stand-in assets in it."""
     workdir.mkdir(parents=True, exist_ok=True)
     write_assets(workdir)
     trace = workdir / "run.json"
     torchrun = str(Path(python).parent / "torchrun")
     cmd = [sys.executable, "-m", "phantora.cli", "trace", *phantora_options, "-o", str(trace), "--",
            torchrun, *(("--nnodes", str(nnodes)) if nnodes > 1 else ()), "--nproc-per-node", str(nproc), "-m",
-           "torchtitan.train", "--module", "llama3", "--config",
+           "torchtitan.train", "--module", module, "--config",
            config, *overrides]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
