@@ -302,3 +302,28 @@ def test_only_cuda_extensions_are_replaced() -> None:
         inline.f()
     with pytest.raises(AttributeError, match="its sources export f, multi_tensor_adam"):
         inline.g  # noqa: B018
+
+
+def test_moe_layer_expert_parallel(tmp_path) -> None:
+    """DeepSpeed's MoE layer (deepspeed.moe.layer.MoE: top-2 gating with capacity, expert
+    parallel 2 over ZeRO-2, expert parameters in their own groups as DeepSpeed's tutorial does).
+    Every rank steps; each gate's two argmax decisions are routed balanced and differ (a token's
+    second expert is not its first); the dispatch all_to_all moves the [experts, capacity, width]
+    buffer evenly: 4 experts x capacity 512 (1,024 tokens / 4 experts x 2 choices x capacity
+    factor 1) x 256 bf16, half to each rank."""
+    run = run_deepspeed(tmp_path, "ds_zero2.json", RANKS, model=("--moe-experts", "4", "--ep-size", "2", "--top-k", "2"))
+    assert run.proc.returncode == 0, f"exit {run.proc.returncode}{run.detail()}"
+    assert "unknown ops: none" in run.proc.stderr, run.detail()
+    for rank, r in run.ranks.items():
+        assert r.global_steps == STEPS and r.skipped_steps == 0, (rank, r)
+        assert all(n is not None and math.isfinite(n) and n > 0 for n in r.grad_norms), (rank, r.grad_norms)
+    gates = re.findall(r"(L\d(?:\.1)?) TopKGate \(sharded_moe\.py:\d+\): 4 experts, top-1, 2,048 tokens over 2 "
+                       r"rank\(s\), max/mean 1\.00", run.proc.stderr)
+    assert gates == ["L0", "L0.1", "L1", "L1.1"], run.detail()
+    half = 4 * 512 * DIM * 2 // 2
+    db = load(run.trace)
+    sends = db.query("select extract_arg(arg_set_id, 'args.bytes sent to each member[0]'), "
+                     "extract_arg(arg_set_id, 'args.bytes sent to each member[1]') from slice "
+                     "where extract_arg(arg_set_id, 'args.op') = 'all_to_all'").rows
+    # per layer and step: dispatch and combine, forward and backward, on each of the 2 ranks
+    assert [tuple(s) for s in sends].count((half, half)) == 4 * LAYERS * STEPS * RANKS, sends[:8]

@@ -298,3 +298,58 @@ def test_accelerate_launch_fsdp2(tmp_path: Path) -> None:
     from a config file as Accelerate's FSDP guide shows."""
     run = trace(tmp_path, [*accelerate_launch("--config_file", str(HF / "fsdp2.yaml")), ACCELERATE, "--samples", "24"], 2)
     check_accelerate(run, 24, 4, 2)
+
+
+# --- Mixture-of-Experts models (docs/moe.md) --------------------------------------------------------
+# The configs of train_trainer.py: Mixtral's shape (8 experts, top-2) and Qwen3-MoE's (64 small
+# experts, top-8), 2 layers each, width 1024, 16 heads of 64, 4 KV heads, vocabulary 32000.
+def mixtral_params(layers: int = 2, h: int = 1024, inter: int = 2048, experts: int = 8, kv: int = 256,
+                   vocab: int = 32000) -> int:
+    """embeddings + untied LM head + per layer (q, o: h x h; k, v: h x kv; the router: h x experts;
+    each expert's gate, up and down: 3 x h x inter; 2 RMSNorms) + final norm."""
+    return 2 * vocab * h + layers * (2 * h * h + 2 * h * kv + h * experts + experts * 3 * h * inter + 2 * h) + h
+
+
+def qwen3_moe_params(layers: int = 2, h: int = 1024, inter: int = 384, experts: int = 64, kv: int = 256,
+                     head_dim: int = 64, vocab: int = 32000) -> int:
+    """As Mixtral's, with Qwen3's per-head q and k RMSNorms (head_dim each) in every layer."""
+    return mixtral_params(layers, h, inter, experts, kv, vocab) + layers * 2 * head_dim
+
+
+def moe_activation_bound(batch: int, seq: int, layers: int, top_k: int, inter: int) -> int:
+    """The dense bound plus each token's top-k expert intermediates (gate, up, their product and
+    the activation: 4 fp32 values per intermediate unit) and its routing tensors."""
+    return activation_bound(batch, seq, 1024, 32000, layers) + layers * batch * seq * top_k * inter * 4 * 4
+
+
+@pytest.mark.parametrize("model, experts_impl, top_k, inter", [("mixtral", "eager", 2, 2048),
+                                                               ("qwen3_moe", "grouped_mm", 8, 384)])
+def test_trainer_moe_one_gpu(tmp_path: Path, model: str, experts_impl: str, top_k: int, inter: int) -> None:
+    """Trainer on one GPU with an MoE model from its config, each of Transformers' experts
+    implementations: the eager loop (torch.where per expert, index_add_) and grouped_mm (a grouped
+    GEMM over tokens sorted by a histc of the routed ids; fp32 weights under bf16 autocast take
+    CUDA's per-group fallback)."""
+    run = trace(tmp_path, [sys.executable, TRAINER, "--model", model, "--steps", "3",
+                           "--experts-implementation", experts_impl], 1, env={"CUDA_VISIBLE_DEVICES": "0"})
+    params = mixtral_params() if model == "mixtral" else qwen3_moe_params()
+    check_trainer(run, 3, 4, params, 1, moe_activation_bound(4, 512, 2, top_k, inter))
+    layers = re.findall(r"L\d (\w+)TopKRouter .*: (\d+) experts, top-(\d+), ([\d,]+) tokens .* max/mean ([\d.]+)",
+                        run.proc.stderr)
+    assert len(layers) == 2 and all((int(e), int(k), t, float(m)) == ((8 if model == "mixtral" else 64), top_k, "2,048",
+                                                                     1.0) for _, e, k, t, m in layers), layers
+
+
+@pytest.mark.parametrize("model, experts_impl, top_k, inter", [("mixtral", "grouped_mm", 2, 2048),
+                                                               ("qwen3_moe", "eager", 8, 384)])
+def test_trainer_moe_fsdp2(tmp_path: Path, model: str, experts_impl: str, top_k: int, inter: int) -> None:
+    """torchrun, 2 ranks: Trainer's FSDP2 per decoder layer over an MoE model (bf16 parameters in
+    compute: grouped_mm takes CUTLASS's grouped kernel)."""
+    run = trace(tmp_path, [*torchrun(2), TRAINER, "--model", model, "--steps", "3", "--experts-implementation",
+                           experts_impl, "--fsdp", "full_shard auto_wrap", "--fsdp-version", "2"], 2)
+    params = mixtral_params() if model == "mixtral" else qwen3_moe_params()
+    check_trainer(run, 3, 4, params, 2, moe_activation_bound(4, 512, 2, top_k, inter) + 2 * params)
+    with load(run.trace, engine="builtin") as db:
+        grouped = db.query("SELECT COUNT(*) FROM slice WHERE name LIKE 'cutlass_grouped_gemm%'").scalar()
+        gathers = db.query("SELECT COUNT(*) FROM slice WHERE name LIKE 'ncclDevKernel_AllGather%'").scalar()
+    assert gathers, "no FSDP all-gather"
+    assert bool(grouped) == (experts_impl == "grouped_mm"), grouped

@@ -11,6 +11,7 @@ benchmarks/frameworks/torchtitan.py.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,59 @@ def test_debug_model_fsdp_two_gpus(tmp_path: Path, frameworks_cuda_python: str) 
             step = 2 + k // per_replay
             assert ends[step - 2] < e["ts"] and e["ts"] + e["dur"] <= ends[step - 1], (k, e)
     _assert_memory(run, lines, dp=2)
+
+
+# --- Mixture-of-Experts with expert parallelism (docs/moe.md) --------------------------------------
+# deepseek_v3_debugmodel (torchtitan/models/deepseek_v3/__init__.py _debugmodel): dim 256, 6 layers of
+# which 5 are MoE, 8 routed experts, top-3; local batch 8 x 2048 = 16,384 tokens per rank (TOKENS).
+# qwen3_moe_debug (models/qwen3 debugmodel_moe): dim 256, 64 experts, top-8; batch 4 x 4096 tokens.
+MOE = {"deepseek_v3": ("deepseek_v3_debugmodel", 5, 8, 3), "qwen3": ("qwen3_moe_debug", 8, 64, 8)}
+EP_DIM = 256
+
+
+def _a2a_sends(trace: Path, rank: int) -> list[list[int]]:
+    """Bytes each all_to_all of `rank` sends to each member, in call order."""
+    events = load_chrome_trace(trace)["traceEvents"]
+    mine = [e for e in events if e.get("ph") == "X" and e.get("pid") == rank + 1
+            and e.get("args", {}).get("op") == "all_to_all" and "bytes sent to each member" in e["args"]]
+    return [e["args"]["bytes sent to each member"] for e in sorted(mine, key=lambda e: e["ts"])]
+
+
+@pytest.mark.parametrize("module", sorted(MOE))
+def test_moe_expert_parallel_two_gpus(tmp_path: Path, frameworks_cuda_python: str, module: str) -> None:
+    """DeepSeek-V3 and Qwen3-MoE debug models with expert parallel 2 over FSDP 2 (the experts
+    split over the two ranks), TorchTitan's all-to-all token dispatcher, eager (TorchTitan asks for
+    --training.disable_cuda_graphs with this dispatcher, which reads split sizes on the host):
+    every step trains on every rank, each MoE layer routes balanced by default, and the
+    dispatch all_to_all moves the hand-counted rows."""
+    config, moe_layers, experts, top_k = MOE[module]
+    run = torchtitan(tmp_path, frameworks_cuda_python, 2, "--training.steps", str(STEPS),
+                     "--parallelism.expert_parallel_degree", "2", "--training.disable_cuda_graphs",
+                     module=module, config=config)
+    _assert_trained(run, ranks=2)
+    routed = re.findall(r"L(\d+) TokenChoiceTopKRouter \(moe\.py:\d+\): (\d+) experts, top-(\d+), ([\d,]+) tokens over 2 "
+                        r"rank\(s\), max/mean ([\d.]+)", run.output)
+    assert [int(r[0]) for r in routed] == list(range(moe_layers)), run.detail()
+    assert all((int(e), int(k), int(t.replace(",", "")), float(m)) == (experts, top_k, 2 * TOKENS, 1.0)
+               for _, e, k, t, m in routed), routed
+    # each rank routes TOKENS x top_k rows, half to the experts of each rank: rows of dim bf16
+    half = TOKENS * top_k // 2 * EP_DIM * 2
+    for rank in (0, 1):
+        sends = _a2a_sends(run.trace, rank)
+        assert sends.count([half, half]) >= 2 * moe_layers * STEPS, (rank, sends[:12])  # dispatch + combine
+
+
+def test_moe_skewed_routing_makes_expert_parallel_ranks_uneven(tmp_path: Path, frameworks_cuda_python: str) -> None:
+    """--routing zipf:1.5: the experts of one rank get more tokens; both ranks send the same split
+    (routing does not depend on the rank), so one rank receives more rows than it sends."""
+    config, moe_layers, experts, top_k = MOE["deepseek_v3"]
+    run = torchtitan(tmp_path, frameworks_cuda_python, 2, "--training.steps", "2",
+                     "--parallelism.expert_parallel_degree", "2", "--training.disable_cuda_graphs",
+                     module="deepseek_v3", config=config, phantora_options=("--routing", "zipf:1.5"))
+    assert run.proc.returncode == 0, run.detail()
+    ratios = [float(m) for m in re.findall(r"L\d TokenChoiceTopKRouter .* max/mean ([\d.]+)", run.output)]
+    assert len(ratios) == moe_layers and all(r > 1.5 for r in ratios), ratios
+    total = TOKENS * top_k * EP_DIM * 2
+    dispatch = [s for s in _a2a_sends(run.trace, 0) if sum(s) == total]
+    assert dispatch == [s for s in _a2a_sends(run.trace, 1) if sum(s) == total], "ranks route alike"
+    assert len(dispatch) >= moe_layers and all(a != b for a, b in dispatch), dispatch[:5]
