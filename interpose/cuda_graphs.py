@@ -239,6 +239,7 @@ class _CUDAGraph:
             raise NotImplementedError(
                 f"phantora does not simulate replaying a CUDA graph inside another capture (graph "
                 f"{cap.graph_id} replayed while stream {stream} of cuda:{device} is capturing); replay it outside")
+        rt_mod.get().model_work_since_step = True  # a replay runs the captured forward and backward
         rec: list[Any] = [P.R_GRAPH_REPLAY, cap.graph_id, device, stream]
         if cap.collectives:  # launched again by this replay, each with its group's next sequence number
             rec.append([next_seq() for next_seq in cap.collectives])

@@ -149,6 +149,8 @@ class OpObserver(TorchDispatchMode):
                 device = peer[0]
             stream = current_stream_id(device) if device >= 0 else 0
             flags = op_flags(args, rt.in_optimizer > 0) if device >= 0 else 0
+            if flags & (P.OP_BACKWARD | P.OP_IN_MODULE):
+                rt.model_work_since_step = True
             if device >= 0 and getattr(_compiled, "depth", 0):
                 flags |= P.OP_COMPILED
             if rt.capturing and device >= 0:

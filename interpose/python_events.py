@@ -94,7 +94,11 @@ def install_python_events(rt: Any) -> None:
         # each once per training step: the first one to step marks the steps.
         if not stepping:
             stepping.append(id(optimizer))
-        if stepping[0] == id(optimizer) and rt.active and rt.client.connected:
+        if stepping[0] == id(optimizer) and rt.active and rt.client.connected and rt.model_work_since_step:
+            # A second step with no model work since the last (DeepSpeed ZeRO-1/2 steps its
+            # optimizer once per parameter group: MoE experts are a group of their own) belongs
+            # to the same training step: one mark per training step.
+            rt.model_work_since_step = False
             rt.client.record([P.R_STEP])
 
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook

@@ -177,6 +177,10 @@ class Runtime:
         self.next_event_id = 0
         self.active = True  # False in DataLoader workers and forked children
         self.in_optimizer = 0  # depth of Optimizer.step calls (python_events.py)
+        # model work (a forward in a module, a backward, a CUDA graph replay) since the last
+        # training-step mark: an optimizer step without any (DeepSpeed ZeRO steps its optimizer
+        # once per parameter group) continues the same training step (python_events.py)
+        self.model_work_since_step = True
         self.observer: Any = None  # the OpObserver, once installed (benchmarks read its op count)
         # (device, stream) -> allocator key of the CUDA-graph private pool its allocations go to
         # while it captures (interpose/cuda_graphs.py; phantora/engine/memory.py graph pools)

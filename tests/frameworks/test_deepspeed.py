@@ -317,6 +317,11 @@ def test_moe_layer_expert_parallel(tmp_path) -> None:
     for rank, r in run.ranks.items():
         assert r.global_steps == STEPS and r.skipped_steps == 0, (rank, r)
         assert all(n is not None and math.isfinite(n) and n > 0 for n in r.grad_norms), (rank, r.grad_norms)
+    # ZeRO-2 steps its optimizer once per parameter group (the experts' and the others'): one
+    # training step each time, marked once, with both groups' Adam in the later steps
+    per_rank = optimizer_steps(run.trace)
+    assert sorted(per_rank) == [0, 1] and all(len(s) == STEPS and all(c >= 1 for c, _, _ in s) and s[-1][0] == 2
+                                              for s in per_rank.values()), per_rank
     gates = re.findall(r"(L\d(?:\.1)?) TopKGate \(sharded_moe\.py:\d+\): 4 experts, top-1, 2,048 tokens over 2 "
                        r"rank\(s\), max/mean 1\.00", run.proc.stderr)
     assert gates == ["L0", "L0.1", "L1", "L1.1"], run.detail()
