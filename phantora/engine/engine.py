@@ -364,6 +364,10 @@ class Engine:
             self._warn(f"link counters not written: {type(e).__name__}: {e}")
         self.trace.close(metadata)
 
+    def warn(self, msg: str) -> None:
+        """A warning for the summary (printed once)."""
+        self._warn_once(msg)
+
     def _warn_once(self, msg: str) -> None:
         if msg not in self.warnings:
             self.warnings.append(msg)

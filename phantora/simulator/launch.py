@@ -218,6 +218,11 @@ def _trace_once(run: TraceRun) -> TraceResult:
                     network=Network(run.cluster), sync=run.sync)
     if roles is not None and run.nproc_per_node is not None:
         engine.mirror_ranks(roles, run.nproc_per_node)
+        if roles.mirrored and run.routing.kind != "balanced":
+            engine.warn(f"--routing {run.routing.spec().split('#')[0]} with mirrored ranks (--ranks {run.ranks}): a "
+                        "mirrored rank computes what its representative does, so expert-parallel ranks holding "
+                        "popular experts are simulated as busy as their representatives; --ranks all simulates each "
+                        "rank's own load (docs/moe.md)")
     server = SimulatorServer(engine, collective_timeout_s=run.collective_timeout_s)
     server.restart_when_refuted = run.ranks in ("auto", "default")
     exit_code = 1

@@ -110,3 +110,13 @@ def test_two_experts_skewed_hand_count_of_bytes_and_flops(tmp_path: Path) -> Non
         (1536 * row, 512 * row, 512 * row, 512 * row),  # rank 1: sends 1,536 rows to rank 0, receives 512
     ])
     assert re.search(r"L0 .*2 experts, top-1, 4,096 tokens over 2 rank\(s\), max/mean 1\.50", proc.stderr)
+
+
+def test_mismatched_all_to_all_splits_stop_the_run_naming_ranks_and_sizes(tmp_path: Path) -> None:
+    proc, _ = run_traced(tmp_path, sys.executable, SCRIPTS / "ep_mismatch.py", options=("--nproc-per-node", "2"))
+    assert proc.returncode != 0 and "not reached" not in proc.stdout
+    text = proc.stdout + proc.stderr
+    assert "mismatched all_to_all" in text, text[-3000:]
+    # 2 rows of 8 float32 = 64 bytes sent; 3 rows = 96 bytes expected
+    assert "rank 1 expects 96 bytes from rank 0, which sends it 64" in text, text[-3000:]
+    assert "ep_mismatch.py:13" in text  # the call site
