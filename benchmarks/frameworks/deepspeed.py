@@ -25,14 +25,15 @@ SEQ = 1024
 MODEL = ("--vocab", "32000", "--dim", "1024", "--layers", "8", "--heads", "16", "--seq", str(SEQ))
 
 
-def _run(config: str, launcher: str, tmp: Path) -> Row:
-    run = run_deepspeed(tmp, config, RANKS, launcher, model=MODEL, steps=STEPS, timeout=1800)
+def _run(config: str, launcher: str, tmp: Path, moe: tuple[str, ...] = ()) -> Row:
+    run = run_deepspeed(tmp, config, RANKS, launcher, model=MODEL + moe, steps=STEPS, timeout=1800)
     if run.proc.returncode != 0:
         raise RuntimeError(f"exit {run.proc.returncode}: {run.proc.stderr.strip().splitlines()[-1:]}")
     for rank, r in run.ranks.items():
         if r.global_steps != STEPS or r.skipped_steps:
             raise RuntimeError(f"rank {rank}: {r.global_steps} steps, {r.skipped_steps} skipped")
-    if len(run.ranks) != RANKS or any(len(s) != STEPS or any(c != 1 for c, _, _ in s)
+    # one multi_tensor_adam per step (MoE: one per parameter group, expert and shared)
+    if len(run.ranks) != RANKS or any(len(s) != STEPS or any(c != 1 if not moe else c < 1 for c, _, _ in s)
                                       for s in optimizer_steps(run.trace).values()):
         raise RuntimeError("FusedAdam's multi_tensor_adam missing from a step")
     summary = summarize(load(run.trace))
@@ -41,8 +42,11 @@ def _run(config: str, launcher: str, tmp: Path) -> Row:
     peak = max(m.allocated_bytes for m in summary.memory) / 2**30
     sps = run.samples_per_sec.get(STEPS)
     note = f"DeepSpeed: {sps:,.0f} samples/s" if sps else ""
-    return Row("deepspeed", f"{config.removesuffix('.json')} bf16, {launcher} launcher" if launcher == "deepspeed"
-               else f"{config.removesuffix('.json')} bf16, {launcher}", RANKS, step_ms,
+    name = f"{config.removesuffix('.json')} bf16, {launcher} launcher" if launcher == "deepspeed" \
+        else f"{config.removesuffix('.json')} bf16, {launcher}"
+    if moe:
+        name += ", MoE " + " ".join(moe)
+    return Row("deepspeed", name, RANKS, step_ms,
                tokens / (step_ms / 1e3), summary.overall.mfu, peak, run.wall_s, note)
 
 
@@ -52,4 +56,7 @@ CASES: list[Case] = [
     Case("deepspeed", "ds_zero3 bf16, torchrun", RANKS, partial(_run, "ds_zero3.json", "torchrun")),
     Case("deepspeed", "ds_zero2 bf16, deepspeed launcher", RANKS, partial(_run, "ds_zero2.json", "deepspeed")),
     Case("deepspeed", "ds_zero3 bf16, deepspeed launcher", RANKS, partial(_run, "ds_zero3.json", "deepspeed")),
+    # DeepSpeed's MoE layer: 8 experts, top-2 gating, expert parallel 8
+    Case("deepspeed", "ds_zero2 bf16, torchrun, MoE 8 experts top-2 EP8", RANKS,
+         partial(_run, "ds_zero2.json", "torchrun", moe=("--moe-experts", "8", "--ep-size", "8", "--top-k", "2"))),
 ]

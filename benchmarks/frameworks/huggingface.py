@@ -97,6 +97,11 @@ CASES: list[Case] = [
     trainer("Trainer GPT-2 124M DDP, 8 GPUs", 8, "gpt2", 8, 1024, 3, "--layers", "12"),
     trainer("Trainer Llama 0.85B FSDP2 + GC, 8 GPUs", 8, "llama", 4, 2048, 3, "--layers", "16", "--hidden", "2048",
             "--gradient-checkpointing", "--fsdp", "full_shard auto_wrap", "--fsdp-version", "2"),
+    # Mixture-of-Experts from config (train_trainer.py's mixtral and qwen3_moe shapes, 8 layers)
+    trainer("Trainer Mixtral-style FSDP2, grouped_mm, 8 GPUs", 8, "mixtral", 4, 2048, 3, "--layers", "8",
+            "--experts-implementation", "grouped_mm", "--fsdp", "full_shard auto_wrap", "--fsdp-version", "2"),
+    trainer("Trainer Qwen3-MoE-style FSDP2, eager experts, 8 GPUs", 8, "qwen3_moe", 4, 2048, 3, "--layers", "8",
+            "--experts-implementation", "eager", "--fsdp", "full_shard auto_wrap", "--fsdp-version", "2"),
     accelerate("Accelerator loop Llama, 1 GPU", 1, 4, 20),
     accelerate("accelerate launch FSDP2 Llama 0.85B, 8 GPUs", 8, 4, 96, "--config_file", str(HF / "fsdp2.yaml"),
                "--num_processes", "8", model=("--layers", "16", "--hidden", "2048")),

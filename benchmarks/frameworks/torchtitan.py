@@ -48,10 +48,10 @@ def _python() -> str:
 
 
 def _run(workdir: Path, *, name: str, config: str, ranks: int, overrides: tuple[str, ...], gpu: str | None = None,
-         note: str = "", nnodes: int = 1) -> Row:
-    options = ("--quiet",) + (("--gpu", gpu) if gpu else ()) + (("--ranks", "auto") if nnodes > 1 else ())
+         note: str = "", nnodes: int = 1, module: str = "llama3", options: tuple[str, ...] = ()) -> Row:
+    options = ("--quiet",) + (("--gpu", gpu) if gpu else ()) + (("--ranks", "auto") if nnodes > 1 else ()) + options
     run = torchtitan(workdir, _python(), ranks // nnodes, "--training.steps", str(STEPS), "--metrics.log_freq", "1",
-                     *overrides, config=config, phantora_options=options, timeout=3600, nnodes=nnodes)
+                     *overrides, config=config, phantora_options=options, timeout=3600, nnodes=nnodes, module=module)
     if run.proc.returncode != 0:
         raise RuntimeError(f"exit {run.proc.returncode}: {run.output[-1500:]}")
     lines = run.steps()
@@ -68,9 +68,9 @@ def _run(workdir: Path, *, name: str, config: str, ranks: int, overrides: tuple[
 
 
 def _case(name: str, ranks: int, *overrides: str, config: str = "llama3_debugmodel", gpu: str | None = None,
-          note: str = "", nnodes: int = 1) -> Case:
+          note: str = "", nnodes: int = 1, module: str = "llama3", options: tuple[str, ...] = ()) -> Case:
     return Case("torchtitan", name, ranks, partial(_run, name=name, config=config, ranks=ranks, overrides=overrides, gpu=gpu,
-                                                   note=note, nnodes=nnodes))
+                                                   note=note, nnodes=nnodes, module=module, options=options))
 
 
 LLAMA_8B = ("--training.local_batch_size", "2", "--training.seq_len", "8192", "--hf_assets_path",
@@ -93,4 +93,12 @@ CASES: list[Case] = [
     # 16 nodes through TorchTitan's own torchrun line, with representative ranks (docs/scale.md)
     _case("Llama 3 8B FSDP, 16 nodes, --ranks auto (h100-96gb)", 128, EAGER, *LLAMA_8B, config="llama3_8b",
           gpu="h100-96gb", nnodes=16, note="published: 5,605 tokens/s/GPU, 67.0 GiB"),
+    # Mixture-of-Experts (docs/moe.md): the all-to-all token dispatcher reads split sizes on the host,
+    # which TorchTitan's CUDA graphs refuse, so these run eagerly as TorchTitan's error asks
+    _case("DeepSeek-V3 debug, EP 8 x FSDP 8", 8, EAGER, "--parallelism.expert_parallel_degree", "8",
+          module="deepseek_v3", config="deepseek_v3_debugmodel"),
+    _case("DeepSeek-V3 debug, EP 8 x FSDP 8, --routing zipf:1.2", 8, EAGER, "--parallelism.expert_parallel_degree", "8",
+          module="deepseek_v3", config="deepseek_v3_debugmodel", options=("--routing", "zipf:1.2")),
+    _case("Qwen3-MoE debug, EP 4 x FSDP 8", 8, EAGER, "--parallelism.expert_parallel_degree", "4",
+          module="qwen3", config="qwen3_moe_debug"),
 ]

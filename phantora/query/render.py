@@ -151,6 +151,13 @@ def summary(s: TraceSummary) -> str:
     stale = "not recorded in this trace" if s.stale_replies is None else str(s.stale_replies)
     out.append(f"Network rollbacks: {s.rollbacks}   stale replies: {stale}"
                + (f"   (--sync {s.sync})" if s.sync else ""))
+    if s.routing:
+        out.append("")
+        out.append(f"MoE routing: {s.routing_model or 'model not recorded'} (tokens per expert: max / mean)")
+        out.append(table(["layer", "router", "experts", "top-k", "tokens", "ranks", "max/mean", "worst rank"],
+                         [[r.name, r.router, r.experts, r.top_k, f"{r.tokens:,}", r.ranks, f"{r.max_over_mean:.2f}",
+                           f"{r.worst_rank_max_over_mean:.2f}"] for r in s.routing]))
+        out.append("")
     if s.unknown_ops:
         listed = ", ".join(f"{op} x{n}" for op, n in list(s.unknown_ops.items())[:8])
         out.append(f"Unknown ops (timed as memory-bound): {listed}")

@@ -131,6 +131,35 @@ class MemoryPeak:
 
 
 @dataclass
+class RoutingLayer:
+    """One MoE layer's routing decision, as the trace's metadata (moe_routing) records it."""
+    name: str  # "L3", or "L3.1" for a layer's second decision over the same experts
+    router: str
+    experts: int
+    top_k: int
+    tokens: int  # tokens routed, summed over the ranks that reported the layer
+    ranks: int
+    max_over_mean: float  # tokens per expert summed over ranks: max / mean
+    worst_rank_max_over_mean: float
+
+
+def _routing(db: TraceDB) -> tuple[str | None, list[RoutingLayer]]:
+    meta = db.metadata.get("moe_routing")
+    if not isinstance(meta, dict):
+        return None, []
+    layers = []
+    for d in meta.get("layers") or []:
+        try:
+            layers.append(RoutingLayer(str(d["name"]), str(d["router"]), int(d["experts"]), int(d["top_k"]),
+                                       int(d["tokens"]), int(d["ranks"]), float(d["max_over_mean"]),
+                                       float(d["worst_rank_max_over_mean"])))
+        except (KeyError, TypeError, ValueError):
+            continue  # a field this version does not know how to read: the layer is left out
+    model = meta.get("model")
+    return (model if isinstance(model, str) else None), layers
+
+
+@dataclass
 class TraceSummary:
     trace: str
     engine: str
@@ -150,6 +179,8 @@ class TraceSummary:
     sync: str | None = None  # phantora trace --sync (None: not recorded)
     window: str = "each GPU's active span"  # what GPU time, MFU and kernel shares are measured over
     window_steps: int = 0  # steps inside that window (0: the whole span, not steps)
+    routing_model: str | None = None  # phantora trace --routing, in words (None: not recorded)
+    routing: list[RoutingLayer] = field(default_factory=list)  # MoE layers' decisions (docs/moe.md)
 
 
 # --- intervals ------------------------------------------------------------------------------
@@ -403,6 +434,7 @@ def summarize(db: TraceDB, top: int | None = 10, steady: bool = True) -> TraceSu
         if isinstance(op[8], str) and "unknown op" in op[8]:
             unknown[str(op[9] or op[4])] += 1
     rollbacks = db.query("SELECT COUNT(*) FROM slice WHERE category = 'rollback'").scalar() or 0
+    routing_model, routing = _routing(db)
     stale = db.metadata.get("stale_replies")
     simulated = db.metadata.get("simulated_ns")
     return TraceSummary(
@@ -412,5 +444,5 @@ def summarize(db: TraceDB, top: int | None = 10, steady: bool = True) -> TraceSu
         memory=_memory(db, ranks), rollbacks=int(rollbacks), stale_replies=stale if isinstance(stale, int) else None,
         unknown_ops=dict(sorted(unknown.items(), key=lambda kv: -kv[1])),
         sync=db.metadata.get("sync") if isinstance(db.metadata.get("sync"), str) else None,
-        window=window, window_steps=window_steps,
+        window=window, window_steps=window_steps, routing_model=routing_model, routing=routing,
     )

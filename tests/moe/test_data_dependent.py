@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -143,3 +144,11 @@ def test_routing_summary_counts_and_counters(tmp_path: Path) -> None:
                     "where t.name like 'MoE L%' group by t.name order by t.name")
     assert len(series) == 8 + 8 + 4 and all(n == 1 for _, n, _ in series)
     assert [v for name, _, v in series if name.startswith("MoE L0 ")] == [float(c) for c in layers[0]["tokens_per_expert"]]
+    # `phantora summary` reads it back: the model and each layer's imbalance
+    shown = subprocess.run([sys.executable, "-m", "phantora.cli", "summary", str(out)], capture_output=True, text=True,
+                           timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    assert "MoE routing: zipf:1 (seed 0" in shown.stdout
+    for d in layers:
+        assert re.search(rf"{d['name']}\s+Router \(routers\.py:\d+\)\s+{d['experts']}\s+2\s+1,000\s+1\s+"
+                         rf"{d['max_over_mean']:.2f}", shown.stdout), shown.stdout[-2000:]
