@@ -105,7 +105,7 @@ class OpObserver(TorchDispatchMode):
             self._report(func, args, kwargs, out, tags)
             return out
         internal = _is_internal_detach(func)
-        exact = values.exact_inputs(args, kwargs)  # before an in-place op changes them
+        exact = values.exact_inputs(func, args, kwargs)  # before an in-place op changes them
         out = func(*args, **kwargs)
         if func in cuda_rng.RANDOM_OPS:
             cuda_rng.note_random_op(func, args, kwargs, out)

@@ -360,22 +360,42 @@ def is_exact(t: Any) -> bool:
     return isinstance(t, FakeTensor) and bool(_exact.get(t))
 
 
-def exact_inputs(args: tuple, kwargs: dict) -> frozenset[int]:
-    """ids of the op's arguments whose memory holds its value exactly, before the op runs (an
-    in-place op changes that)."""
-    found: set[int] = set()
+def _marked_exact(t: FakeTensor) -> bool:
+    """_exact.get(t), inlined: it runs for arguments of many ops."""
+    storage = t.untyped_storage().__dict__
+    return bool(storage[_EXACT_NAME] if _EXACT_NAME in storage else t.__dict__.get(_EXACT_NAME))
 
-    def walk(a: Any) -> None:
-        if isinstance(a, FakeTensor):
-            if _exact.get(a):
-                found.add(id(a))
-        elif isinstance(a, (list, tuple)):
-            for x in a:
-                walk(x)
 
-    walk(args)
-    walk(tuple(kwargs.values()))
-    return frozenset(found)
+_EXACT_NAME = _exact.name
+
+
+class ExactInputs:
+    """Which of an op's arguments hold exact fills (_exact). An op that writes none of its
+    arguments leaves them as they are, so they are read when asked (most ops never ask); an op
+    that writes some (in place, out=) is asked about those as they were before it ran."""
+
+    __slots__ = ("before",)
+
+    def __init__(self, before: frozenset[int] | None = None) -> None:
+        self.before = before  # ids of the written arguments that were exact; None: nothing written
+
+    def has(self, t: Any) -> bool:
+        if self.before is not None and id(t) in self.before:
+            return True
+        return isinstance(t, FakeTensor) and _marked_exact(t)
+
+
+
+
+READ_NOW = ExactInputs()  # no argument written by the op (or none exact): every one as it is now
+
+
+def exact_inputs(func: Any, args: tuple, kwargs: dict) -> ExactInputs:
+    """The op's arguments' exactness, taken before the op runs (see ExactInputs)."""
+    if not _written_args(func):
+        return READ_NOW
+    before = [id(t) for t in _written_tensors(func, args, kwargs) if isinstance(t, FakeTensor) and _marked_exact(t)]
+    return ExactInputs(frozenset(before)) if before else READ_NOW
 
 
 # --- shadows ----------------------------------------------------------------------------------
@@ -405,9 +425,9 @@ def set_shadow(t: torch.Tensor, shadow: torch.Tensor | None) -> None:
         _shadows.set(t, shadow)
 
 
-def _on_cpu(a: Any, is_fake: Callable[[Any], bool], exact: frozenset[int] = frozenset()) -> Any:
-    """a with every virtual tensor replaced by its data on the CPU: its shadow, or (for memory in
-    `exact`, ids of exact_inputs) its value in every element; _NoShadow where neither is held."""
+def _on_cpu(a: Any, is_fake: Callable[[Any], bool], exact: ExactInputs | None = None) -> Any:
+    """a with every virtual tensor replaced by its data on the CPU: its shadow, or (for exact
+    memory, per `exact`) its value in every element; _NoShadow where neither is held."""
     if isinstance(a, torch.Tensor):
         if not is_fake(a):
             if a.device.type != "cpu":
@@ -415,7 +435,7 @@ def _on_cpu(a: Any, is_fake: Callable[[Any], bool], exact: frozenset[int] = froz
             return a
         s = shadow_of(a)
         if s is None:
-            if id(a) not in exact or a.numel() > DERIVED_SHADOW_MAX_NUMEL:
+            if exact is None or a.numel() > DERIVED_SHADOW_MAX_NUMEL or not exact.has(a):
                 raise _NoShadow
             v = value_of(a)
             with real_cpu():
@@ -498,14 +518,14 @@ def _cpu_call(func: Any, args: Any, kwargs: dict) -> Any:
 
 
 def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Callable[[Any], bool],
-                real_mode: Callable[[], Any], exact: frozenset[int] = frozenset()) -> None:
+                real_mode: Callable[[], Any], exact: ExactInputs | None = None) -> None:
     """Give results on a virtual GPU their real values, computed on the CPU shadows of the
     inputs; forget stale ones when that is not possible. `real_mode` is a context manager under
     which ops compute for real (the observer's unset_fake_temporarily). Several outputs (unbind:
     iterating over a tensor) are shadowed one by one. Random ops get no shadow: computing them
     on the CPU would draw from the script's CPU generator. Which results may hold a shadow:
     small ones (_shadow_cap), index data and results of shadowed inputs (_derived_cap). Inputs
-    in `exact` (exact_inputs, taken before the op) take part with their value in every element
+    that are exact fills (`exact`, exact_inputs) take part with their value in every element
     where another input has a shadow or every result is small; else their value and exactness
     carry over (note_result) without copying them to the CPU."""
     outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -514,9 +534,9 @@ def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Callabl
     caps = [max(base, _derived_cap(o, from_tensors)) for o in outs]
     if not any(shadowable(o, cap) for o, cap in zip(outs, caps)):
         return
-    if exact and not (_any_shadow(args) or _any_shadow(tuple(kwargs.values()))) and \
+    if exact is not None and not (_any_shadow(args) or _any_shadow(tuple(kwargs.values()))) and \
             not all(shadowable(o) or not isinstance(o, FakeTensor) for o in outs):
-        exact = frozenset()  # exact memory alone, large results: values carry it (no CPU copy)
+        exact = None  # exact memory alone, large results: values carry it (no CPU copy)
     res = None
     if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
         try:
@@ -682,58 +702,62 @@ def _result_value(func: Any, args: tuple, kwargs: dict) -> Number | None:
     return None
 
 
-def _result_exact(func: Any, args: tuple, kwargs: dict, exact: frozenset[int]) -> bool:
+def _result_exact(func: Any, args: tuple, kwargs: dict, exact: ExactInputs) -> bool:
     """Whether the result holds its value in every element: a fill, or a view, copy or pointwise
     op of exact memory (`exact`: exact_inputs before the op) and plain numbers."""
     if func in _FILLS:
         return True
     if func in _FROM_SECOND:
         src = args[1] if len(args) > 1 else None
-        return not isinstance(src, torch.Tensor) or id(src) in exact or (not is_virtual(src) and src.numel() == 1)
+        return not isinstance(src, torch.Tensor) or exact.has(src) or (not is_virtual(src) and src.numel() == 1)
     kind = _kind(func)
     if kind == _KEEP and (getattr(func, "is_view", False) or func in _COPIES):
         src = _first_tensor(args)
-        return src is not None and id(src) in exact
+        return src is not None and exact.has(src)
     if kind == _POINTWISE:
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        return bool(tensors) and all(id(a) in exact or (not is_virtual(a) and a.numel() == 1) for a in tensors)
+        return bool(tensors) and all(exact.has(a) or (not is_virtual(a) and a.numel() == 1) for a in tensors)
     return False
 
 
-_written: dict[Any, tuple[int, ...]] = {}
+_written: dict[Any, tuple[tuple[int, str], ...]] = {}
 
 
-def _written_args(func: Any) -> tuple[int, ...]:
-    """Schema positions of the arguments func writes (in-place ops, out= variants, _foreach_*_)."""
+def _written_args(func: Any) -> tuple[tuple[int, str], ...]:
+    """(schema position, name) of the arguments func writes (in-place ops, out= variants,
+    _foreach_*_)."""
     found = _written.get(func)
     if found is None:
         schema = getattr(func, "_schema", None)
-        found = tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write) \
-            if schema is not None else ()
+        found = tuple((i, a.name) for i, a in enumerate(schema.arguments)
+                      if a.alias_info is not None and a.alias_info.is_write) if schema is not None else ()
         _written[func] = found
     return found
+
+
+def _written_tensors(func: Any, args: tuple, kwargs: dict) -> Iterator[Any]:
+    for i, name in _written_args(func):
+        a = args[i] if i < len(args) else kwargs.get(name)
+        if isinstance(a, (list, tuple)):
+            yield from a
+        else:
+            yield a
 
 
 def _forget_exact(func: Any, args: tuple, kwargs: dict) -> None:
     """The memory an op writes no longer holds a fill (unless the op says so again below): ops
     that write in place and return nothing (_foreach_add_, fsdp::chunk_cat) would leave it
     marked exact."""
-    written = _written_args(func)
-    if not written:
-        return
-    names = [a.name for a in func._schema.arguments]
-    for i in written:
-        a = args[i] if i < len(args) else kwargs.get(names[i])
-        for t in (a if isinstance(a, (list, tuple)) else (a,)):
-            if isinstance(t, FakeTensor) and _exact.get(t):
-                _exact.set(t, None)
+    for t in _written_tensors(func, args, kwargs):
+        if isinstance(t, FakeTensor) and _exact.get(t):
+            _exact.set(t, None)
 
 
-def note_result(func: Any, args: tuple, kwargs: dict, out: Any, exact: frozenset[int] = frozenset()) -> None:
+def note_result(func: Any, args: tuple, kwargs: dict, out: Any, exact: ExactInputs = READ_NOW) -> None:
     """Set the value of an op's result (the module's table), and whether it is exact (`exact`:
     exact_inputs before the op). Called before note_shadow, so an in-place op still sees its
     input's old shadow."""
-    if exact:
+    if exact.before:  # an exact argument was written
         _forget_exact(func, args, kwargs)
     if func is aten._amp_foreach_non_finite_check_and_unscale_.default:
         # GradScaler's found_inf (written in place): no inf/NaN gradient on a healthy run. Read as
@@ -749,7 +773,7 @@ def note_result(func: Any, args: tuple, kwargs: dict, out: Any, exact: frozenset
             src = _first_tensor(args)
             for o in out:
                 if isinstance(o, torch.Tensor) and is_virtual(o) and src is not None:
-                    set_value(o, value_of(src), id(src) in exact)
+                    set_value(o, value_of(src), exact.has(src))
             return
         first = True
         for o in out:
