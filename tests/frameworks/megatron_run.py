@@ -35,6 +35,8 @@ class GPTConfig:
     experts: int | None = None  # MoE: routed experts per layer (SequentialMLP, alltoall dispatcher)
     topk: int = 2
     ep: int = 1  # expert model parallel size
+    etp: int | None = None  # expert tensor parallel size (Megatron's default: tp)
+    sequence_parallel: bool = False
 
     def args(self) -> list[str]:
         a = ["--tp", str(self.tp), "--pp", str(self.pp), "--num-layers", str(self.layers),
@@ -49,6 +51,10 @@ class GPTConfig:
         if self.experts is not None:
             a += ["--num-experts", str(self.experts), "--moe-router-topk", str(self.topk),
                   "--expert-model-parallel-size", str(self.ep)]
+            if self.etp is not None:
+                a += ["--expert-tensor-parallel-size", str(self.etp)]
+        if self.sequence_parallel:
+            a += ["--sequence-parallel"]
         return a
 
 

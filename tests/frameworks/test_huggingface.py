@@ -349,7 +349,13 @@ def test_trainer_moe_fsdp2(tmp_path: Path, model: str, experts_impl: str, top_k:
     params = mixtral_params() if model == "mixtral" else qwen3_moe_params()
     check_trainer(run, 3, 4, params, 2, moe_activation_bound(4, 512, 2, top_k, inter) + 2 * params)
     with load(run.trace, engine="builtin") as db:
-        grouped = db.query("SELECT COUNT(*) FROM slice WHERE name LIKE 'cutlass_grouped_gemm%'").scalar()
+        grouped = [r[0] for r in db.query("SELECT EXTRACT_ARG(arg_set_id, 'args.flops') FROM slice "
+                                          "WHERE name LIKE 'cutlass_grouped_gemm%'").rows]
         gathers = db.query("SELECT COUNT(*) FROM slice WHERE name LIKE 'ncclDevKernel_AllGather%'").scalar()
     assert gathers, "no FSDP all-gather"
     assert bool(grouped) == (experts_impl == "grouped_mm"), grouped
+    if grouped:
+        # the group offsets come from the routed counts: the gate/up GEMM's groups hold every
+        # routed row, 4 x 512 tokens x top-k, each [1024] x [1024, 2 x inter]
+        gate_up = 2.0 * 4 * 512 * top_k * 1024 * 2 * inter
+        assert grouped.count(gate_up) >= 2 * 3, sorted(set(grouped))

@@ -65,18 +65,22 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--moe-router-topk", type=int, default=2)
     p.add_argument("--moe-token-dispatcher-type", default="alltoall", choices=["allgather", "alltoall"])
     p.add_argument("--expert-model-parallel-size", dest="ep", type=int, default=1)
+    p.add_argument("--expert-tensor-parallel-size", dest="etp", type=int, default=None,
+                   help="tensor parallel size within each expert (Megatron's default: --tp)")
+    p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--ddp-bucket-size", type=int, default=None,
                    help="parameters per gradient bucket (Megatron's default: max(40M, 1M x DP size))")
     return p.parse_args()
 
 
-def initialize_distributed(tp: int, pp: int, vp: int | None, ep: int = 1) -> None:
+def initialize_distributed(tp: int, pp: int, vp: int | None, ep: int = 1, etp: int | None = None) -> None:
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
     torch.distributed.init_process_group(backend="nccl", rank=int(os.environ["RANK"]),
                                          world_size=int(os.environ["WORLD_SIZE"]))
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                             virtual_pipeline_model_parallel_size=vp, expert_model_parallel_size=ep)
+                                             virtual_pipeline_model_parallel_size=vp, expert_model_parallel_size=ep,
+                                             expert_tensor_parallel_size=etp)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
 
 
@@ -101,6 +105,8 @@ def model_provider(args: argparse.Namespace) -> tuple[list[GPTModel], Transforme
         moe_router_topk=args.moe_router_topk,
         moe_token_dispatcher_type=args.moe_token_dispatcher_type,
         expert_model_parallel_size=args.ep,
+        expert_tensor_parallel_size=args.etp,
+        sequence_parallel=args.sequence_parallel,
         moe_aux_loss_coeff=1e-2 if args.num_experts else 0.0,
     )
     chunks = []
@@ -173,7 +179,7 @@ def num_floating_point_operations(args: argparse.Namespace, batch_size: int) -> 
 
 def main() -> None:
     args = parse_args()
-    initialize_distributed(args.tp, args.pp, args.vp, args.ep)
+    initialize_distributed(args.tp, args.pp, args.vp, args.ep, args.etp)
     rank = torch.distributed.get_rank()
     world = torch.distributed.get_world_size()
     dp = parallel_state.get_data_parallel_world_size()
