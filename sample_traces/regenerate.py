@@ -26,6 +26,7 @@ class Sample:
     script: str
     args: tuple[str, ...]
     nproc: int = 1
+    options: tuple[str, ...] = ()  # phantora trace options
 
 
 SAMPLES = [
@@ -35,13 +36,16 @@ SAMPLES = [
     Sample("tp_fsdp2_4gpu", "examples/tp_fsdp_train.py", (*MODEL, "--tp", "2", "--batch", "4", "--steps", "3"), 4),
     Sample("pp_1f1b_2gpu", "examples/pp_train.py",
            (*MODEL, "--schedule", "1f1b", "--batch", "8", "--microbatches", "4", "--steps", "3"), 2),
+    Sample("moe_ep_4gpu", "examples/moe_train.py",
+           ("--layers", "4", "--dim", "512", "--expert-hidden", "1024", "--seq", "512", "--batch", "4", "--steps", "3",
+            "--grouped", "--ep", "4"), 4, ("--routing", "zipf:1.2")),
 ]
 
 
 def regenerate(sample: Sample) -> Path:
     out = HERE / f"{sample.name}.json.gz"
-    cmd = [sys.executable, "-m", "phantora.cli", "trace", "--nproc-per-node", str(sample.nproc), "-o", str(out),
-           "--", sys.executable, sample.script, *sample.args]
+    cmd = [sys.executable, "-m", "phantora.cli", "trace", "--nproc-per-node", str(sample.nproc), *sample.options,
+           "-o", str(out), "--", sys.executable, sample.script, *sample.args]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:

@@ -45,7 +45,7 @@ def _run(config: str, launcher: str, tmp: Path, moe: tuple[str, ...] = ()) -> Ro
     name = f"{config.removesuffix('.json')} bf16, {launcher} launcher" if launcher == "deepspeed" \
         else f"{config.removesuffix('.json')} bf16, {launcher}"
     if moe:
-        name += ", MoE " + " ".join(moe)
+        name += ", MoE " + " ".join(moe).replace("--", "")
     return Row("deepspeed", name, RANKS, step_ms,
                tokens / (step_ms / 1e3), summary.overall.mfu, peak, run.wall_s, note)
 
