@@ -135,6 +135,18 @@ def _row_bytes(t: torch.Tensor) -> int:
     return per_row * t.element_size()
 
 
+def _write_concatenated(t: torch.Tensor, parts: list[_Held]) -> None:
+    """t holds the members' parts one after another (all_gather_into_tensor, an all_to_all's
+    output): their shadows concatenated where every part has one that fits, else the first
+    part's value in every element."""
+    shadows = [h.shadow for h in parts]
+    if all(x is not None for x in shadows) and sum(x.numel() for x in shadows) == t.numel():
+        _write_shadow(t, torch.cat([x.reshape(-1) for x in shadows]).reshape(t.shape))
+        values.set_value(t, None)
+    else:
+        _write_held(t, _Held(None, parts[0].value))
+
+
 def _write_held(t: torch.Tensor, held: _Held) -> None:
     _write_shadow(t, held.shadow if held.shadow is not None and held.shadow.shape == t.shape else None)
     values.set_value(t, held.value)
@@ -457,12 +469,7 @@ class SimProcessGroup(dist.ProcessGroup):
             with values.real_cpu():
                 everyone = [member[0] for member in self._collect(key, keys, _processes(self.global_ranks),
                                                                   [mine] * len(keys))]
-                shadows = [h.shadow for h in everyone]
-                if all(s is not None for s in shadows) and sum(s.numel() for s in shadows) == output.numel():
-                    _write_shadow(output, torch.cat([s.reshape(-1) for s in shadows]).reshape(output.shape))
-                    values.set_value(output, None)
-                else:
-                    _write_held(output, _Held(None, everyone[0].value))
+                _write_concatenated(output, everyone)
 
         self._resolve_when_used([output], gather, keys)
 
@@ -598,13 +605,7 @@ class SimProcessGroup(dist.ProcessGroup):
                     for o, h in zip(outputs, got):
                         _write_held(o, h)
                     return
-                out = outputs[0]
-                shadows = [h.shadow for h in got]
-                if all(x is not None for x in shadows) and sum(x.numel() for x in shadows) == out.numel():
-                    _write_shadow(out, torch.cat([x.reshape(-1) for x in shadows]).reshape(out.shape))
-                    values.set_value(out, None)
-                else:
-                    _write_held(out, _Held(None, got[0].value))
+                _write_concatenated(outputs[0], got)
 
         self._resolve_when_used(outputs, exchange, keys)
 
