@@ -145,25 +145,26 @@ def _route(obs: Any, x: torch.Tensor, k: int, dim: int | None, indices: torch.Te
     _send(obs, layer, sub, label, experts, k, counts)
 
 
-def _warn(obs: Any, text: str) -> None:
+def _record(obs: Any, rec: list[Any]) -> None:
     rt = obs.rt
     if rt.client.connected:
         with rt.lock:
-            rt.client.record([P.R_WARN, text])
+            rt.client.record(rec)
+
+
+def _warn(obs: Any, text: str) -> None:
+    _record(obs, [P.R_WARN, text])
 
 
 def _send(obs: Any, layer: int, sub: int, label: str, experts: int, k: int, counts: np.ndarray) -> None:
+    """The layer's counts to the simulator, when they differ from what it was sent last."""
     if layer < 0:
         return
     key = (layer, sub, experts)
     c = tuple(int(x) for x in counts)
-    if _layers.sent.get(key) == c:
-        return
-    _layers.sent[key] = c
-    rt = obs.rt
-    if rt.client.connected:
-        with rt.lock:
-            rt.client.record([P.R_ROUTING, layer, sub, label, experts, k, list(c)])
+    if _layers.sent.get(key) != c:
+        _layers.sent[key] = c
+        _record(obs, [P.R_ROUTING, layer, sub, label, experts, k, list(c)])
 
 
 def _unheld(obs: Any, x: Any) -> bool:

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import torch
 from torch._ops import HigherOrderOperator
 
+from interpose import values
 from phantora.ops import FLOAT_PLACEHOLDER, OpSignature, TensorMeta
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
@@ -105,8 +106,6 @@ def signature_data(func: Any, args: tuple, kwargs: dict) -> tuple[tuple[str, tup
     name = _data_args().get(func)
     if not name:
         return ()
-    from interpose import values
-
     names, _ = _schema_of(func)
     if name not in names:
         return ()

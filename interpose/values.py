@@ -355,11 +355,6 @@ def _covers_storage(t: torch.Tensor) -> bool:
     return t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
-def is_exact(t: Any) -> bool:
-    """t's memory holds its value in every element (see _exact)."""
-    return isinstance(t, FakeTensor) and bool(_exact.get(t))
-
-
 def _marked_exact(t: FakeTensor) -> bool:
     """_exact.get(t), inlined: it runs for arguments of many ops."""
     storage = t.untyped_storage().__dict__

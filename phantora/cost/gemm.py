@@ -218,38 +218,34 @@ def scaled_mm(sig: OpSignature, ctx: CostContext) -> OpCost:
 GROUPED_PREPARE_NS = 1_900
 
 
-def grouped_problems(sig: OpSignature) -> tuple[list[GemmShape], str] | None:
-    """The per-group GEMMs of _grouped_mm(a, b, offs) and how they were found: with offsets,
-    a 2-D `a` against a 3-D `b` groups a's rows (MoE's forward and input gradient; m_g are the
-    tokens routed to expert g), a 2-D against a 2-D groups the shared K (the weight gradient:
-    one [M, N] output per group); 3-D against 3-D is a batch. Offsets are data (the group
+def grouped_problems(sig: OpSignature) -> list[GemmShape] | None:
+    """The per-group GEMMs of _grouped_mm(a, b, offs): with offsets, a 2-D `a` against a 3-D `b`
+    groups a's rows (MoE's forward and input gradient; m_g are the tokens routed to expert g), a
+    2-D against a 2-D groups the shared K (the weight gradient: one [M, N] output per group), a
+    3-D against a 2-D groups b's columns; 3-D against 3-D is a batch. Offsets are data (the group
     boundaries, OpSignature.data); without them the groups are taken as equal."""
     ts = _tensors(sig)
     if len(ts) < 2:
         return None
     a, b = ts[0], ts[1]
     offs = sig.data_of("offs")
-    n_groups = len(offs) if offs else (ts[2].shape[0] if len(ts) > 2 and ts[2].shape else 0)
-    sizes: list[int] | None = None
-    if offs:
-        sizes = [max(0, offs[0])] + [max(0, hi - lo) for lo, hi in zip(offs, offs[1:])]
+    n_offs = ts[2].shape[0] if len(ts) > 2 and ts[2].shape else 0
+
+    def sizes(total: int, groups: int) -> list[int]:
+        """The grouped dimension's size per group: from the offsets, else `total` split equally."""
+        if offs:
+            return [max(0, offs[0])] + [max(0, hi - lo) for lo, hi in zip(offs, offs[1:])]
+        groups = max(n_offs or groups, 1)
+        return [total // groups] * groups
+
     if len(a.shape) == 2 and len(b.shape) == 3:
-        n, k = b.shape[-1], a.shape[-1]
-        groups = n_groups or b.shape[0]
-        ms = sizes or [a.shape[0] // max(groups, 1)] * groups
-        return [GemmShape(m, n, k) for m in ms], "offsets" if sizes else "equal groups (no offsets data)"
+        return [GemmShape(m, b.shape[-1], a.shape[-1]) for m in sizes(a.shape[0], b.shape[0])]
     if len(a.shape) == 2 and len(b.shape) == 2:
-        m, n = a.shape[0], b.shape[-1]
-        groups = max(n_groups, 1)
-        ks = sizes or [a.shape[1] // groups] * groups
-        return [GemmShape(m, n, k) for k in ks], "offsets" if sizes else "equal groups (no offsets data)"
+        return [GemmShape(a.shape[0], b.shape[-1], k) for k in sizes(a.shape[1], 1)]
     if len(a.shape) == 3 and len(b.shape) == 2:
-        m, k = a.shape[1], a.shape[2]
-        groups = max(n_groups, 1)
-        ns = sizes or [b.shape[-1] // groups] * groups
-        return [GemmShape(m, n, k) for n in ns], "offsets" if sizes else "equal groups (no offsets data)"
+        return [GemmShape(a.shape[1], n, a.shape[2]) for n in sizes(b.shape[-1], 1)]
     if len(a.shape) == 3 and len(b.shape) == 3:
-        return [GemmShape(a.shape[1], b.shape[2], a.shape[2])] * a.shape[0], "batch"
+        return [GemmShape(a.shape[1], b.shape[2], a.shape[2])] * a.shape[0]
     return None
 
 
@@ -287,15 +283,14 @@ def grouped_mm(sig: OpSignature, ctx: CostContext) -> OpCost:
     offsets give (grouped_problems), timed per group's tiles, so uneven groups (imbalanced
     routing) and groups smaller than a tile cost what they cost; plus the kernel that builds
     the problem list."""
-    found = grouped_problems(sig)
+    problems = grouped_problems(sig)
     out = _out(sig)
     ts = _tensors(sig)
     a = ts[0]
-    if found is None:  # an unexpected layout: total work as one GEMM, as before
+    if problems is None:  # an unexpected layout: total work as one GEMM, as before
         k = a.shape[-1]
         shape = GemmShape(prod(out.shape[:-1]), out.shape[-1], k)
         return single(gemm_kernel(shape, a.dtype, out.dtype, _matrix_bytes(a, ts[1], out), ctx))
-    problems, _how = found
     gpu = ctx.gpu
     compute_type = matmul_compute_type(a.dtype, ctx.allow_tf32)
     flops = sum(p.flops for p in problems)

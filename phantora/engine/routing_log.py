@@ -11,11 +11,9 @@ from phantora.engine.ranks import RankState
 from phantora.routing import imbalance
 
 # A layer's counter has one series per expert up to this many experts; beyond, max/mean/min only
-# (a counter with thousands of series is unreadable and large).
+# (a counter with thousands of series is unreadable and large). The ranks report decisions over
+# at most 4,096 choices (interpose/routing.py), whose counts the metadata lists in full.
 COUNTER_SERIES_MAX = 256
-# The metadata lists per-expert counts up to this many experts (an argmax over a vocabulary is a
-# "routing decision" too, see interpose/routing.py; its counts are not worth 50k numbers).
-METADATA_COUNTS_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -68,8 +66,7 @@ def routing_layers(ranks: dict[int, RankState]) -> list[dict[str, Any]]:
             "tokens": sum(total) // max(first.k, 1),
             "max_over_mean": round(imbalance(total), 4),
             "worst_rank_max_over_mean": round(max(d.imbalance for d in ds), 4),
+            "tokens_per_expert": total,
         }
-        if first.experts <= METADATA_COUNTS_MAX:
-            entry["tokens_per_expert"] = total
         out.append(entry)
     return out
