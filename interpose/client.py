@@ -37,6 +37,8 @@ class SimClient:
         self.disabled_reason: str | None = None
         self._closed = False
         self.hello_reply: dict[str, Any] = {}
+        self.python_time: Any = None  # host_time.PythonTime: the program's CPU time goes with the records
+        self.on_connect: Callable[[], None] | None = None  # the rank's set-up once it is one
 
     @property
     def connected(self) -> bool:
@@ -64,6 +66,10 @@ class SimClient:
         hello = dict(self._hello(), pid=os.getpid())
         self.hello_reply = self._roundtrip([], [self._call_id(), P.C_HELLO, hello]) or {}
         self._records[:0], self._before_hello = self._before_hello, []
+        if self.python_time is not None:
+            self.python_time.forget()  # before this the clock read real time (clock.py)
+        if self.on_connect is not None:
+            self.on_connect()
         self._start_flusher()
 
     # --- records reach the simulator even when the script stops calling -----------------------------
@@ -100,16 +106,37 @@ class SimClient:
                 self.record(rec)
 
     def record(self, rec: list[Any]) -> None:
-        with self._lock:
-            if self._closed:
-                # After the goodbye (atexit), storages freed by the interpreter's teardown
-                # still report; reconnecting would claim this rank a second time.
-                return
-            if self._sock is None:  # the first GPU activity makes this process a rank
-                self._connect()
-            self._records.append(rec)
-            if len(self._records) >= BATCH_RECORDS:
-                self._send_batch()
+        pt = self.python_time
+        if pt is not None:
+            pt.enter()
+        try:
+            with self._lock:
+                if self._closed:
+                    # After the goodbye (atexit), storages freed by the interpreter's teardown
+                    # still report; reconnecting would claim this rank a second time.
+                    return
+                if self._sock is None:  # the first GPU activity makes this process a rank
+                    self._connect()
+                self._take_python_time(rec)
+                self._records.append(rec)
+                if len(self._records) >= BATCH_RECORDS:
+                    self._send_batch()
+        finally:
+            if pt is not None:
+                pt.exit()
+
+    def _take_python_time(self, rec: list[Any] | None) -> None:
+        """The program's CPU time before this record (host_time.py): an op carries it as its
+        fifth field, anything else gets an R_PYTHON record before it."""
+        if self.python_time is None:
+            return
+        ns = self.python_time.take()
+        if not ns:
+            return
+        if rec is not None and rec[0] == P.R_OP:
+            rec.append(ns)
+        else:
+            self._records.append([P.R_PYTHON, ns])
 
     def _send_batch(self) -> None:
         if not self._records:
@@ -128,11 +155,19 @@ class SimClient:
                 self._send_batch()
 
     def call(self, kind: int, *args: Any) -> Any:
-        with self._lock:
-            if self._sock is None:
-                self._connect()
-            batch, self._records = self._records, []
-            return self._roundtrip(batch, [self._call_id(), kind, *args])
+        pt = self.python_time
+        if pt is not None:
+            pt.enter()
+        try:
+            with self._lock:
+                if self._sock is None:
+                    self._connect()
+                self._take_python_time(None)
+                batch, self._records = self._records, []
+                return self._roundtrip(batch, [self._call_id(), kind, *args])
+        finally:
+            if pt is not None:
+                pt.exit()
 
     def _roundtrip(self, batch: list[list[Any]], call: list[Any]) -> Any:
         assert self._sock is not None

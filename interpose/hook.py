@@ -142,6 +142,10 @@ def _install_worker_exit(rt: Any, clock: Any, restore_real_clock: Any) -> None:
     import torch.utils.data._utils.worker as worker
     from torch.utils._python_dispatch import _disable_current_modes
 
+    from interpose.data_loading import install_loader_timing, time_worker_batches
+
+    install_loader_timing(rt)
+
     original = worker._worker_loop
 
     def _worker_loop(*args: Any, **kwargs: Any) -> Any:
@@ -149,6 +153,7 @@ def _install_worker_exit(rt: Any, clock: Any, restore_real_clock: Any) -> None:
         rt.client.disable("a DataLoader worker does not use the GPU")
         clock.enabled = False
         restore_real_clock()
+        args, kwargs = time_worker_batches(args, kwargs)  # what each batch costs (data_loading.py)
         with _disable_current_modes():
             return original(*args, **kwargs)
 

@@ -71,8 +71,13 @@ class OpObserver(TorchDispatchMode):
         # FakeTensorMode is not thread-safe (its in-kernel flag is shared, the matching
         # dispatch-key state is thread-local), so ops from several threads (pin-memory thread,
         # user threads, the autograd thread) go through the modes one at a time.
-        with self.rt.dispatch_lock:
-            return self._dispatch(func, args, kwargs or {})
+        python_time = self.rt.python_time
+        python_time.enter(dispatch=True)  # the GPU side of the op is modelled: its CPU time here is phantora's
+        try:
+            with self.rt.dispatch_lock:
+                return self._dispatch(func, args, kwargs or {})
+        finally:
+            python_time.exit()
 
     def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if isinstance(func, HigherOrderOperator):
@@ -234,6 +239,22 @@ def compiled_code() -> contextlib.AbstractContextManager[None]:
 
 def _not_observed() -> contextlib.AbstractContextManager[None]:
     return _nested(_metadata_only)
+
+
+def measure_dispatch_floor(rt: rt_mod.Runtime, device: int) -> int:
+    """host_time.measure_dispatch_floor for this process's observer: a tiny add_ on a virtual
+    GPU, reported to no one (torch's metadata-only path), so the simulation sees nothing."""
+    from interpose.host_time import measure_dispatch_floor as measure
+
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    observer = rt.observer
+    # The first record may come from inside the observer's own dispatch, where it is off the
+    # mode stack: the probe's ops must go through it as the program's will.
+    outside = contextlib.nullcontext() if observer in _get_current_dispatch_mode_stack() else observer
+    with _not_observed(), outside:
+        x = torch.empty(16, device=f"cuda:{device}")
+        return measure(rt.python_time, lambda: x.add_(1))
 
 
 def install_metadata_only_regions() -> None:

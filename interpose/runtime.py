@@ -28,6 +28,8 @@ from typing import Any
 
 from interpose.client import SimClient
 from interpose.clock import HostThread
+from interpose.host_time import ENV as HOST_TIME_ENV
+from interpose.host_time import PythonTime, exclude_garbage_collection
 from phantora import protocol as P
 from phantora.engine.memory import CachingAllocator
 from phantora.hardware import DEFAULT_GPU, GPUSpec, lookup_gpu
@@ -172,6 +174,13 @@ class Runtime:
         self._pinned: dict[int, weakref.ref] = {}
         self.lock = threading.RLock()
         self.host_thread = HostThread(self.lock)  # whose sleeps move the simulated host clock (clock.py)
+        # the program's own CPU time between phantora's entries (host_time.py)
+        self.python_time = PythonTime(self.host_thread, os.environ.get(HOST_TIME_ENV, "measured") == "measured")
+        self.client.python_time = self.python_time
+        exclude_garbage_collection(self.python_time)
+        # a forked child's thread CPU clock starts again at 0: the parent's marks mean nothing there
+        os.register_at_fork(after_in_child=self.python_time.forget)
+        self.client.on_connect = self._measure_dispatch_floor
         self.dispatch_lock = threading.RLock()  # serialises ops through FakeTensorMode (observer.py)
         self._storage_refs: dict[int, weakref.ref] = {}
         self.next_event_id = 0
@@ -186,6 +195,15 @@ class Runtime:
         # while it captures (interpose/cuda_graphs.py; phantora/engine/memory.py graph pools)
         self.pool_routes: dict[tuple[int, int], int] = {}
         self.capturing: dict[tuple[int, int], Any] = {}  # (device, stream) -> the CUDA graph capture on it
+
+    def _measure_dispatch_floor(self) -> None:
+        """What entering phantora's dispatch costs this process per op (host_time.py), once it is
+        a rank and before its first op is sent."""
+        if not self.python_time.enabled or self.observer is None or not self.config.device_count:
+            return
+        from interpose.observer import measure_dispatch_floor
+
+        self.python_time.dispatch_floor_ns = measure_dispatch_floor(self, 0)
 
     # --- identity --------------------------------------------------------------------------
     def _hello(self) -> dict[str, Any]:
@@ -285,6 +303,14 @@ class Runtime:
                 self.track_storage(storage, device, stream_of(device))
 
     def _storage_freed(self, key: int, device: int) -> None:
+        # runs wherever the program drops its last reference: phantora's work, not the program's
+        self.python_time.enter()
+        try:
+            self._storage_freed_locked(key, device)
+        finally:
+            self.python_time.exit()
+
+    def _storage_freed_locked(self, key: int, device: int) -> None:
         with self.lock:
             self._storage_refs.pop(key, None)
             dm = self.devices.get(device)

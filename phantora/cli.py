@@ -97,6 +97,16 @@ def main() -> None:
 @click.option("--host", "host", default=None, type=_HostType(),
               help=f"Host CPU the script runs on, which sets its host (launch, Python) time: {_host_help()}. "
                    f"Default: {DEFAULT_HOST}.")
+@click.option("--host-time", "host_time", type=click.Choice(["measured", "modelled"]), default="measured",
+              show_default=True, envvar="PHANTORA_HOST_TIME", show_envvar=True,
+              help="measured: the CPU time the script's own Python (and the framework's) spends between GPU calls is "
+                   "measured here and scaled to the simulated host (a fixed benchmark of this machine, cached); "
+                   "modelled: a fitted cost per op stands for it, and traces are bit-identical from run to run.")
+@click.option("--startup-costs/--no-startup-costs", "startup_costs", default=True, show_default=True,
+              envvar="PHANTORA_STARTUP_COSTS", show_envvar=True,
+              help="Charge a fresh process's one-off costs as on a real GPU host: CUDA context, each kernel's first "
+                   "launch (lazy module loading), cuBLAS and cuDNN handles, cudaMalloc of new allocator segments, "
+                   "NCCL communicator set-up (table and sources: docs/host-time.md).")
 @click.option("--vram", type=_SizeType(), default=None,
               help="Memory per GPU instead of the model's, e.g. 40GiB (G/GiB binary, GB decimal).")
 @click.option("--gpus-per-node", type=click.IntRange(1, 256), default=None,
@@ -158,7 +168,7 @@ def main() -> None:
               help="When stderr is not a terminal, print the status (phase, steps per rank, simulated and wall time) "
                    "every SECONDS; a collective waiting or a rank silent this long is reported once.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def trace(output: Path, gpu, host, vram: int | None, gpus_per_node: int | None, cluster_name: str, nnodes: int,  # type: ignore[no-untyped-def]
+def trace(output: Path, gpu, host, host_time: str, startup_costs: bool, vram: int | None, gpus_per_node: int | None, cluster_name: str, nnodes: int,  # type: ignore[no-untyped-def]
           nproc_per_node: int | None, ranks: str, collective_timeout: float, call_timeout: float, comm_slowdown: float,
           sync: str, kineto_dir: Path | None, kernel_times: str, calibration: Path | None, routing_text: str,
           routing_seed: int, quiet: bool, status_every: float, command: tuple[str, ...]) -> None:
@@ -202,7 +212,7 @@ def trace(output: Path, gpu, host, vram: int | None, gpus_per_node: int | None, 
         raise click.BadParameter(f"{cluster.name} nodes have {cluster.gpus_per_node} GPUs; describe a different "
                                  "node in a cluster file instead", param_hint="'--gpus-per-node'")
     run = TraceRun(command=list(command), output=output, gpu=gpu or cluster.gpu_spec, vram_bytes=vram,
-                   host=host or lookup_host(DEFAULT_HOST),
+                   host=host or lookup_host(DEFAULT_HOST), host_time=host_time, startup_costs=startup_costs,
                    gpus_per_node=gpus_per_node or cluster.gpus_per_node, call_timeout_s=call_timeout,
                    cluster=cluster, nproc_per_node=nproc_per_node, collective_timeout_s=collective_timeout,
                    comm_slowdown=comm_slowdown, sync=sync, kineto_dir=kineto_dir, estimator=kernel_times,

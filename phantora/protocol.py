@@ -21,7 +21,7 @@ import orjson
 
 # --- records (no reply) ------------------------------------------------------------------------
 R_SIG = 0  # [R_SIG, sig_id, OpSignature wire form]: define an interned op signature
-R_OP = 1  # [R_OP, sig_id, stream_id, flags]: the op was called now, on this stream of its device
+R_OP = 1  # [R_OP, sig_id, stream_id, flags(, python_ns)]: the op was called now, on this stream of its device
 R_MEM = 2  # [R_MEM, device, allocated, reserved]: allocator totals changed
 R_EVENT_RECORD = 3  # [R_EVENT_RECORD, event_id, device, stream_id]
 R_EVENT_WAIT = 4  # [R_EVENT_WAIT, event_id, device, stream_id]: stream waits for the event
@@ -41,6 +41,12 @@ R_GROUP = 17  # [R_GROUP, group name, global ranks]: a process group was created
 # [R_ROUTING, layer, sub, label, experts, k, counts]: a MoE router's decision (interpose/routing.py), sent when
 # the counts of (layer, sub, experts) change: tokens routed to each expert, top-k
 R_ROUTING = 18
+# [R_PYTHON, ns]: CPU time the program spent outside phantora before the next record, on the thread
+# that launches GPU work (interpose/host_time.py); an R_OP carries its own as a fifth field
+R_PYTHON = 19
+# DataLoader workers (interpose/data_loading.py, engine/data_loading.py):
+R_LOADER_START = 20  # [R_LOADER_START, loader, workers, window]: an iterator (or epoch) starts; window: prefetched batches
+R_LOADER_BATCH = 21  # [R_LOADER_BATCH, loader, worker, cpu_ns]: the loop takes a batch that cost its worker cpu_ns
 # CUDA graphs (phantora/engine/graphs.py). Between R_GRAPH_BEGIN and R_GRAPH_END, ops on the
 # capturing streams come as R_OP with OP_CAPTURED: recorded into the graph, not run.
 R_GRAPH_BEGIN = 30  # [R_GRAPH_BEGIN, graph_id, device, stream_id]: cudaStreamBeginCapture on this stream

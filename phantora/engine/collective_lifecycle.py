@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phantora.cost.host import HOST_COSTS
+from phantora.cost.startup import NCCL_COMM_INIT, nccl_init_ns
 from phantora.engine.collectives import (CollectiveCall, CollectiveMatcher, CollectiveMismatch, PendingCollective,
                                          split_matrix)
 from phantora.engine.deferred import Arrive
@@ -34,6 +35,7 @@ from phantora.engine.graphs import CapturedGraph
 from phantora.engine.mirrors import Mirrors
 from phantora.engine.placement import Placement
 from phantora.engine.ranks import CallError, RankState
+from phantora.engine.startup import pay_once
 from phantora.engine.timeline import Stream
 from phantora.engine.trace_events import TraceEvents, nccl_kernel_name
 from phantora.net.network import Network
@@ -123,6 +125,9 @@ class CollectiveLifecycle:
         work = self._match(call)
         comm = self.comm_stream(st, call)
         tl = st.timeline
+        if len(call.group) > 1:  # ProcessGroupNCCL makes the group's communicator at its first collective
+            pay_once(st, self.trace, ("nccl", call.group_name, call.group), NCCL_COMM_INIT, ns=nccl_init_ns(len(call.group)),
+                     args={"group ranks": len(call.group), "op": call.op})
         launch_begin = tl.host_ns
         tl.charge_host(HOST_COSTS.collective_ns)
         self._launches[(call.key, rank)] = (launch_begin, tl.host_ns, call)

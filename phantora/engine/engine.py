@@ -31,7 +31,7 @@ from phantora.cost import Estimator
 from phantora.engine.collective_lifecycle import CollectiveLifecycle
 from phantora.engine.collectives import CollectiveMatcher
 from phantora.engine.finality import Finality
-from phantora.engine.host_records import HostRecords
+from phantora.engine.host_records import PYTHON_SLICE_NS, HostRecords
 from phantora.engine.host_waits import NOT_YET, HostWaits, NotYet, WaitTarget, host_waits_for_copy
 from phantora.engine.mirrors import Mirrors
 from phantora.engine.placement import Placement
@@ -187,7 +187,13 @@ class Engine:
         for i, rec in enumerate(records):
             kind = rec[0]
             if kind == P.R_OP:
-                host.op(st, rec[1], rec[2], rec[3])
+                host.op(st, rec[1], rec[2], rec[3], rec[4] if len(rec) > 4 else 0)
+            elif kind == P.R_PYTHON:
+                host.python(st, int(rec[1]), slice_min_ns=PYTHON_SLICE_NS)
+            elif kind == P.R_LOADER_START:
+                host.loader_start(st, int(rec[1]), int(rec[2]), int(rec[3]))
+            elif kind == P.R_LOADER_BATCH:
+                host.loader_batch(st, int(rec[1]), int(rec[2]), int(rec[3]))
             elif kind == P.R_SIG:
                 host.define_sig(st, rec[1], rec[2])
             elif kind == P.R_MEM:

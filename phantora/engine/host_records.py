@@ -18,16 +18,24 @@ from phantora import protocol as P
 from phantora.cost import COPY_D2H, COPY_H2D, NO_GPU_WORK, Estimator, KernelEstimate
 from phantora.cost.copies import copy_endpoints
 from phantora.cost.host import HOST_COSTS, host_event_ns, python_overhead_ns
+from phantora.cost.startup import (CONV_OPS, CUBLAS_INIT, CUDA_CONTEXT, CUDNN_INIT, GEMM_OPS, KERNEL_MODULE,
+                                   SEGMENT_MALLOC, segment_ns)
+from phantora.engine.data_loading import LoaderTimeline
 from phantora.engine.deferred import EventRecord, EventWait, GraphReplay, OpWork, WorkWait
 from phantora.engine.graphs import CapturedGraph, GraphCollective, GraphError, GraphNode
 from phantora.engine.host_waits import HostWaits, WaitTarget, host_waits_for_copy
 from phantora.engine.placement import Placement
 from phantora.engine.ranks import CallError, DeviceMemory, RankState
 from phantora.engine.routing_log import decision_from_record
+from phantora.engine.startup import pay_once
 from phantora.engine.timeline import TimingConfig
 from phantora.engine.trace_events import TraceEvents, estimator_label, shape_args
 from phantora.ops import HOST_SYNC, OpSignature
 
+
+# A stretch of the program's own Python at least this long is drawn as a "python" slice of its
+# own; a shorter one is part of the op slice that follows it (python_overhead_ns in its args).
+PYTHON_SLICE_NS = 20_000
 
 _COPY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize"})
 
@@ -71,18 +79,31 @@ class HostRecords:
                     )
         st.sigs[sig_id] = (sig, est)
 
-    def op(self, st: RankState, sig_id: int, stream_id: int, flags: int) -> None:
+    def op(self, st: RankState, sig_id: int, stream_id: int, flags: int, python_ns: int = 0) -> None:
         sig, est = st.sigs[sig_id]
         tl = st.timeline
         st.ops += 1
         if not est.known:
             self.unknown_ops[sig.full_name] += 1
         device = op_device(sig)
-        begin = tl.host_ns
-        # The Python and autograd code around a GPU op runs before it is dispatched; the op's
-        # host slice covers both, with the overhead in its args.
-        overhead = python_overhead_ns(flags, est.kernels > 0) if device is not None else 0
-        tl.charge_host(overhead)
+        # The Python and autograd code around a GPU op runs before it is dispatched: measured
+        # (python_ns, the program's CPU time since phantora's previous entry) or modelled. The
+        # op's host slice covers both, with the overhead in its args; a long stretch of Python
+        # gets a slice of its own.
+        # `took`: the host time it took, `overhead`: the figure the slice's args show (modelled: as
+        # the model gives it, before the host's speed; measured: on the simulated host)
+        if self.timing.host_time == "measured":
+            overhead = took = self.python(st, python_ns, slice_min_ns=PYTHON_SLICE_NS)
+        else:
+            overhead = python_overhead_ns(flags, est.kernels > 0) if device is not None else 0
+            took = tl.charge_host(overhead, "python (modelled)")
+        if device is not None and est.kernels > 0 and est.kind != NO_GPU_WORK:
+            begin = tl.host_ns
+            self._first_use(st, sig, est, device)
+            if tl.host_ns != begin and took:  # its Python is drawn before the start-up slices
+                self.trace.host_slice(st.info.trace_pid, "python", begin - took, begin, "python")
+                took = 0
+        begin = tl.host_ns - took
         launch = tl.host_ns
         tl.charge_host(est.host_ns)
         pid = st.info.trace_pid
@@ -111,6 +132,20 @@ class HostRecords:
             self.waits.wait(st, "", WaitTarget("op", action=work), (sig.name, begin, args, flow))
             return
         self.trace.host_slice(pid, sig.name, begin, tl.host_ns, "cpu_op", args, flow_out=flow)
+
+    def _first_use(self, st: RankState, sig: OpSignature, est: KernelEstimate, device: int) -> None:
+        """The one-off costs of a fresh process this op is the first to meet (cost/startup.py)."""
+        pay_once(st, self.trace, ("context", device), CUDA_CONTEXT, args={"device": device})
+        if sig.name in GEMM_OPS:
+            pay_once(st, self.trace, ("cublas", device), CUBLAS_INIT, args={"device": device, "op": sig.name})
+        elif sig.name in CONV_OPS:
+            pay_once(st, self.trace, ("cudnn", device), CUDNN_INIT, args={"device": device, "op": sig.name})
+        if est.kind in (COPY_D2H, COPY_H2D):
+            return  # a cudaMemcpy, no kernel of a module
+        ins = sig.tensors_in()
+        kernel = (sig.name, est.kernel_name, ins[0].dtype if ins else "")
+        pay_once(st, self.trace, ("kernel", device, *kernel), KERNEL_MODULE, ns=KERNEL_MODULE.ns * est.kernels,
+                 args={"device": device, "op": sig.name, "kernel": est.kernel_name, "kernels": est.kernels})
 
     def _count_kernels(self, st: RankState, est: KernelEstimate) -> None:
         st.kernels += est.kernels
@@ -234,19 +269,60 @@ class HostRecords:
             name, start = st.nvtx.pop()
             self.trace.host_slice(st.info.trace_pid, name, start, end, "nvtx", {"unclosed": True})
 
+    def python(self, st: RankState, measured_ns: int, slice_min_ns: int = 0) -> int:
+        """The program's measured CPU time (R_PYTHON, or an op's own): charged to the host; a
+        stretch of at least slice_min_ns gets a slice of its own (and 0 is returned), a shorter one
+        is left to the caller's slice (its length is returned)."""
+        tl = st.timeline
+        begin = tl.host_ns
+        took = tl.charge_python(measured_ns)
+        if took >= slice_min_ns and took:
+            self.trace.host_slice(st.info.trace_pid, "python", begin, tl.host_ns, "python",
+                                  {"measured cpu ns": measured_ns, "scale": self.timing.python_scale})
+            return 0
+        return took
+
     def host_event(self, st: RankState, kind: str, count: int) -> None:
         """Python work on the host the op stream does not show (module calls, hooks, ...)."""
         tl = st.timeline
         start = tl.host_ns
         if kind == "compile":  # an assumed figure of its own (cost/host.py), not the fitted host model
-            tl.advance_host(host_event_ns(kind, count))
+            tl.advance_host(host_event_ns(kind, count), "compile")
+        elif self.timing.host_time == "measured":
+            return  # measured with the rest of the program's Python (interpose/host_time.py)
         else:
-            tl.charge_host(host_event_ns(kind, count))
+            tl.charge_host(host_event_ns(kind, count), "python (modelled)")
         if kind == "compile":  # once per compiled graph: host time, shown as such
             self.trace.host_slice(st.info.trace_pid, "torch.compile", start, tl.host_ns, "python",
                                   {"triton kernels generated": count, "modelled": "phantora/cost/host.py"})
         elif kind != "module_call":  # module calls are too many and too short to show one by one
             self.trace.host_slice(st.info.trace_pid, f"python: {kind}", start, tl.host_ns, "python", {"count": count})
+
+    def loader_start(self, st: RankState, loader: int, workers: int, window: int) -> None:
+        """A multi-process DataLoader iterator starts (or starts an epoch again): requests go out now."""
+        lt = st.loaders.get(loader)
+        if lt is None:
+            st.loaders[loader] = LoaderTimeline(st.timeline.host_ns, workers, window)
+        else:
+            lt.restart(st.timeline.host_ns, workers, window)
+
+    def loader_batch(self, st: RankState, loader: int, worker: int, cpu_ns: int) -> None:
+        """The loop takes a batch that cost its worker cpu_ns: it waits if the worker is behind."""
+        if self.timing.host_time != "measured":
+            return  # measured CPU time: not part of the bit-identical modelled host
+        tl = st.timeline
+        lt = st.loaders.get(loader)
+        if lt is None:  # its iterator started before this process was a rank: every batch was requested then
+            lt = st.loaders[loader] = LoaderTimeline(tl.host_ns, 0, 1 << 30)
+        scaled = round(cpu_ns * self.timing.python_scale * self.timing.host_speed)
+        ready = lt.ready_ns(worker, scaled)
+        begin = tl.host_ns
+        if ready > begin:
+            tl.wait_host_until(ready, what="data loading")
+            self.trace.host_slice(st.info.trace_pid, f"DataLoader: waiting for worker {worker}", begin, tl.host_ns,
+                                  "data_loading", {"worker": worker, "batch cpu ns (measured)": cpu_ns,
+                                                   "batch": len(lt.taken_ns)})
+        lt.take(tl.host_ns)
 
     def routing(self, st: RankState, rec: list[Any]) -> None:
         """A MoE router's decision (R_ROUTING): kept for the summary, drawn as a counter."""
@@ -256,12 +332,21 @@ class HostRecords:
 
     def step(self, st: RankState) -> None:
         now = st.timeline.host_ns
-        self.trace.step(st.info.trace_pid, st.steps, st.step_end_ns, now)
+        spent = st.timeline.spent
+        share = {what: spent[what] - st.step_spent.get(what, 0) for what in spent}
+        st.step_spent = dict(spent)
+        self.trace.step(st.info.trace_pid, st.steps, st.step_end_ns, now,
+                        {f"host {what} ns": ns for what, ns in sorted(share.items()) if ns})
         st.steps += 1
         st.step_end_ns = now
 
     def memory(self, st: RankState, device: int, allocated: int, reserved: int) -> None:
         mem = st.memory.setdefault(device, DeviceMemory())
+        pay_once(st, self.trace, ("context", device), CUDA_CONTEXT, args={"device": device})
+        if reserved > mem.reserved:  # the caching allocator took a new segment: cudaMalloc
+            grown = reserved - mem.reserved
+            pay_once(st, self.trace, ("segment", device, st.ops, reserved), SEGMENT_MALLOC, ns=segment_ns(grown),
+                     args={"device": device, "bytes": grown})
         mem.allocated, mem.reserved = allocated, reserved
         mem.peak_allocated = max(mem.peak_allocated, allocated)
         mem.peak_reserved = max(mem.peak_reserved, reserved)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from phantora.cost import KernelEstimate
+from phantora.engine.data_loading import LoaderTimeline
 from phantora.engine.deferred import Action, Arrive, EventRecord
 from phantora.engine.graphs import RankGraphs
 from phantora.engine.timeline import RankTimeline
@@ -75,3 +76,7 @@ class RankState:
     graphs: RankGraphs = field(default_factory=RankGraphs)  # CUDA graphs (phantora/engine/graphs.py)
     # MoE routing decisions, the latest per (layer, sub, experts) (phantora/engine/routing_log.py)
     routing: dict[tuple[int, int, int], RoutingDecision] = field(default_factory=dict)
+    # the one-off start-up costs this rank has paid, by key (phantora/engine/startup.py)
+    startup_paid: set[tuple[Any, ...]] = field(default_factory=set)
+    step_spent: dict[str, int] = field(default_factory=dict)
+    loaders: dict[int, LoaderTimeline] = field(default_factory=dict)  # DataLoader iterators (engine/data_loading.py)  # the host's time by use (timeline.spent) at the last step

@@ -9,7 +9,7 @@ start. Nothing here knows about torch, sockets or file formats.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,15 @@ class TimingConfig:
     # Modelled host costs (phantora/cost/host.py) times this: the simulated host's speed against
     # the host the model was fitted on (cost/host.py HostSpec; `phantora trace --host`).
     host_speed: float = 1.0
+    # The program's own host time (interpose/host_time.py): "measured" charges the CPU time each
+    # rank process measured between phantora's entries, times python_scale (this machine against
+    # the reference host, cost/host_bench.py); "modelled" ignores the measurements and charges the
+    # fitted per-op model of cost/host.py (PythonOverhead): bit-identical traces.
+    host_time: str = "modelled"
+    python_scale: float = 1.0
+    # Charge the one-off costs of a fresh process (phantora/cost/startup.py): CUDA context, kernel
+    # module loads, cuBLAS/cuDNN handles, cudaMalloc of segments, NCCL communicators.
+    startup_costs: bool = False
     # Idle time a busy stream leaves between the end of one kernel and the start of the next
     # (GPUSpec.kernel_gap_ns; 0 in unit tests of the engine).
     kernel_gap_ns: int = 0
@@ -84,17 +93,36 @@ class RankTimeline:
         self.streams[key] = s
         return s, True
 
+    # host time by what it was spent on (HOST_SPENT), since the rank started: steps write their share
+    spent: Counter[str] = field(default_factory=Counter)
+
     # --- host ---------------------------------------------------------------------------------
-    def advance_host(self, ns: int) -> None:
+    def advance_host(self, ns: int, what: str = "sleep") -> None:
         """Time that passes on the host whatever its speed (the user's own sleeps)."""
-        self.host_ns += max(0, ns)
+        ns = max(0, ns)
+        self.host_ns += ns
+        self.spent[what] += ns
 
-    def charge_host(self, ns: int) -> None:
-        """A modelled host cost: scaled by the simulated host's speed."""
-        self.host_ns += max(0, round(ns * self.config.host_speed))
+    def charge_host(self, ns: int, what: str = "launch") -> int:
+        """A modelled host cost, scaled by the simulated host's speed; the time it took."""
+        ns = max(0, round(ns * self.config.host_speed))
+        self.host_ns += ns
+        self.spent[what] += ns
+        return ns
 
-    def wait_host_until(self, t_ns: int, overhead_ns: int = 0) -> None:
+    def charge_python(self, measured_ns: int) -> int:
+        """CPU time the program measured (interpose/host_time.py), on the simulated host; the time
+        it took. Nothing in the modelled host-time mode."""
+        c = self.config
+        if c.host_time != "measured":
+            return 0
+        return self.charge_host(round(max(0, measured_ns) * c.python_scale), "python")
+
+    def wait_host_until(self, t_ns: int, overhead_ns: int = 0, what: str = "wait") -> None:
         """Block the host until t_ns (if later), then pay overhead_ns."""
+        waited = max(0, t_ns - self.host_ns)
+        self.spent[what] += waited
+        self.spent["launch"] += overhead_ns
         self.host_ns = max(self.host_ns, t_ns) + overhead_ns
 
     # --- GPU work -----------------------------------------------------------------------------

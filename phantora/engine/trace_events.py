@@ -156,11 +156,15 @@ class TraceEvents:
         """A MoE layer's tokens per expert, one series per expert, from a router's decision on."""
         self.sink.counter(pid, f"MoE {d.name} tokens per expert", t, counter_values(d))
 
-    def step(self, pid: int, step: int, begin: int, end: int, mirrored_from: int | None = None) -> None:
-        """Optimizer step `step` of a rank (`mirrored_from`: of a rank mirrored from that one)."""
+    def step(self, pid: int, step: int, begin: int, end: int, host: dict[str, int] | None = None,
+             mirrored_from: int | None = None) -> None:
+        """Optimizer step `step` of a rank (`mirrored_from`: of a rank mirrored from that one);
+        `host`: how its host spent the step (RankTimeline.spent), for the summary's host split."""
         if step == 0:
             self.sink.thread(pid, STEP_TRACK, "steps (optimizer.step)", 1)
-        args = {"step": step} if mirrored_from is None else {"step": step, "mirrored from rank": mirrored_from}
+        args: dict[str, Any] = {"step": step} if mirrored_from is None else {"step": step, "mirrored from rank": mirrored_from}
+        if host:
+            args.update(host)
         self.sink.slice(pid, STEP_TRACK, f"ProfilerStep#{step}", begin, end - begin, "user_annotation", args)
 
     def collective_call_open(self, pid: int, call: CollectiveCall, begin: int, end: int) -> None:

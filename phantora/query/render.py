@@ -13,7 +13,7 @@ import orjson
 
 from phantora.query.db import QueryResult
 from phantora.query.diff import TraceDiff
-from phantora.query.summary import TraceSummary
+from phantora.query.summary import HOST_USES, HOST_WAITS, HostTime, TraceSummary
 
 FORMATS = ("table", "csv", "json")
 
@@ -88,6 +88,23 @@ def _gib(b: float | None) -> str:
 MAX_RANK_ROWS = 16  # above this many ranks, the step table lists the slowest and the spread
 
 
+def host_time_lines(h: HostTime) -> list[str]:
+    """Where each step's host time goes, and why the first step is long."""
+    steps = "the first step" if h.steps == 1 else f"steps 2-{h.steps + 1}"
+    mode = {"measured": "the program's Python measured", "modelled": "host modelled per op"}.get(h.mode or "", "")
+    out = [f"Host time per step (ms) of rank {h.rank}, mean over {steps}" + (f" ({mode})" if mode else "")
+           + f": {h.bound}"]
+    step = sum(h.per_step_ns.values()) or 1
+    rows = [[label, _ms(h.per_step_ns[use]), _pct(h.per_step_ns[use] / step)]
+            for use, label in (*HOST_USES.items(), *HOST_WAITS.items()) if h.per_step_ns.get(use)]
+    out.append(table(["", "ms", "share"], rows))
+    if h.first_step_startup:
+        total = sum(d for _, _, d in h.first_step_startup)
+        parts = ", ".join(f"{name} {_ms(d)} ms" + (f" (x{c})" if c > 1 else "") for name, c, d in h.first_step_startup[:5])
+        out.append(f"Start-up costs up to the end of the first step: {_ms(total)} ms: {parts}")
+    return out
+
+
 def summary(s: TraceSummary) -> str:
     out = [f"trace: {s.trace}  (engine: {s.engine})",
            f"GPU: {s.gpu or 'unknown'}   ranks: {len(s.ranks)}   simulated time: "
@@ -125,6 +142,9 @@ def summary(s: TraceSummary) -> str:
                          _ms(x.max_ns), _ms(st.overall_ns[0]) if st.overall_ns else "-",
                          "(slowest rank of each step)"])
         out.append(table(["", "steps", "mean", "median", "min", "max", "first (with setup)", "later steps"], rows))
+    if s.host is not None:
+        out.append("")
+        out.extend(host_time_lines(s.host))
     out.append("")
     out.append(f"GPU time (ms) over {s.window}")
     rows = [[f"rank {g.rank} cuda:{g.device}", _ms(g.span_ns), _ms(g.compute_ns), _ms(g.comm_ns),

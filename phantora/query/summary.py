@@ -159,6 +159,66 @@ def _routing(db: TraceDB) -> tuple[str | None, list[RoutingLayer]]:
     return (model if isinstance(model, str) else None), layers
 
 
+# How a rank's host spent its time (phantora/engine/timeline.py RankTimeline.spent), in the
+# ProfilerStep slices' args as "host <use> ns"; the uses that are waits, not host work:
+HOST_WAITS = {"wait": "waiting for the GPU", "data loading": "waiting for DataLoader workers"}
+HOST_USES = {"python": "Python (measured)", "python (modelled)": "Python (modelled)",
+             "launch": "dispatch and launches (modelled)", "start-up": "start-up costs", "compile": "torch.compile",
+             "sleep": "sleeps"}
+
+
+@dataclass
+class HostTime:
+    """How the slowest rank's host spent the steps after the first (the first when it is the only
+    one), and the start-up costs of its first step, largest first."""
+    rank: int
+    steps: int
+    per_step_ns: dict[str, float]  # use (HOST_USES, HOST_WAITS keys) -> mean ns per step
+    bound: str  # "host-bound", "GPU-bound" or "loading-bound"
+    first_step_startup: list[tuple[str, int, int]]  # (what, how many, ns), largest first
+    mode: str | None  # phantora trace --host-time (None: not recorded)
+
+    @property
+    def busy_ns(self) -> float:
+        return sum(v for k, v in self.per_step_ns.items() if k not in HOST_WAITS)
+
+
+def _host_time(db: TraceDB, ranks: dict[int, int], steps: StepTimes) -> HostTime | None:
+    rows = db.query(f"SELECT th.upid, s.ts, s.dur, a.key, a.int_value {_THREAD_SLICES} JOIN args a USING(arg_set_id) "
+                    f"WHERE th.name = '{STEP_THREAD}' AND s.name LIKE '{STEP_PREFIX}%' AND a.key LIKE '%host % ns' "
+                    "ORDER BY s.ts").rows
+    per: dict[int, dict[int, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))  # rank -> ts -> use -> ns
+    first_window: dict[int, tuple[int, int]] = {}
+    for upid, ts, dur, key, value in rows:
+        if upid not in ranks or value is None:
+            continue
+        r = ranks[upid]
+        use = str(key).rsplit("host ", 1)[1][:-3]
+        per[r][ts][use] = int(value)
+        if r not in first_window or ts < first_window[r][0]:
+            first_window[r] = (ts, ts + dur)
+    if not per:
+        return None
+    slowest = max(per, key=lambda r: next((x.stats.mean_ns for x in steps.per_rank if x.rank == r and x.stats), 0))
+    by_step = [per[slowest][ts] for ts in sorted(per[slowest])]
+    steady = by_step[1:] or by_step
+    uses = sorted({u for st in steady for u in st})
+    mean = {u: sum(st.get(u, 0) for st in steady) / len(steady) for u in uses}
+    total_ns = sum(mean.values()) or 1
+    waits = {u: mean.get(u, 0) for u in HOST_WAITS}
+    bound = "host-bound"
+    if max(waits.values()) > 0.05 * total_ns:
+        bound = "loading-bound" if waits["data loading"] >= waits["wait"] else "GPU-bound"
+    begin, end = first_window[slowest]
+    upid = next(u for u, r in ranks.items() if r == slowest)
+    startup = db.query(f"SELECT s.name, COUNT(*), SUM(s.dur) {_THREAD_SLICES} WHERE th.upid = {upid} "
+                       f"AND s.category = 'startup' AND s.ts < {end} GROUP BY s.name ORDER BY 3 DESC").rows
+    meta = db.metadata.get("host_time")
+    mode = meta.get("mode") if isinstance(meta, dict) else None
+    return HostTime(slowest, len(steady), mean, bound,
+                    [(str(n).removeprefix("start-up: "), int(c), int(d)) for n, c, d in startup], mode)
+
+
 @dataclass
 class TraceSummary:
     trace: str
@@ -181,6 +241,7 @@ class TraceSummary:
     window_steps: int = 0  # steps inside that window (0: the whole span, not steps)
     routing_model: str | None = None  # phantora trace --routing, in words (None: not recorded)
     routing: list[RoutingLayer] = field(default_factory=list)  # MoE layers' decisions (docs/moe.md)
+    host: HostTime | None = None  # how the host spent the steps (None: the trace does not say)
 
 
 # --- intervals ------------------------------------------------------------------------------
@@ -445,4 +506,5 @@ def summarize(db: TraceDB, top: int | None = 10, steady: bool = True) -> TraceSu
         unknown_ops=dict(sorted(unknown.items(), key=lambda kv: -kv[1])),
         sync=db.metadata.get("sync") if isinstance(db.metadata.get("sync"), str) else None,
         window=window, window_steps=window_steps, routing_model=routing_model, routing=routing,
+        host=_host_time(db, ranks, steps),
     )

@@ -22,9 +22,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import interpose
+from interpose.host_time import ENV as HOST_TIME_ENV
 from phantora import __version__
 from phantora.cost import EstimatorChoice, choose_estimator
+from phantora.cost import host_bench
 from phantora.cost.host import DEFAULT_HOST, HostSpec, lookup_host
+from phantora.cost.host_bench import HostBench
 from phantora.engine.engine import Engine, EngineSummary
 from phantora.engine.mirrors import RolesRefuted
 from phantora.engine.timeline import TimingConfig
@@ -76,6 +79,9 @@ class TraceRun:
     ranks: str = "default"  # --ranks: which ranks run as processes (phantora/roles.py)
     witness: bool = False  # also run the last rank as a witness (set when --ranks auto found the stages)
     routing: RoutingModel = field(default_factory=RoutingModel)  # --routing: MoE routers' choices (phantora/routing.py)
+    host_time: str = "measured"  # --host-time: the program's Python measured here, or modelled (timeline.py)
+    host_bench: HostBench | None = None  # this machine against the reference host (set when measured)
+    startup_costs: bool = True  # --startup-costs: a fresh process's one-off costs (phantora/cost/startup.py)
 
 
 MIRROR_FROM_RANKS = 65  # --ranks default: every rank runs up to 64 ranks, rank 0 stands for the rest above
@@ -144,6 +150,7 @@ def child_env(run: TraceRun, socket_path: str) -> dict[str, str]:
     if run.vram_bytes:
         env["PHANTORA_VRAM"] = str(run.vram_bytes)
     env[ROUTING_ENV] = run.routing.spec()
+    env[HOST_TIME_ENV] = run.host_time
     env.update(run.extra_env)
     return env
 
@@ -213,9 +220,13 @@ def _trace_once(run: TraceRun) -> TraceResult:
     sink: TraceSink = open_sink(run.output)
     if kineto is not None:
         sink = TeeSink([sink, kineto])
-    engine = Engine(run.gpu, kernel_times.estimator, sink, TimingConfig(comm_slowdown=run.comm_slowdown, host_speed=run.host.speed,
-                                                                  kernel_gap_ns=run.gpu.kernel_gap_ns),
-                    network=Network(run.cluster), sync=run.sync)
+    if run.host_time == "measured" and run.host_bench is None:
+        run.host_bench = host_bench.cached()  # HostBenchError
+    bench = run.host_bench if run.host_time == "measured" else None
+    timing = TimingConfig(comm_slowdown=run.comm_slowdown, host_speed=run.host.speed, kernel_gap_ns=run.gpu.kernel_gap_ns,
+                          host_time=run.host_time, python_scale=bench.python_scale if bench else 1.0,
+                          startup_costs=run.startup_costs)
+    engine = Engine(run.gpu, kernel_times.estimator, sink, timing, network=Network(run.cluster), sync=run.sync)
     if roles is not None and run.nproc_per_node is not None:
         engine.mirror_ranks(roles, run.nproc_per_node)
         if roles.mirrored and run.routing.kind != "balanced":
@@ -293,6 +304,10 @@ def _trace_once(run: TraceRun) -> TraceResult:
             "sync": run.sync,
             "early_reads": summary.early_reads,
             "moe_routing": {"model": run.routing.describe(), "layers": summary.routing},
+            "host_time": {"mode": run.host_time, "host": run.host.key, "host_speed": run.host.speed,
+                          **({"python_scale": round(bench.python_scale, 4),
+                              "bench_ms": round(bench.bench_ms, 2), "machine": bench.machine,
+                              "reference": host_bench.REFERENCE} if bench else {})},
         }
         if server.failure is not None:
             metadata["simulator_error"] = server.failure.message
@@ -416,6 +431,11 @@ def kernel_times_lines(result: TraceResult, run: TraceRun | None = None) -> list
     if run is not None:
         lines.append(f"  host: {run.host.key}, modelled host costs x{run.host.speed:.2f} ({run.host.description}; "
                      "--host)")
+        if run.host_time == "measured" and run.host_bench is not None:
+            lines.append(f"  host time: the program's Python measured here (--host-time measured): "
+                         f"{run.host_bench.describe()}")
+        else:
+            lines.append("  host time: modelled per op (--host-time modelled; the program's own Python is not measured)")
     by = result.summary.kernels_by_estimator
     if by:
         # Labels are "estimator (why)": count per estimator first, so the line never reads as if

@@ -1,0 +1,130 @@
+"""DataLoader workers' time: batches arrive when the workers could have made them.
+
+With `num_workers=0` the batches are made in the training loop's own thread, and their CPU time
+counts like any other Python of the program (host_time.py). With workers, the loop blocks on a
+queue while worker processes make batches; a blocked thread uses no CPU, so without this module
+loading would be free however slow it is.
+
+Each worker process measures the CPU time of its main thread from one batch it hands over to the
+next (the fetch, the collate, the hand-over itself; its first batch also holds the worker's
+start-up) and appends `idx cpu_ns` to a file of its own, before the batch enters the queue. When
+the training loop takes a batch (`_MultiProcessingDataLoaderIter._process_data`), the next line of
+that worker's file is what the batch cost, and the simulator is told (R_LOADER_BATCH): it keeps
+each worker's timeline, as DataLoader runs them (a worker makes its batches in order, a batch's
+index is sent when the loop took the batch `prefetch_factor * num_workers` before it, or when the
+iterator started), and the host waits when the batch is not ready (engine/data_loading.py).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from phantora import protocol as P
+
+_thread_ns = time.thread_time_ns
+
+
+def _loader_dir(main_pid: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"phantora-loader-{main_pid}"
+
+
+class _TimedQueue:
+    """A worker's data queue: notes each batch's CPU time before handing the batch over."""
+
+    def __init__(self, queue: Any, path: Path) -> None:
+        self._queue = queue
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 - one line per batch, for the worker's life
+        self._mark = 0  # a new process's thread CPU clock starts at 0: the first batch holds the start-up
+
+    def put(self, item: Any, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils.data._utils.worker import _IterableDatasetStopIteration
+
+        now = _thread_ns()
+        if (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], int)
+                and not isinstance(item[1], _IterableDatasetStopIteration)):
+            self._file.write(f"{item[0]} {now - self._mark}\n")
+            self._mark = now
+        return self._queue.put(item, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._queue, name)
+
+
+def time_worker_batches(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """In a DataLoader worker, before its loop starts: its data queue, timed."""
+    directory = _loader_dir(os.getppid())
+    try:
+        directory.mkdir(exist_ok=True)
+    except OSError:
+        return args, kwargs  # no temporary directory: the batches are not timed
+    path = directory / str(os.getpid())
+    if "data_queue" in kwargs:
+        kwargs = {**kwargs, "data_queue": _TimedQueue(kwargs["data_queue"], path)}
+    elif len(args) > 3:
+        args = (*args[:3], _TimedQueue(args[3], path), *args[4:])
+    return args, kwargs
+
+
+class _WorkerTimes:
+    """The training loop's reader of one worker's file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.pending: list[int] = []
+
+    def next_cpu_ns(self) -> int | None:
+        if not self.pending:
+            try:
+                with open(self.path) as f:
+                    f.seek(self.offset)
+                    text = f.read()
+            except OSError:
+                return None
+            complete = text[: text.rfind("\n") + 1]
+            self.offset += len(complete)
+            self.pending = [int(line.split()[1]) for line in complete.splitlines() if line.strip()]
+        return self.pending.pop(0) if self.pending else None
+
+
+def install_loader_timing(rt: Any) -> None:
+    """In the training process: tell the simulator when an iterator starts and what each batch
+    it yields cost its worker."""
+    from torch.utils.data import dataloader as dl
+
+    it_cls = dl._MultiProcessingDataLoaderIter
+    directory = _loader_dir(os.getpid())
+    atexit.register(shutil.rmtree, directory, True)
+    original_reset, original_process = it_cls._reset, it_cls._process_data
+    next_id = [0]
+
+    def _reset(self: Any, loader: Any, first_iter: bool = False) -> None:
+        original_reset(self, loader, first_iter)
+        if first_iter:
+            next_id[0] += 1
+            self._phantora_id = next_id[0]
+            self._phantora_times = {}
+        if not (rt.active and rt.client.connected):
+            return  # the simulator starts the iterator at its first batch
+        rt.client.record([P.R_LOADER_START, self._phantora_id, self._num_workers,
+                          self._prefetch_factor * self._num_workers])
+
+    def _process_data(self: Any, data: Any, worker_idx: int) -> Any:
+        times = getattr(self, "_phantora_times", None)
+        if times is not None and rt.active and rt.client.connected:
+            reader = times.get(worker_idx)
+            if reader is None:
+                reader = times[worker_idx] = _WorkerTimes(directory / str(self._workers[worker_idx].pid))
+            cpu = reader.next_cpu_ns()
+            if cpu is not None:
+                rt.client.record([P.R_LOADER_BATCH, self._phantora_id, worker_idx, cpu])
+        return original_process(self, data, worker_idx)
+
+    it_cls._reset = _reset
+    it_cls._process_data = _process_data

@@ -1,0 +1,129 @@
+"""Measured host time: the CPU time the program spends between the calls phantora intercepts.
+
+On a real machine a step is GPU work plus whatever the host does that the GPU waits for: the
+user's and the framework's Python, torch's Python layers (nn.Module, autograd.Function, DTensor's
+sharding propagation, hooks), the autograd engine. Under phantora all of that runs for real, on
+this machine's CPU; what does not run for real is the GPU side (dispatch into FakeTensor, the
+observer, the link to the simulator), which the op cost model stands for.
+
+So every entry into phantora's own work (an op reaching the observer, a call or record to the
+simulator, a storage freed) is bracketed by `PythonTime.enter()` / `exit()`: the thread's CPU
+time (`time.thread_time_ns`: not wall time, so neither other processes on this machine nor the
+waits on the simulator count) from one exit to the next enter is the program's own, and is sent
+with the next record as `python_ns` (an R_OP's fifth field, or an R_PYTHON record). The
+simulator scales it from this machine to the simulated host (phantora/cost/host_bench.py).
+
+Which threads count: the rank has one simulated host timeline, the thread that launches its
+GPU work (clock.HostThread) plus the autograd engine's C++ device threads, which run backward for
+it. Other Python threads (a pin-memory thread, a progress bar's refresh) run beside it on a real
+machine: their time is dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+ENV = "PHANTORA_HOST_TIME"  # measured (default) or modelled (phantora trace --host-time)
+
+_thread_ns = time.thread_time_ns  # clock.py leaves thread_time real: it measures the interposer itself
+
+
+class PythonTime:
+    """Per-thread CPU time outside phantora, taken with the records that follow it."""
+
+    def __init__(self, host_thread: Any, enabled: bool) -> None:
+        self.host_thread = host_thread  # clock.HostThread
+        self.enabled = enabled
+        # CPU time of one way into phantora's dispatch and back outside the brackets (the C++
+        # dispatcher reaching a Python dispatch mode, torch's wrappers around it): a GPU host
+        # pays its own dispatcher instead, which the op cost model has. Measured per process.
+        self.dispatch_floor_ns = 0
+        self._probe: list[int] | None = None  # gaps before dispatch entries, while measuring the floor
+        self._tls = threading.local()
+
+    def enter(self, dispatch: bool = False) -> None:
+        """phantora's own work starts on this thread (nested entries are its own work too);
+        `dispatch`: an op reached the observer."""
+        if not self.enabled:
+            return
+        tls = self._tls
+        depth = getattr(tls, "depth", 0)
+        tls.depth = depth + 1
+        if depth:
+            return
+        now = _thread_ns()
+        mark = getattr(tls, "mark", None)
+        if mark is not None:
+            gap = now - mark
+            if dispatch:
+                if self._probe is not None:
+                    self._probe.append(gap)
+                gap = max(0, gap - self.dispatch_floor_ns)
+            tls.pending = getattr(tls, "pending", 0) + gap
+
+    def exit(self) -> None:
+        if not self.enabled:
+            return
+        tls = self._tls
+        tls.depth -= 1
+        if tls.depth == 0:
+            tls.mark = _thread_ns()
+
+    def take(self) -> int:
+        """The program's CPU time on this thread since it last sent some, in ns; 0 for a thread
+        whose time does not count for the rank's host (see the module docstring)."""
+        if not self.enabled:
+            return 0
+        tls = self._tls
+        pending = getattr(tls, "pending", 0)
+        if not pending:
+            return 0
+        tls.pending = 0
+        current = threading.current_thread()
+        if isinstance(current, threading._DummyThread) or self.host_thread.is_current():
+            return pending
+        return 0
+
+    def forget(self) -> None:
+        """Drop what this thread measured so far (before it was a rank the clock read real time;
+        in a forked child the thread's CPU clock started again at 0)."""
+        tls = self._tls
+        tls.pending = 0
+        if getattr(tls, "depth", 0) == 0:
+            tls.mark = _thread_ns()
+
+
+def measure_dispatch_floor(pt: PythonTime, run_op: Callable[[], Any], ops: int = 400) -> int:
+    """The median gap before a dispatch entry in a tight loop of a bare op (`run_op`, which
+    must report nothing): what this process pays outside the brackets per op."""
+    if not pt.enabled:
+        return 0
+    tls = pt._tls
+    saved = getattr(tls, "depth", 0), getattr(tls, "mark", None), getattr(tls, "pending", 0)
+    pt._probe = probe = []
+    tls.depth, tls.mark = 0, _thread_ns()  # measured from inside phantora's own work (the connect)
+    try:
+        for _ in range(ops):
+            run_op()
+    finally:
+        pt._probe = None
+        tls.depth, tls.mark, tls.pending = saved
+    probe.sort()
+    return probe[len(probe) // 2] if probe else 0
+
+
+def exclude_garbage_collection(pt: PythonTime) -> None:
+    """The cyclic garbage collector runs wherever the program allocates, and under phantora it
+    walks phantora's own objects too (signatures, shadows, FakeTensor caches): its time is
+    phantora's, not the program's."""
+    import gc
+
+    def bracket(phase: str, info: dict) -> None:
+        if phase == "start":
+            pt.enter()
+        elif getattr(pt._tls, "depth", 0):
+            pt.exit()
+
+    gc.callbacks.append(bracket)

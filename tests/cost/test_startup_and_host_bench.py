@@ -1,0 +1,60 @@
+"""The start-up table's figures come from the real-GPU probe they cite, and this machine's Python
+benchmark is measured once and then read from its cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from phantora.cost import host_bench
+from phantora.cost.startup import (CUBLAS_INIT, CUDA_CONTEXT, CUDNN_INIT, KERNEL_MODULE, SEGMENT_MALLOC,
+                                   STARTUP_COSTS, segment_ns)
+
+PROBE = Path(__file__).resolve().parents[1] / "data" / "groundtruth" / "h100_startup.jsonl"
+
+
+def probe() -> dict[str, float]:
+    facts = [json.loads(line) for line in PROBE.read_text().splitlines() if line.strip()]
+    return {f["fact"]: f["ms"] for f in facts if "ms" in f}
+
+
+def test_each_entry_is_derived_from_the_probe_it_cites():
+    p = probe()
+    assert CUDA_CONTEXT.ns == pytest.approx(p["cuda_init"] * 1e6, rel=1e-3)
+    per_kernel = (p["first_launch_20_distinct_elementwise"] - p["second_launch_20_distinct_elementwise"]) / 20
+    assert KERNEL_MODULE.ns == pytest.approx(per_kernel * 1e6, rel=0.01)
+    # first call less the second less one kernel module: the library's own set-up
+    assert CUBLAS_INIT.ns == pytest.approx((p["mm_bf16_first"] - p["mm_bf16_second"] - per_kernel) * 1e6, rel=0.01)
+    assert CUDNN_INIT.ns == pytest.approx((p["conv_fwd_first"] - p["conv_fwd_second"] - per_kernel) * 1e6, rel=0.01)
+    for gib in (1, 8, 32):  # the fitted line passes within 0.2 ms of each measured segment
+        assert segment_ns(gib << 30) == pytest.approx(p[f"new_segment_{gib}GiB"] * 1e6, abs=200_000)
+    assert SEGMENT_MALLOC in STARTUP_COSTS
+    assert all(c.source and c.when and c.name for c in STARTUP_COSTS)
+
+
+def test_the_reference_benchmark_is_the_probes():
+    assert host_bench.REFERENCE_BENCH_MS == pytest.approx(probe()["python_bench_before_torch"], rel=1e-6)
+
+
+def test_the_benchmark_is_measured_once_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+
+    def fake_measure(python: str = "", repeats: int = 0, timeout_s: float = 0.0) -> host_bench.HostBench:
+        calls.append(1)
+        return host_bench.HostBench(61.0, "test machine")
+
+    monkeypatch.setattr(host_bench, "measure", fake_measure)
+    first = host_bench.cached()
+    second = host_bench.cached()
+    assert len(calls) == 1 and first == second
+    assert first.python_scale == pytest.approx(host_bench.REFERENCE_BENCH_MS / 61.0)
+    assert list((tmp_path / "phantora" / "host-bench").glob("*.json"))
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_in_a_fresh_interpreter():
+    b = host_bench.measure(repeats=2)
+    assert 10 < b.bench_ms < 1000  # the fixed benchmark: ~60-80 ms on the development machine

@@ -1,0 +1,98 @@
+"""The program's own host time, end to end (docs/host-time.md): measured Python shows on the
+script's clock scaled to the simulated host, a DataLoader whose workers are too slow makes the
+steps wait for them, and a fresh process's first step pays its start-up costs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phantora.cost.host import lookup_host
+from phantora.query import load
+from phantora.query.summary import summarize
+from phantora.trace.check import load_chrome_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+# The CLI's defaults, which tests/conftest.py turns off for the rest of the suite
+MEASURED = ("--host-time", "measured", "--startup-costs")
+TINY_GPT = ["--layers", "2", "--embd", "64", "--heads", "4", "--seq", "32", "--batch", "2", "--steps", "5"]
+
+
+def trace(tmp_path: Path, script: str, *args: str, options: tuple[str, ...] = (), name: str = "run.json"):
+    out = tmp_path / name
+    proc = subprocess.run([sys.executable, "-m", "phantora.cli", "trace", "--quiet", *MEASURED, *options, "-o", str(out), "--",
+                           sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, out
+
+
+def host_factor(out: Path) -> float:
+    """Measured CPU time here -> simulated host time, as the run's metadata records it."""
+    meta = load_chrome_trace(out)["metadata"]["host_time"]
+    assert meta["mode"] == "measured"
+    assert meta["host_speed"] == lookup_host(meta["host"]).speed
+    return meta["python_scale"] * meta["host_speed"]
+
+
+def test_20_ms_of_python_shows_as_20_ms_times_the_host_factor(tmp_path):
+    proc, out = trace(tmp_path, str(SCRIPTS / "python_time.py"))
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["cpu_s"] >= 0.020
+    # the two clock reads and the CPU-time reads around the loop are a few microseconds more
+    assert r["simulated_s"] == pytest.approx(r["cpu_s"] * host_factor(out), rel=0.05, abs=0.0003)
+
+
+def test_the_modelled_host_does_not_see_the_python(tmp_path):
+    proc, _ = trace(tmp_path, str(SCRIPTS / "python_time.py"), options=("--host-time", "modelled"))
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["simulated_s"] < 0.0005  # the clock reads' own modelled cost only
+
+
+def test_a_host_faster_by_half_halves_the_python(tmp_path):
+    _, lent = trace(tmp_path, str(SCRIPTS / "python_time.py"), options=("--host", "lent-h100"), name="lent.json")
+    _, ref = trace(tmp_path, str(SCRIPTS / "python_time.py"), options=("--host", "reference"), name="ref.json")
+    assert host_factor(ref) / host_factor(lent) == pytest.approx(lookup_host("reference").speed, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_slow_dataloader_workers_make_the_steps_wait_for_them(tmp_path):
+    one, out1 = trace(tmp_path, str(SCRIPTS / "loading_bound.py"), "1", name="one.json")
+    four, out4 = trace(tmp_path, str(SCRIPTS / "loading_bound.py"), "4", name="four.json")
+    per_batch_one = json.loads(one.stdout.strip().splitlines()[-1])["per_batch_s"]
+    per_batch_four = json.loads(four.stdout.strip().splitlines()[-1])["per_batch_s"]
+    # one worker makes a batch of 4 samples x 10 ms of CPU at a time: the steps follow it
+    assert per_batch_one >= 0.9 * 0.040 * host_factor(out1)
+    assert per_batch_one <= 1.3 * 0.040 * host_factor(out1)
+    h1 = summarize(load(str(out1))).host
+    assert h1 is not None and h1.bound == "loading-bound"
+    assert h1.per_step_ns["data loading"] > 0.2 * sum(h1.per_step_ns.values())
+    # four workers keep ahead of the GPU: the steps are the GPU's
+    h4 = summarize(load(str(out4))).host
+    assert h4 is not None and h4.bound == "GPU-bound"
+    assert not h4.per_step_ns.get("data loading")
+    assert per_batch_four < 0.7 * per_batch_one
+
+
+def test_the_first_step_pays_the_start_up_costs_and_later_steps_do_not(tmp_path):
+    _, out = trace(tmp_path, "examples/gpt_train.py", *TINY_GPT, options=("--host-time", "modelled"), name="on.json")
+    _, off = trace(tmp_path, "examples/gpt_train.py", *TINY_GPT,
+                   options=("--host-time", "modelled", "--no-startup-costs"), name="off.json")
+    events = load_chrome_trace(out)["traceEvents"]
+    startup = [e for e in events if e.get("cat") == "startup"]
+    names = {e["name"] for e in startup}
+    assert {"start-up: CUDA context creation", "start-up: cuBLAS handle and cuBLASLt init",
+            "start-up: kernel module load", "start-up: cudaMalloc of a new allocator segment"} <= names
+    assert all(e["args"]["source"] for e in startup)
+    assert not [e for e in load_chrome_trace(off)["traceEvents"] if e.get("cat") == "startup"]
+    on_steps, off_steps = (summarize(load(str(p))).steps.per_rank[0].durations_ns for p in (out, off))
+    paid_in_first = sum(e["dur"] for e in startup if e["ts"] * 1000 < on_steps[0] + 1e9) * 1000
+    assert on_steps[0] - off_steps[0] > 0.9 * paid_in_first > 0
+    assert on_steps[-1] == pytest.approx(off_steps[-1], rel=0.02)  # a steady step pays nothing
+    host = summarize(load(str(out))).host
+    assert host is not None and host.first_step_startup[0][0] in {"kernel module load", "CUDA context creation"}
+
