@@ -50,12 +50,15 @@ class Run:
     idle_ms: float  # GPU idle per step in the same window
 
 
+HOST_TIME = "modelled"  # --host-time
+
+
 def simulate(args: list[str], tmp: str, *, gpu: str = "h100", host: str | None = None, kernel_times: str = "auto",
              tag: str = "run") -> Run | str:
     """Run one example under phantora; a Run, or the reason it failed."""
     out = f"{tmp}/{tag}.json"
     cmd = [sys.executable, "-m", "phantora.cli", "trace", "--quiet", "--gpu", gpu, "--kernel-times", kernel_times,
-           *(["--host", host] if host else []), "-o", out, "--", sys.executable, *args]
+           "--host-time", HOST_TIME, *(["--host", host] if host else []), "-o", out, "--", sys.executable, *args]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     mean = re.search(r"mean step time \(after the first\): ([\d.]+) ms", proc.stdout)
     peak = re.search(r"peak memory allocated: ([\d.]+) GiB", proc.stdout)
@@ -143,9 +146,14 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(CONFIGS))
     ap.add_argument("--kernel-times", default="auto", help="passed to phantora trace (default auto)")
     ap.add_argument("--host", default=EXAMPLES_HOST, help=f"host for the examples table (default {EXAMPLES_HOST})")
+    ap.add_argument("--host-time", default="modelled", choices=("modelled", "measured"),
+                    help="passed to phantora trace (default modelled: the figures are the same from run to run; "
+                         "benchmarks/bench_host_time.py compares the measured host)")
     ap.add_argument("--skip-examples", action="store_true")
     ap.add_argument("--skip-consistency", action="store_true")
     args = ap.parse_args()
+    global HOST_TIME
+    HOST_TIME = args.host_time
     names = args.only.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_examples:
