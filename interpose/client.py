@@ -131,6 +131,8 @@ class SimClient:
         if self.python_time is None:
             return
         ns = self.python_time.take()
+        if self.python_time.speed_probe_due():
+            self._records.append([P.R_HOST_SPEED, self.python_time.measure_speed()])
         if not ns:
             return
         if rec is not None and rec[0] == P.R_OP:

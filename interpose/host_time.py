@@ -11,7 +11,9 @@ simulator, a storage freed) is bracketed by `PythonTime.enter()` / `exit()`: the
 time (`time.thread_time_ns`: not wall time, so neither other processes on this machine nor the
 waits on the simulator count) from one exit to the next enter is the program's own, and is sent
 with the next record as `python_ns` (an R_OP's fifth field, or an R_PYTHON record). The
-simulator scales it from this machine to the simulated host (phantora/cost/host_bench.py).
+simulator scales it from this machine to the simulated host by this machine's speed, which the
+rank measures when it starts and again every PROBE_EVERY_NS of measured Python (R_HOST_SPEED,
+phantora/cost/host_bench.py).
 
 Which threads count: the rank has one simulated host timeline, the thread that launches its
 GPU work (clock.HostThread) plus the autograd engine's C++ device threads, which run backward for
@@ -24,6 +26,8 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any, Callable
+
+from phantora.cost.host_bench import PROBE_EVERY_NS, python_bench_ms
 
 ENV = "PHANTORA_HOST_TIME"  # measured (default) or modelled (phantora trace --host-time)
 
@@ -42,6 +46,7 @@ class PythonTime:
         self.dispatch_floor_ns = 0
         self._probe: list[int] | None = None  # gaps before dispatch entries, while measuring the floor
         self._tls = threading.local()
+        self.since_speed_probe_ns = 0  # measured Python handed over since this machine's speed was measured
 
     def enter(self, dispatch: bool = False) -> None:
         """phantora's own work starts on this thread (nested entries are its own work too);
@@ -83,8 +88,18 @@ class PythonTime:
         tls.pending = 0
         current = threading.current_thread()
         if isinstance(current, threading._DummyThread) or self.host_thread.is_current():
+            self.since_speed_probe_ns += pending
             return pending
         return 0
+
+    def speed_probe_due(self) -> bool:
+        """Whether this machine's Python speed should be measured again (cost/host_bench.py)."""
+        return self.enabled and self.since_speed_probe_ns >= PROBE_EVERY_NS
+
+    def measure_speed(self) -> float:
+        """The benchmark's CPU time now, in ms; call it inside a bracket (it is phantora's work)."""
+        self.since_speed_probe_ns = 0
+        return min(python_bench_ms() for _ in range(2))
 
     def forget(self) -> None:
         """Drop what this thread measured so far (before it was a rank the clock read real time;

@@ -197,9 +197,12 @@ class Runtime:
         self.capturing: dict[tuple[int, int], Any] = {}  # (device, stream) -> the CUDA graph capture on it
 
     def _measure_dispatch_floor(self) -> None:
-        """What entering phantora's dispatch costs this process per op (host_time.py), once it is
-        a rank and before its first op is sent."""
-        if not self.python_time.enabled or self.observer is None or not self.config.device_count:
+        """This machine's Python speed now, and what entering phantora's dispatch costs this
+        process per op (host_time.py), once it is a rank and before its first op is sent."""
+        if not self.python_time.enabled:
+            return
+        self.client.record([P.R_HOST_SPEED, self.python_time.measure_speed()])
+        if self.observer is None or not self.config.device_count:
             return
         from interpose.observer import measure_dispatch_floor
 

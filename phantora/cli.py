@@ -100,7 +100,7 @@ def main() -> None:
 @click.option("--host-time", "host_time", type=click.Choice(["measured", "modelled"]), default="measured",
               show_default=True, envvar="PHANTORA_HOST_TIME", show_envvar=True,
               help="measured: the CPU time the script's own Python (and the framework's) spends between GPU calls is "
-                   "measured here and scaled to the simulated host (a fixed benchmark of this machine, cached); "
+                   "measured here and scaled to the simulated host (a fixed benchmark each rank runs as it goes); "
                    "modelled: a fitted cost per op stands for it, and traces are bit-identical from run to run.")
 @click.option("--startup-costs/--no-startup-costs", "startup_costs", default=True, show_default=True,
               envvar="PHANTORA_STARTUP_COSTS", show_envvar=True,

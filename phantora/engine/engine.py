@@ -190,6 +190,8 @@ class Engine:
                 host.op(st, rec[1], rec[2], rec[3], rec[4] if len(rec) > 4 else 0)
             elif kind == P.R_PYTHON:
                 host.python(st, int(rec[1]), slice_min_ns=PYTHON_SLICE_NS)
+            elif kind == P.R_HOST_SPEED:
+                st.timeline.host_speed_probe(float(rec[1]))
             elif kind == P.R_LOADER_START:
                 host.loader_start(st, int(rec[1]), int(rec[2]), int(rec[3]))
             elif kind == P.R_LOADER_BATCH:

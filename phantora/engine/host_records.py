@@ -278,7 +278,7 @@ class HostRecords:
         took = tl.charge_python(measured_ns)
         if took >= slice_min_ns and took:
             self.trace.host_slice(st.info.trace_pid, "python", begin, tl.host_ns, "python",
-                                  {"measured cpu ns": measured_ns, "scale": self.timing.python_scale})
+                                  {"measured cpu ns": measured_ns, "scale": round(tl.python_scale, 4)})
             return 0
         return took
 
@@ -314,7 +314,7 @@ class HostRecords:
         lt = st.loaders.get(loader)
         if lt is None:  # its iterator started before this process was a rank: every batch was requested then
             lt = st.loaders[loader] = LoaderTimeline(tl.host_ns, 0, 1 << 30)
-        scaled = round(cpu_ns * self.timing.python_scale * self.timing.host_speed)
+        scaled = round(cpu_ns * tl.python_scale * self.timing.host_speed)
         ready = lt.ready_ns(worker, scaled)
         begin = tl.host_ns
         if ready > begin:

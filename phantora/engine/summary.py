@@ -35,6 +35,8 @@ class EngineSummary:
     mirror_lag_ns: int = 0  # largest (a mirrored rank's collective end - its representative's end of it)
     mirror_lag_rank: int | None = None
     routing: list[dict] = field(default_factory=list)  # MoE layers' decisions (routing_log.routing_layers)
+    # this machine's Python benchmark (ms) as each rank measured it, in order (cost/host_bench.py)
+    speed_probes: dict[int, list[float]] = field(default_factory=dict)
 
 
 def simulated_end_ns(ranks: Iterable[RankState]) -> int:
@@ -72,4 +74,5 @@ def summarize(ranks: dict[int, RankState], unknown_ops: dict[str, int], warnings
         early_reads=early_reads,
         kernels_by_estimator=dict(kernels_by_estimator),
         routing=routing_layers(ranks),
+        speed_probes={r: list(st.timeline.speed_probes) for r, st in ranks.items() if st.timeline.speed_probes},
     )

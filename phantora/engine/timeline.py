@@ -13,6 +13,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from phantora.cost.host_bench import python_scale
+
 
 @dataclass(frozen=True)
 class TimingConfig:
@@ -28,9 +30,10 @@ class TimingConfig:
     # the host the model was fitted on (cost/host.py HostSpec; `phantora trace --host`).
     host_speed: float = 1.0
     # The program's own host time (interpose/host_time.py): "measured" charges the CPU time each
-    # rank process measured between phantora's entries, times python_scale (this machine against
-    # the reference host, cost/host_bench.py); "modelled" ignores the measurements and charges the
-    # fitted per-op model of cost/host.py (PythonOverhead): bit-identical traces.
+    # rank process measured between phantora's entries, times this machine's speed against the
+    # reference host (cost/host_bench.py: each rank measures it, RankTimeline.speed_probes;
+    # python_scale before it has); "modelled" ignores the measurements and charges the fitted
+    # per-op model of cost/host.py (PythonOverhead): bit-identical traces.
     host_time: str = "modelled"
     python_scale: float = 1.0
     # Charge the one-off costs of a fresh process (phantora/cost/startup.py): CUDA context, kernel
@@ -95,6 +98,8 @@ class RankTimeline:
 
     # host time by what it was spent on (HOST_SPENT), since the rank started: steps write their share
     spent: Counter[str] = field(default_factory=Counter)
+    # this machine's Python benchmark as the rank measured it (ms), latest last (cost/host_bench.py)
+    speed_probes: list[float] = field(default_factory=list)
 
     # --- host ---------------------------------------------------------------------------------
     def advance_host(self, ns: int, what: str = "sleep") -> None:
@@ -110,13 +115,21 @@ class RankTimeline:
         self.spent[what] += ns
         return ns
 
+    def host_speed_probe(self, bench_ms: float) -> None:
+        self.speed_probes.append(bench_ms)
+
+    @property
+    def python_scale(self) -> float:
+        """Measured Python here -> on the reference host: the rank's latest benchmark, or the
+        configured scale before it sent one."""
+        return python_scale(self.speed_probes[-1]) if self.speed_probes else self.config.python_scale
+
     def charge_python(self, measured_ns: int) -> int:
         """CPU time the program measured (interpose/host_time.py), on the simulated host; the time
         it took. Nothing in the modelled host-time mode."""
-        c = self.config
-        if c.host_time != "measured":
+        if self.config.host_time != "measured":
             return 0
-        return self.charge_host(round(max(0, measured_ns) * c.python_scale), "python")
+        return self.charge_host(round(max(0, measured_ns) * self.python_scale), "python")
 
     def wait_host_until(self, t_ns: int, overhead_ns: int = 0, what: str = "wait") -> None:
         """Block the host until t_ns (if later), then pay overhead_ns."""

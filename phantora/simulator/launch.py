@@ -27,7 +27,6 @@ from phantora import __version__
 from phantora.cost import EstimatorChoice, choose_estimator
 from phantora.cost import host_bench
 from phantora.cost.host import DEFAULT_HOST, HostSpec, lookup_host
-from phantora.cost.host_bench import HostBench
 from phantora.engine.engine import Engine, EngineSummary
 from phantora.engine.mirrors import RolesRefuted
 from phantora.engine.timeline import TimingConfig
@@ -80,7 +79,6 @@ class TraceRun:
     witness: bool = False  # also run the last rank as a witness (set when --ranks auto found the stages)
     routing: RoutingModel = field(default_factory=RoutingModel)  # --routing: MoE routers' choices (phantora/routing.py)
     host_time: str = "measured"  # --host-time: the program's Python measured here, or modelled (timeline.py)
-    host_bench: HostBench | None = None  # this machine against the reference host (set when measured)
     startup_costs: bool = True  # --startup-costs: a fresh process's one-off costs (phantora/cost/startup.py)
 
 
@@ -220,12 +218,8 @@ def _trace_once(run: TraceRun) -> TraceResult:
     sink: TraceSink = open_sink(run.output)
     if kineto is not None:
         sink = TeeSink([sink, kineto])
-    if run.host_time == "measured" and run.host_bench is None:
-        run.host_bench = host_bench.cached()  # HostBenchError
-    bench = run.host_bench if run.host_time == "measured" else None
     timing = TimingConfig(comm_slowdown=run.comm_slowdown, host_speed=run.host.speed, kernel_gap_ns=run.gpu.kernel_gap_ns,
-                          host_time=run.host_time, python_scale=bench.python_scale if bench else 1.0,
-                          startup_costs=run.startup_costs)
+                          host_time=run.host_time, startup_costs=run.startup_costs)
     engine = Engine(run.gpu, kernel_times.estimator, sink, timing, network=Network(run.cluster), sync=run.sync)
     if roles is not None and run.nproc_per_node is not None:
         engine.mirror_ranks(roles, run.nproc_per_node)
@@ -304,10 +298,7 @@ def _trace_once(run: TraceRun) -> TraceResult:
             "sync": run.sync,
             "early_reads": summary.early_reads,
             "moe_routing": {"model": run.routing.describe(), "layers": summary.routing},
-            "host_time": {"mode": run.host_time, "host": run.host.key, "host_speed": run.host.speed,
-                          **({"python_scale": round(bench.python_scale, 4),
-                              "bench_ms": round(bench.bench_ms, 2), "machine": bench.machine,
-                              "reference": host_bench.REFERENCE} if bench else {})},
+            "host_time": host_time_metadata(run, summary),
         }
         if server.failure is not None:
             metadata["simulator_error"] = server.failure.message
@@ -422,6 +413,19 @@ def _hidden_gpus_note(run: TraceRun) -> str:
     return ""
 
 
+def host_time_metadata(run: TraceRun, summary: EngineSummary) -> dict[str, Any]:
+    """--host-time and, measured, this machine's Python speed as the ranks measured it: the scale
+    of the lowest rank's first measurement (its Python until its next one) and the range of all."""
+    meta: dict[str, Any] = {"mode": run.host_time, "host": run.host.key, "host_speed": run.host.speed}
+    probes = summary.speed_probes
+    if run.host_time == "measured" and probes:
+        every = [ms for r in sorted(probes) for ms in probes[r]]
+        first = probes[min(probes)][0]
+        meta.update(python_scale=round(host_bench.python_scale(first), 4), bench_ms_range=[round(min(every), 2),
+                    round(max(every), 2)], probes=len(every), reference=host_bench.REFERENCE)
+    return meta
+
+
 def kernel_times_lines(result: TraceResult, run: TraceRun | None = None) -> list[str]:
     """Which estimator timed the kernels, how many each timed, and what the user must know."""
     choice = result.kernel_times
@@ -431,9 +435,12 @@ def kernel_times_lines(result: TraceResult, run: TraceRun | None = None) -> list
     if run is not None:
         lines.append(f"  host: {run.host.key}, modelled host costs x{run.host.speed:.2f} ({run.host.description}; "
                      "--host)")
-        if run.host_time == "measured" and run.host_bench is not None:
-            lines.append(f"  host time: the program's Python measured here (--host-time measured): "
-                         f"{run.host_bench.describe()}")
+        meta = host_time_metadata(run, result.summary)
+        if run.host_time == "measured" and "python_scale" in meta:
+            lines.append(f"  host time: the program's Python measured here (--host-time measured), x"
+                         f"{meta['python_scale']:.2f} to the {host_bench.REFERENCE.split(' (')[0]} (its Python "
+                         f"benchmark here: {meta['bench_ms_range'][0]:.1f}-{meta['bench_ms_range'][1]:.1f} ms in "
+                         f"{meta['probes']} runs, vs {host_bench.REFERENCE_BENCH_MS:.1f} ms)")
         else:
             lines.append("  host time: modelled per op (--host-time modelled; the program's own Python is not measured)")
     by = result.summary.kernels_by_estimator

@@ -37,6 +37,15 @@ def test_measured_python_is_charged_scaled_to_the_simulated_host():
     assert h.tl.spent["python"] == 15_000_000
 
 
+def test_the_ranks_latest_speed_measurement_scales_what_follows():
+    h = harness(MEASURED)
+    h.rec([P.R_HOST_SPEED, 73.178], [P.R_PYTHON, 1_000_000])  # as fast as the reference host
+    assert h.tl.host_ns == 1_000_000 * 0.5
+    h.rec([P.R_HOST_SPEED, 2 * 73.178], [P.R_PYTHON, 1_000_000])  # this machine got twice as slow
+    assert h.tl.host_ns == 1_000_000 * 0.5 + 500_000 * 0.5
+    assert h.tl.speed_probes == [73.178, 2 * 73.178]
+
+
 def test_an_ops_measured_python_comes_before_its_launch():
     h = harness(MEASURED)
     sid = h.sig(OpSignature("aten::k", "5000", (t([4]),), (t([4]),)))

@@ -1,8 +1,9 @@
 """A training loop whose DataLoader workers are the bottleneck with one worker and not with four.
 
-Each sample costs 10 ms of CPU in the worker (a busy loop on the worker's own CPU clock), a batch
-of 4 costs 40 ms here; the training step's GPU work (fp32 4096^2 GEMMs forward and backward) is
-about 17 ms on an H100. Prints the simulated time per step over steps 3-16."""
+Arguments: workers, CPU ms per sample. Each sample costs that much CPU in the worker (a busy loop
+on the worker's own CPU clock), a batch is 4 samples; the training step's GPU work (fp32 4096^2
+GEMMs forward and backward) is about 17 ms on an H100. Prints the simulated time per step over
+steps 3-16."""
 import json
 import sys
 import time
@@ -12,19 +13,22 @@ from torch.utils.data import DataLoader, Dataset
 
 
 class SlowSamples(Dataset):
+    def __init__(self, cpu_s: float) -> None:
+        self.cpu_s = cpu_s
+
     def __len__(self) -> int:
         return 64
 
     def __getitem__(self, i: int) -> torch.Tensor:
         c0 = time.thread_time()
-        while time.thread_time() - c0 < 0.010:
+        while time.thread_time() - c0 < self.cpu_s:
             pass
         return torch.zeros(16)
 
 
 def main() -> None:
-    workers = int(sys.argv[1])
-    loader = DataLoader(SlowSamples(), batch_size=4, num_workers=workers)
+    workers, sample_ms = int(sys.argv[1]), float(sys.argv[2])
+    loader = DataLoader(SlowSamples(sample_ms / 1e3), batch_size=4, num_workers=workers)
     p = torch.nn.Parameter(torch.zeros(4096, 4096, device="cuda"))
     opt = torch.optim.SGD([p], lr=0.0)
     for i, batch in enumerate(loader):
