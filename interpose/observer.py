@@ -20,9 +20,10 @@ from typing import Any, Iterator
 import torch
 from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
+from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispatch_mode_stack,
+                                          is_traceable_wrapper_subclass_type)
 
-from interpose import cuda_graphs, cuda_rng, custom_ops, data_dependent, hops, routing
+from interpose import cuda_graphs, cuda_rng, custom_ops, data_dependent, host_time, hops, routing
 from interpose import runtime as rt_mod
 from interpose import values
 from interpose.python_events import op_flags
@@ -244,17 +245,13 @@ def _not_observed() -> contextlib.AbstractContextManager[None]:
 def measure_dispatch_floor(rt: rt_mod.Runtime, device: int) -> int:
     """host_time.measure_dispatch_floor for this process's observer: a tiny add_ on a virtual
     GPU, reported to no one (torch's metadata-only path), so the simulation sees nothing."""
-    from interpose.host_time import measure_dispatch_floor as measure
-
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
     observer = rt.observer
     # The first record may come from inside the observer's own dispatch, where it is off the
     # mode stack: the probe's ops must go through it as the program's will.
     outside = contextlib.nullcontext() if observer in _get_current_dispatch_mode_stack() else observer
     with _not_observed(), outside:
         x = torch.empty(16, device=f"cuda:{device}")
-        return measure(rt.python_time, lambda: x.add_(1))
+        return host_time.measure_dispatch_floor(rt.python_time, lambda: x.add_(1))
 
 
 def install_metadata_only_regions() -> None:

@@ -180,7 +180,7 @@ class Runtime:
         exclude_garbage_collection(self.python_time)
         # a forked child's thread CPU clock starts again at 0: the parent's marks mean nothing there
         os.register_at_fork(after_in_child=self.python_time.forget)
-        self.client.on_connect = self._measure_dispatch_floor
+        self.client.on_connect = self._measure_host
         self.dispatch_lock = threading.RLock()  # serialises ops through FakeTensorMode (observer.py)
         self._storage_refs: dict[int, weakref.ref] = {}
         self.next_event_id = 0
@@ -196,7 +196,7 @@ class Runtime:
         self.pool_routes: dict[tuple[int, int], int] = {}
         self.capturing: dict[tuple[int, int], Any] = {}  # (device, stream) -> the CUDA graph capture on it
 
-    def _measure_dispatch_floor(self) -> None:
+    def _measure_host(self) -> None:
         """This machine's Python speed now, and what entering phantora's dispatch costs this
         process per op (host_time.py), once it is a rank and before its first op is sent."""
         if not self.python_time.enabled:

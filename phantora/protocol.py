@@ -46,8 +46,8 @@ R_ROUTING = 18
 R_PYTHON = 19
 # DataLoader workers (interpose/data_loading.py, engine/data_loading.py):
 R_LOADER_START = 20  # [R_LOADER_START, loader, workers, window]: an iterator (or epoch) starts; window: prefetched batches
-R_HOST_SPEED = 22  # [R_HOST_SPEED, bench_ms]: this machine's Python benchmark now (phantora/cost/host_bench.py)
 R_LOADER_BATCH = 21  # [R_LOADER_BATCH, loader, worker, cpu_ns]: the loop takes a batch that cost its worker cpu_ns
+R_HOST_SPEED = 22  # [R_HOST_SPEED, bench_ms]: this machine's Python benchmark now (phantora/cost/host_bench.py)
 # CUDA graphs (phantora/engine/graphs.py). Between R_GRAPH_BEGIN and R_GRAPH_END, ops on the
 # capturing streams come as R_OP with OP_CAPTURED: recorded into the graph, not run.
 R_GRAPH_BEGIN = 30  # [R_GRAPH_BEGIN, graph_id, device, stream_id]: cudaStreamBeginCapture on this stream

@@ -27,7 +27,7 @@ from phantora.engine.host_waits import HostWaits, WaitTarget, host_waits_for_cop
 from phantora.engine.placement import Placement
 from phantora.engine.ranks import CallError, DeviceMemory, RankState
 from phantora.engine.routing_log import decision_from_record
-from phantora.engine.startup import pay_once
+from phantora.engine.startup import pay, pay_once
 from phantora.engine.timeline import TimingConfig
 from phantora.engine.trace_events import TraceEvents, estimator_label, shape_args
 from phantora.ops import HOST_SYNC, OpSignature
@@ -345,8 +345,7 @@ class HostRecords:
         pay_once(st, self.trace, ("context", device), CUDA_CONTEXT, args={"device": device})
         if reserved > mem.reserved:  # the caching allocator took a new segment: cudaMalloc
             grown = reserved - mem.reserved
-            pay_once(st, self.trace, ("segment", device, st.ops, reserved), SEGMENT_MALLOC, ns=segment_ns(grown),
-                     args={"device": device, "bytes": grown})
+            pay(st, self.trace, SEGMENT_MALLOC, ns=segment_ns(grown), args={"device": device, "bytes": grown})
         mem.allocated, mem.reserved = allocated, reserved
         mem.peak_allocated = max(mem.peak_allocated, allocated)
         mem.peak_reserved = max(mem.peak_reserved, reserved)

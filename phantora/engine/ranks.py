@@ -78,5 +78,5 @@ class RankState:
     routing: dict[tuple[int, int, int], RoutingDecision] = field(default_factory=dict)
     # the one-off start-up costs this rank has paid, by key (phantora/engine/startup.py)
     startup_paid: set[tuple[Any, ...]] = field(default_factory=set)
-    step_spent: dict[str, int] = field(default_factory=dict)
-    loaders: dict[int, LoaderTimeline] = field(default_factory=dict)  # DataLoader iterators (engine/data_loading.py)  # the host's time by use (timeline.spent) at the last step
+    step_spent: dict[str, int] = field(default_factory=dict)  # the host's time by use (timeline.spent) at the last step
+    loaders: dict[int, LoaderTimeline] = field(default_factory=dict)  # DataLoader iterators (engine/data_loading.py)

@@ -85,6 +85,10 @@ class RankTimeline:
     streams: dict[tuple[int, int], Stream] = field(default_factory=dict)
     events: dict[int, int] = field(default_factory=dict)  # event id -> completion time
     first_stream_track: int = 10
+    # host time by what it was spent on (the summary's HOST_USES, HOST_WAITS), since the rank started: steps write their share
+    spent: Counter[str] = field(default_factory=Counter)
+    # this machine's Python benchmark as the rank measured it (ms), latest last (cost/host_bench.py)
+    speed_probes: list[float] = field(default_factory=list)
 
     def stream(self, device: int, stream_id: int) -> tuple[Stream, bool]:
         """The stream, and whether it was created by this call (so a caller can name its track)."""
@@ -95,11 +99,6 @@ class RankTimeline:
         s = Stream(device, stream_id, track=self.first_stream_track + len(self.streams))
         self.streams[key] = s
         return s, True
-
-    # host time by what it was spent on (HOST_SPENT), since the rank started: steps write their share
-    spent: Counter[str] = field(default_factory=Counter)
-    # this machine's Python benchmark as the rank measured it (ms), latest last (cost/host_bench.py)
-    speed_probes: list[float] = field(default_factory=list)
 
     # --- host ---------------------------------------------------------------------------------
     def advance_host(self, ns: int, what: str = "sleep") -> None:

@@ -178,25 +178,21 @@ class HostTime:
     first_step_startup: list[tuple[str, int, int]]  # (what, how many, ns), largest first
     mode: str | None  # phantora trace --host-time (None: not recorded)
 
-    @property
-    def busy_ns(self) -> float:
-        return sum(v for k, v in self.per_step_ns.items() if k not in HOST_WAITS)
-
 
 def _host_time(db: TraceDB, ranks: dict[int, int], steps: StepTimes) -> HostTime | None:
     rows = db.query(f"SELECT th.upid, s.ts, s.dur, a.key, a.int_value {_THREAD_SLICES} JOIN args a USING(arg_set_id) "
                     f"WHERE th.name = '{STEP_THREAD}' AND s.name LIKE '{STEP_PREFIX}%' AND a.key LIKE '%host % ns' "
                     "ORDER BY s.ts").rows
     per: dict[int, dict[int, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))  # rank -> ts -> use -> ns
-    first_window: dict[int, tuple[int, int]] = {}
+    first_step: dict[int, tuple[int, int]] = {}  # rank -> (start, end) of its first step
     for upid, ts, dur, key, value in rows:
         if upid not in ranks or value is None:
             continue
         r = ranks[upid]
         use = str(key).rsplit("host ", 1)[1][:-3]
         per[r][ts][use] = int(value)
-        if r not in first_window or ts < first_window[r][0]:
-            first_window[r] = (ts, ts + dur)
+        if r not in first_step or ts < first_step[r][0]:
+            first_step[r] = (ts, ts + dur)
     if not per:
         return None
     slowest = max(per, key=lambda r: next((x.stats.mean_ns for x in steps.per_rank if x.rank == r and x.stats), 0))
@@ -209,7 +205,7 @@ def _host_time(db: TraceDB, ranks: dict[int, int], steps: StepTimes) -> HostTime
     bound = "host-bound"
     if max(waits.values()) > 0.05 * total_ns:
         bound = "loading-bound" if waits["data loading"] >= waits["wait"] else "GPU-bound"
-    begin, end = first_window[slowest]
+    end = first_step[slowest][1]
     upid = next(u for u, r in ranks.items() if r == slowest)
     startup = db.query(f"SELECT s.name, COUNT(*), SUM(s.dur) {_THREAD_SLICES} WHERE th.upid = {upid} "
                        f"AND s.category = 'startup' AND s.ts < {end} GROUP BY s.name ORDER BY 3 DESC").rows

@@ -441,6 +441,9 @@ def kernel_times_lines(result: TraceResult, run: TraceRun | None = None) -> list
                          f"{meta['python_scale']:.2f} to the {host_bench.REFERENCE.split(' (')[0]} (its Python "
                          f"benchmark here: {meta['bench_ms_range'][0]:.1f}-{meta['bench_ms_range'][1]:.1f} ms in "
                          f"{meta['probes']} runs, vs {host_bench.REFERENCE_BENCH_MS:.1f} ms)")
+        elif run.host_time == "measured":
+            lines.append("  host time: the program's Python measured here (--host-time measured); no rank measured "
+                         "this machine's speed")
         else:
             lines.append("  host time: modelled per op (--host-time modelled; the program's own Python is not measured)")
     by = result.summary.kernels_by_estimator
