@@ -8,6 +8,9 @@ Public surface:
                         `phantora trace` does, with what to tell the user (EstimatorChoice)
     KernelTimesError    a choice that cannot be made (message for the user)
 
+The shared vocabulary (KernelEstimate, the kinds of GPU work, Estimator, KernelTimesError) lives in
+estimate.py, below every other module here; this package re-exports it.
+
 Estimators: analytical.py (roofline model, no data), calibrated.py (a measured table,
 interpolated; analytical outside it), measured.py (ops timed on a local device; the next
 estimator for what it cannot run).
@@ -27,44 +30,16 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
+from phantora.cost.estimate import (COMPUTE, COPY_D2D, COPY_D2H, COPY_H2D, NO_GPU_WORK, Estimator, KernelEstimate,
+                                    KernelTimesError)
 from phantora.hardware import GPUSpec
-from phantora.ops import OpSignature
 
-# Kinds of GPU work; the engine schedules copies on the copy model, kernels on streams.
-COMPUTE = "compute"
-COPY_H2D = "copy_h2d"
-COPY_D2H = "copy_d2h"
-COPY_D2D = "copy_d2d"
-NO_GPU_WORK = "none"  # views, metadata ops, allocations without a kernel, host-only ops
-
-
-@dataclass(frozen=True, slots=True)
-class KernelEstimate:
-    duration_ns: int  # GPU time of all kernels the op launches, back to back
-    kernels: int  # number of kernel launches; 0 when the op launches no GPU work
-    flops: float  # floating point operations performed
-    bytes: float  # bytes read + written in device memory (or moved over PCIe for copies)
-    kind: str  # one of COMPUTE, COPY_H2D, COPY_D2H, COPY_D2D, NO_GPU_WORK
-    estimator: str  # "analytical", "calibrated", "measured"
-    known: bool  # False when the op is not modelled and a generic fallback was used
-    kernel_name: str  # the name a trace shows for the kernel, e.g. "gemm_bf16" or "mm"
-    host_ns: int  # host (CPU) time the call costs: dispatch plus kernel launches
-
-
-class Estimator(Protocol):
-    name: str
-    gpu: GPUSpec
-
-    def estimate(self, sig: OpSignature) -> KernelEstimate: ...
-
+__all__ = ["COMPUTE", "COPY_D2D", "COPY_D2H", "COPY_H2D", "NO_GPU_WORK", "Estimator", "EstimatorChoice", "KERNEL_TIMES",
+           "KernelEstimate", "KernelTimesError", "choose_estimator", "make_estimator", "shipped_table"]
 
 KERNEL_TIMES = ("auto", "analytical", "calibrated", "measured")
-
-
-class KernelTimesError(ValueError):
-    """The requested kernel-time estimator cannot be used; the message says what to change."""
 
 
 @dataclass(frozen=True)

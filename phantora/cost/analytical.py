@@ -17,7 +17,7 @@ How one signature is answered:
 
 from __future__ import annotations
 
-from phantora.cost import COMPUTE, NO_GPU_WORK, KernelEstimate
+from phantora.cost.estimate import COMPUTE, NO_GPU_WORK, KernelEstimate
 from phantora.cost.families import Family, classify
 from phantora.cost.host import host_ns
 from phantora.cost.roofline import (

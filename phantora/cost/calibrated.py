@@ -49,7 +49,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from phantora.cost import NO_GPU_WORK, KernelEstimate
+from phantora.cost.estimate import NO_GPU_WORK, KernelEstimate
 from phantora.cost.analytical import AnalyticalEstimator
 from phantora.cost.attention import parse_attention
 from phantora.cost.host import HOST_COSTS

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phantora.cost import COMPUTE, COPY_D2D, COPY_D2H, COPY_H2D
+from phantora.cost.estimate import COMPUTE, COPY_D2D, COPY_D2H, COPY_H2D
 from phantora.cost.pointwise import cast
 from phantora.cost.roofline import (
     CostContext,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phantora.cost import COMPUTE, COPY_D2D, COPY_D2H, COPY_H2D, NO_GPU_WORK
+from phantora.cost.estimate import COMPUTE, COPY_D2D, COPY_D2H, COPY_H2D, NO_GPU_WORK
 from phantora.protocol import OP_BACKWARD, OP_COMPILED, OP_IN_MODULE, OP_IN_OPTIMIZER, OP_RECORDS_GRAD
 
 

@@ -47,7 +47,7 @@ from typing import Any, Callable
 
 import orjson
 
-from phantora.cost import NO_GPU_WORK, Estimator, KernelEstimate
+from phantora.cost.estimate import NO_GPU_WORK, Estimator, KernelEstimate
 from phantora.hardware import GPUSpec
 from phantora.ops import FLOAT_PLACEHOLDER, OpSignature, TensorMeta
 

@@ -32,7 +32,7 @@ from pathlib import Path
 # The H100 measurements shipped with phantora (copied from shared/calibration; README beside it).
 H100_CALIBRATION = Path(__file__).with_name("data") / "h100_sxm_kernels.jsonl"
 
-from phantora.cost import KernelTimesError
+from phantora.cost.estimate import KernelTimesError
 from phantora.ops import OpSignature, TensorMeta
 
 # Timings under this are the floor of the measuring method (one CUDA event pair around one

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from phantora.cost import COMPUTE
+from phantora.cost.estimate import COMPUTE
 from phantora.hardware import GPUSpec
 from phantora.ops import OpSignature, TensorMeta
 
