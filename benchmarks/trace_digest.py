@@ -2,6 +2,11 @@
 
     python benchmarks/trace_digest.py --out digests.json [--only fsdp4-conservative,...]
     python benchmarks/trace_digest.py --out after.json --compare digests.json
+    python benchmarks/trace_digest.py --trees BEFORE AFTER
+
+--trees compares every trace two runs of the test suite left behind instead (pytest
+--basetemp=BEFORE on the old code, --basetemp=AFTER on the new): each `*.json` trace found
+under both at the same relative path is digested the same way.
 
 Runs each example configuration (single GPU, DDP, FSDP2, TP x FSDP2, PP; 2-8 ranks; optimistic
 and conservative sync) under `phantora trace` with a small model, and digests the trace: the
@@ -79,13 +84,58 @@ def run(name: str, sync: str, tmp: Path) -> dict:
             "rows": str(tmp / f"{name}-{sync}.rows.json")}
 
 
+def _traces(tree: Path) -> dict[str, Path]:
+    """Relative path -> trace, for every Chrome JSON trace under `tree` (pytest's `current`
+    links to the newest numbered folder are skipped: they repeat it)."""
+    found = {}
+    for path in sorted(tree.rglob("*.json")):
+        rel = path.relative_to(tree)
+        if any((tree / Path(*rel.parts[: i + 1])).is_symlink() for i in range(len(rel.parts))):
+            continue
+        with open(path, "rb") as f:
+            if b'"traceEvents"' not in f.read(4096):
+                continue
+        found[str(rel)] = path
+    return found
+
+
+def compare_trees(before: Path, after: Path) -> bool:
+    """Digest the traces two test runs left behind; print each; True when all are the same."""
+    old, new = _traces(before), _traces(after)
+    same = 0
+    differ = []
+    for rel in sorted(old.keys() & new.keys()):
+        try:
+            (h0, n0, _, c0), (h1, n1, _, c1) = digest(old[rel]), digest(new[rel])
+        except json.JSONDecodeError as e:
+            differ.append(f"{rel}: unreadable ({e})")
+            continue
+        if (h0, n0, c0["simulated_ns"]) == (h1, n1, c1["simulated_ns"]):
+            same += 1
+        else:
+            differ.append(f"{rel}: DIFFERENT ({n0} -> {n1} events, simulated {c0['simulated_ns']} -> "
+                          f"{c1['simulated_ns']} ns)")
+    for line in differ:
+        print(line)
+    only = sorted(old.keys() ^ new.keys())
+    print(f"{same} traces the same, {len(differ)} different, {len(only)} in one tree only"
+          + (f" (e.g. {only[:3]})" if only else ""))
+    return not differ
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--trees", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
+                    help="compare the traces two test runs left under their --basetemp folders")
+    ap.add_argument("--out", type=Path)
     ap.add_argument("--only", default="", help="comma-separated NAME-SYNC (e.g. fsdp4-conservative)")
     ap.add_argument("--compare", type=Path, help="digests of an earlier run")
     ap.add_argument("--keep", type=Path, help="folder to keep traces and event rows in")
     args = ap.parse_args()
+    if args.trees:
+        sys.exit(0 if compare_trees(*args.trees) else 1)
+    if args.out is None:
+        ap.error("--out is required (or --trees BEFORE AFTER)")
     todo = [(n, s) for n in CONFIGS for s in SYNCS]
     if args.only:
         want = set(args.only.split(","))
