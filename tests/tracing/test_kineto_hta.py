@@ -5,7 +5,7 @@ the main Chrome JSON trace of the same run.
 Both files hold the same microsecond values (three decimals), so HTA's numbers must match ours up
 to float summation: the tolerance is 0.01 us absolute (plus 1e-9 relative). HTA rounds such
 nanosecond-precision times to whole microseconds unless HTA_DISABLE_NS_ROUNDING=1, so the test
-sets it, as the README tells users to.
+sets it, as docs/trace.md (moved from the README) tells users to.
 """
 
 from __future__ import annotations
