@@ -21,12 +21,12 @@ args = ap.parse_args()
 if args.fake_only:
     import ctypes
 
-    from interpose.shim_build import shim_path
+    from interpose.device.shim_build import shim_path
 
     ctypes.CDLL(str(shim_path()), mode=ctypes.RTLD_GLOBAL)
     import torch
 
-    from interpose.fake import install_fake_fixes, make_fake_mode
+    from interpose.device.fake import install_fake_fixes, make_fake_mode
 
     install_fake_fixes()
     torch.cuda.is_available = lambda: True  # autocast("cuda") checks these two

@@ -40,7 +40,7 @@ QUICK = {
 
 
 def _default_python() -> str:
-    from interpose.shim_build import cache_dir
+    from interpose.device.shim_build import cache_dir
 
     return str(cache_dir() / "test-venv-cuda-torch" / "bin" / "python")
 

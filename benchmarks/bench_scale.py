@@ -100,7 +100,7 @@ def fsdp_row(gpus: int, tmp: Path) -> tuple[str, int, Run, Run, float]:
 def _titan_python() -> str | None:
     python = os.environ.get("PHANTORA_CUDA_TORCH_PYTHON")
     if not python:
-        from interpose.shim_build import cache_dir
+        from interpose.device.shim_build import cache_dir
 
         python = str(cache_dir() / "test-venv-cuda-torch" / "bin" / "python")
     probe = subprocess.run([python, "-c", "import torchtitan"], capture_output=True, text=True)

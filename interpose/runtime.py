@@ -15,7 +15,7 @@ and from the variables a GPU process reads on a real machine:
 A rank's identity is what torch.distributed uses: RANK as torchrun sets it; otherwise (Lightning's
 launcher sets LOCAL_RANK, NODE_RANK and WORLD_SIZE; mp.spawn children set nothing) a guess that is
 read when the process first touches a GPU and corrected by the rank the process passes to
-init_process_group (interpose/distributed.py).
+init_process_group (interpose/distributed/process_group.py).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interpose.client import SimClient
-from interpose.clock import HostThread
-from interpose.host_time import ENV as HOST_TIME_ENV
-from interpose.host_time import PythonTime, exclude_garbage_collection
+from interpose.host.clock import HostThread
+from interpose.host.host_time import ENV as HOST_TIME_ENV
+from interpose.host.host_time import PythonTime, exclude_garbage_collection
 from phantora import protocol as P
 from phantora.engine.memory import CachingAllocator
 from phantora.hardware import DEFAULT_GPU, GPUSpec, lookup_gpu
@@ -192,7 +192,7 @@ class Runtime:
         self.model_work_since_step = True
         self.observer: Any = None  # the OpObserver, once installed (benchmarks read its op count)
         # (device, stream) -> allocator key of the CUDA-graph private pool its allocations go to
-        # while it captures (interpose/cuda_graphs.py; phantora/engine/memory.py graph pools)
+        # while it captures (interpose/device/cuda_graphs.py; phantora/engine/memory.py graph pools)
         self.pool_routes: dict[tuple[int, int], int] = {}
         self.capturing: dict[tuple[int, int], Any] = {}  # (device, stream) -> the CUDA graph capture on it
 
@@ -204,7 +204,7 @@ class Runtime:
         self.client.record([P.R_HOST_SPEED, self.python_time.measure_speed()])
         if self.observer is None or not self.config.device_count:
             return
-        from interpose.observer import measure_dispatch_floor
+        from interpose.ops.observer import measure_dispatch_floor
 
         self.python_time.dispatch_floor_ns = measure_dispatch_floor(self, 0)
 
@@ -362,7 +362,7 @@ class Runtime:
         # comes from the shim's pinned allocator, which knows it.
         if storage.device.type != "cpu":
             return False
-        from interpose.cuda_dispatch import is_pinned_ptr
+        from interpose.device.cuda_dispatch import is_pinned_ptr
 
         return is_pinned_ptr(storage.data_ptr())
 

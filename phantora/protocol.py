@@ -38,13 +38,13 @@ R_HOST = 14  # [R_HOST, kind, count]: Python-level work with modelled host time 
 R_WORK_WAIT = 15  # [R_WORK_WAIT, work_id, device, stream_id, host_blocks]: Work.wait() on a collective
 R_STEP = 16  # [R_STEP]: the script's (first) optimizer finished a step: a training-step marker
 R_GROUP = 17  # [R_GROUP, group name, global ranks]: a process group was created (sent with --ranks, phantora/roles.py)
-# [R_ROUTING, layer, sub, label, experts, k, counts]: a MoE router's decision (interpose/routing.py), sent when
+# [R_ROUTING, layer, sub, label, experts, k, counts]: a MoE router's decision (interpose/values/routing.py), sent when
 # the counts of (layer, sub, experts) change: tokens routed to each expert, top-k
 R_ROUTING = 18
 # [R_PYTHON, ns]: CPU time the program spent outside phantora before the next record, on the thread
-# that launches GPU work (interpose/host_time.py); an R_OP carries its own as a fifth field
+# that launches GPU work (interpose/host/host_time.py); an R_OP carries its own as a fifth field
 R_PYTHON = 19
-# DataLoader workers (interpose/data_loading.py, engine/data_loading.py):
+# DataLoader workers (interpose/host/data_loading.py, engine/data_loading.py):
 R_LOADER_START = 20  # [R_LOADER_START, loader, workers, window]: an iterator (or epoch) starts; window: prefetched batches
 R_LOADER_BATCH = 21  # [R_LOADER_BATCH, loader, worker, cpu_ns]: the loop takes a batch that cost its worker cpu_ns
 R_HOST_SPEED = 22  # [R_HOST_SPEED, bench_ms]: this machine's Python benchmark now (phantora/cost/host_bench.py)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from interpose.shim_build import cache_dir
+from interpose.device.shim_build import cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_TORCH = "torch==2.14.1"

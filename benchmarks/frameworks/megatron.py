@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 
 from benchmarks.frameworks import Case, Row
-from interpose.shim_build import cache_dir
+from interpose.device.shim_build import cache_dir
 from phantora.query import load
 from phantora.query.summary import summarize
 from tests.frameworks.megatron_run import GPTConfig, run_megatron

@@ -37,7 +37,7 @@ def _python() -> str:
     python = os.environ.get("PHANTORA_CUDA_TORCH_PYTHON")
     if python:
         return python
-    from interpose.shim_build import cache_dir
+    from interpose.device.shim_build import cache_dir
 
     python = str(cache_dir() / "test-venv-cuda-torch" / "bin" / "python")
     probe = subprocess.run([python, "-c", "import torchtitan"], capture_output=True, text=True)

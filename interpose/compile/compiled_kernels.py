@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from interpose import values
+from interpose.values import policy as values
 from phantora.ops import OpSignature, TensorMeta
 
 # The signature namespace of generated kernels (phantora/cost/fused.py times them).
@@ -134,7 +134,7 @@ def _wrapper_file() -> str | None:
 
 
 def _meta(t: torch.Tensor) -> TensorMeta:
-    from interpose.signature import tensor_meta
+    from interpose.ops.signature import tensor_meta
 
     return tensor_meta(t)
 
@@ -174,8 +174,8 @@ def launch_signature(info: KernelInfo, args: tuple) -> OpSignature:
 def _flex_facts(info: KernelInfo, named: dict[str, Any]) -> tuple:
     """What the flex-attention model needs of its template's launch: q, k, v, the per-query-block
     key-block counts, the key block size, the blocks visited (from the BlockMask's real values,
-    interpose/hops.py; None when unknown) and whether it is the backward kernel."""
-    from interpose.hops import visited_blocks
+    interpose/ops/hops.py; None when unknown) and whether it is the backward kernel."""
+    from interpose.ops.hops import visited_blocks
 
     counts = named.get("arg_KV_NUM_BLKS")
     visited = visited_blocks((None, None, counts, None, named.get("arg_FULL_KV_NUM_BLKS")))

@@ -11,7 +11,7 @@ decided on.
   the ones it makes on that GPU. Nothing is compiled for a GPU and nothing is autotuned.
 * What the compiled code runs is Inductor's generated wrapper: its buffer allocations and extern
   kernels (GEMMs, attention, convolutions) are aten ops the observer reports as for eager code;
-  each generated Triton kernel is reported as one fused kernel (interpose/compiled_kernels.py).
+  each generated Triton kernel is reported as one fused kernel (interpose/compile/compiled_kernels.py).
   Ops of compiled code carry OP_COMPILED: they pay the launch, not the eager Python around ops.
 * Compilation is host work done once: while it runs, the program's clock stands still (Dynamo
   times itself; none of it is the simulated program's time) and at its end the host is charged
@@ -229,7 +229,7 @@ def _mark_compiled_runs(compile_clock: CompileClock) -> None:
     Inductor compiles is counted for the compile's host time."""
     from torch._inductor.output_code import CompiledFxGraph
 
-    from interpose.observer import compiled_code
+    from interpose.ops.observer import compiled_code
 
     post_compile = CompiledFxGraph.post_compile
 
@@ -301,7 +301,7 @@ def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
     # mode="reduce-overhead": CUDA graph trees manage their memory through the real caching
     # allocator's private pools and checkpoints (C++ beside phantora's allocator model); Inductor's
     # plain CUDA graphs (one torch.cuda.CUDAGraph per compiled graph, simulated by
-    # interpose/cuda_graphs.py) capture and replay the same kernels.
+    # interpose/device/cuda_graphs.py) capture and replay the same kernels.
     inductor_config.triton.cudagraph_trees = False
     # Inductor checks input alignment with data_ptr(); a virtual tensor answers 0 (aligned) and
     # torch warns that FakeTensor data pointers are deprecated, which a GPU user never sees.
@@ -320,7 +320,7 @@ def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
     _install_virtual_triton_driver(rt.config.gpu)
     from torch._inductor.async_compile import AsyncCompile
 
-    from interpose.compiled_kernels import virtual_kernel_loader
+    from interpose.compile.compiled_kernels import virtual_kernel_loader
 
     def report(sig: Any, args: tuple, stream: int) -> None:
         device = next((a.device.index or 0 for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"), 0)

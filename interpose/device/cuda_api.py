@@ -7,7 +7,7 @@ Two layers, each the smallest that works:
   * replacements for torch.cuda functions whose CPU-build versions are dummies or refuse
     (is_available, Stream, Event, synchronize, device properties, nvtx, ...).
 The RNG (torch.cuda.default_generators, which torch.cuda's own RNG functions use) is
-interpose/cuda_rng.py's.
+interpose/device/cuda_rng.py's.
 Stream and Event subclass torch.Stream / torch.Event (FSDP calls stream.wait_event with them)
 and report to the simulator; the current device and stream live in the native shim, so
 autograd's stream switching in backward is seen too.
@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from interpose import cuda_graphs
+from interpose.device import cuda_graphs
 from interpose import runtime as rt_mod
-from interpose.cuda_rng import install_cuda_rng
+from interpose.device.cuda_rng import install_cuda_rng
 from phantora import protocol as P
 
 _CUDA_TYPE = 1  # c10::DeviceType::CUDA

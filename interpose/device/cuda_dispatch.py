@@ -7,7 +7,7 @@ item()), or code that runs with the mode stack empty (`_disable_current_modes()`
 subclass's `__torch_dispatch__` such as DTensor's, where the RNG tracker copies the CUDA RNG
 state to the GPU). Such ops land on the CUDA dispatch key. The native shim's kernel for that key
 hands them back to the simulation's dispatch modes, so they are reported and computed like every
-other op (interpose/shim/virtual_cuda.cpp, section "ops that reach the CUDA dispatch key").
+other op (interpose/device/shim/virtual_cuda.cpp, section "ops that reach the CUDA dispatch key").
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class CudaDispatchError(RuntimeError):
 
 @functools.cache
 def _shim() -> ctypes.PyDLL:
-    # The shim was loaded with RTLD_GLOBAL before torch (interpose/hook.py), so its symbols are
+    # The shim was loaded with RTLD_GLOBAL before torch (interpose/launch/hook.py), so its symbols are
     # in the process's global namespace. PyDLL keeps the GIL held during the calls: installing
     # copies the Python mode objects' handles.
     lib = ctypes.PyDLL(None)
@@ -63,7 +63,7 @@ def is_pinned_ptr(address: int) -> bool:
 # FakeTensor.__torch_dispatch__, which enters FakeTensorMode alone. That computes shapes, but a
 # value read (DTensor's RNG tracker compares the ranks' states with `all(a == b)`) raises
 # DataDependentOutputException. Reads go through the op observer instead, which reports them and
-# answers them as everywhere else (interpose/values.py). A copy from a virtual GPU to the host is
+# answers them as everywhere else (interpose/values/policy.py). A copy from a virtual GPU to the host is
 # a value read too (DTensor's tracker moves the RNG state back to the CPU before handing it to the
 # generator, which needs its bytes). Other ops keep FakeTensor's own path: the observer already
 # reported the subclass op they implement.

@@ -94,7 +94,7 @@ def _unmodelled(ext: str, fn: str) -> Callable[..., Any]:
             f"{', '.join(sorted(KNOWN_KERNELS))}. To run this program under phantora, use the PyTorch "
             f"implementation of this operation (for DeepSpeed's optimizers: \"torch_adam\": true in the "
             f"optimizer params, or a torch.optim optimizer), or add a cost model for {fn} "
-            f"(interpose/cuda_extensions.py, phantora/cost).")
+            f"(interpose/device/cuda_extensions.py, phantora/cost).")
     call.__name__ = fn
     return call
 

@@ -8,7 +8,7 @@ torch.cuda.CUDAGraph is torch's class (subclassable, usable in annotations, with
 capture/replay hooks of the installed torch version) over a base that reports to the simulator:
 
   * capture_begin: the current stream starts capturing (not the default stream, as on CUDA).
-    Ops launched on it are reported with OP_CAPTURED (interpose/observer.py): the engine records
+    Ops launched on it are reported with OP_CAPTURED (interpose/ops/observer.py): the engine records
     their kernels into the graph and runs nothing (phantora/engine/graphs.py). Their storages
     come from the graph's private memory pool (phantora/engine/memory.py graph pools), which
     stays reserved while a graph holds it, as PyTorch's caching allocator keeps it.
@@ -19,7 +19,7 @@ An event recorded on a capturing stream and waited on by another stream joins th
 the capture, as cudaStreamWaitEvent does. Synchronisations inside a capture (synchronize,
 .item()) raise what CUDA raises: "operation not permitted when stream is capturing".
 NCCL collectives called during a capture are recorded into the graph, not run, and consume no
-sequence number of their process group (interpose/distributed.py); each replay then takes the
+sequence number of their process group (interpose/distributed/process_group.py); each replay then takes the
 group's next sequence number for each of them, in capture order, and sends them with the launch,
 so replayed collectives are matched across ranks as eager ones are (phantora/engine/graphs.py).
 """

@@ -5,7 +5,7 @@ torch.random.fork_rng and activation checkpointing save and restore it, Megatron
 CudaRNGStatesTracker keeps one state per parallel group and swaps them in and out, DTensor's
 OffsetBasedRNGTracker rewrites the offset bytes of the state so each shard draws its own slice.
 So the generators are real: each device has a default `torch.Generator` (device cuda:i) made by
-the native shim (interpose/shim/virtual_cuda.cpp, the CUDA hooks' getDefaultGenerator) with a
+the native shim (interpose/device/shim/virtual_cuda.cpp, the CUDA hooks' getDefaultGenerator) with a
 real CUDA generator's state, the 16-byte Philox layout (seed as uint64, then offset as int64),
 and `torch.Generator(device="cuda")` makes new ones (getNewGenerator). torch.cuda's own RNG
 functions (torch/cuda/random.py) run unchanged on top of `torch.cuda.default_generators`.

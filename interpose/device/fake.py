@@ -14,7 +14,7 @@ import torch
 from torch._subclasses import fake_tensor as _ft
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from interpose import values
+from interpose.values import policy as values
 
 
 class VirtualCudaFakeMode(FakeTensorMode):

@@ -3,12 +3,12 @@ multiprocessing queue or a plain pickle.dumps does with a tensor the script hold
 
 On a GPU machine a CPU tensor pickles with its data (torch.multiprocessing moves it to shared
 memory first) and a CUDA tensor with an IPC handle. Under phantora the script's float CPU tensors
-and every GPU tensor are virtual (FakeTensors of phantora's FakeTensorMode, interpose/fake.py):
+and every GPU tensor are virtual (FakeTensors of phantora's FakeTensorMode, interpose/device/fake.py):
 they hold no data, and torch's default reduction pickles the FakeTensor's Python state, its
 FakeTensorMode included, which cannot be pickled ("Can't pickle local object
 'WeakValueDictionary.__init__.<locals>.remove'"). A virtual tensor pickles instead as what
 it is: its shape, strides, dtype, device, requires_grad and parameter flag, and what it reads as
-(its value or small shadow, interpose/values.py). Unpickled in a process phantora runs, it is
+(its value or small shadow, interpose/values/policy.py). Unpickled in a process phantora runs, it is
 rebuilt there as a fresh tensor of the same kind, in that process's FakeTensorMode.
 
 Not kept: storage shared between two separately pickled tensors (views of one base arrive as
@@ -18,7 +18,7 @@ IPC would map the sender's. Tensors of other FakeTensorModes (torch.compile's) p
 pickles them.
 
 torch is imported inside the functions: unpickling may import this module before the receiving
-process has imported torch, and phantora installs itself at that import (interpose/hook.py).
+process has imported torch, and phantora installs itself at that import (interpose/launch/hook.py).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ class VirtualTensor:
 
 
 def _reduce_virtual(self: Any, proto: int) -> Any:
-    from interpose import values
-    from interpose.fake import VirtualCudaFakeMode
+    from interpose.values import policy as values
+    from interpose.device.fake import VirtualCudaFakeMode
 
     if not isinstance(getattr(self, "fake_mode", None), VirtualCudaFakeMode):
         return _torch_reduce_ex(self, proto)
@@ -68,10 +68,10 @@ def _reduce_virtual(self: Any, proto: int) -> Any:
 
 def rebuild_virtual_tensor(v: VirtualTensor) -> Any:
     """The pickled tensor, rebuilt as a tensor created here would be (virtual, unless phantora's
-    policy makes a tensor of this kind real, interpose/observer.py), reading as it did."""
+    policy makes a tensor of this kind real, interpose/ops/observer.py), reading as it did."""
     import torch
 
-    from interpose import values
+    from interpose.values import policy as values
 
     t = torch.empty_strided(v.shape, v.stride, dtype=v.dtype, device=v.device)
     if values.is_virtual(t):

@@ -24,10 +24,10 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 from torch.futures import Future
 
-from interpose import collective_checks as check
-from interpose import cuda_graphs
-from interpose import values
-from interpose.observer import current_stream_id
+from interpose.distributed import collective_checks as check
+from interpose.device import cuda_graphs
+from interpose.values import policy as values
+from interpose.ops.observer import current_stream_id
 from phantora import protocol as P
 from phantora.roles import RankRoles
 
@@ -100,7 +100,7 @@ def _device(tensors: list[torch.Tensor]) -> int:
 @dataclass
 class _Held:
     """What a member contributes to a collective's values: its shadow (real data) if it has
-    one, and its value (interpose/values.py)."""
+    one, and its value (interpose/values/policy.py)."""
     shadow: torch.Tensor | None
     value: Any
 
@@ -289,7 +289,7 @@ class SimProcessGroup(dist.ProcessGroup):
     def _captured(self, op: str, device: int, stream: int, next_seq: Any) -> bool:
         """Is the collective called on a stream capturing a CUDA graph? Then it is recorded into
         the graph and consumes no sequence number now: each replay of the graph launches it again
-        and takes one then (next_seq), on every member alike (interpose/cuda_graphs.py). Values
+        and takes one then (next_seq), on every member alike (interpose/device/cuda_graphs.py). Values
         are not exchanged: a captured collective computes nothing until a replay, and a replay
         runs no Python."""
         cap = cuda_graphs.capture_of(device, stream)
@@ -367,7 +367,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def _carry_values(self, op: str, tensors: list[torch.Tensor], seq: int, reduce_op: str, root: int | None) -> None:
         """Tensors up to values.COPY_SHADOW_MAX_NUMEL carry their shadows and values
-        (interpose/values.py) through all_reduce and broadcast, exchanged via the c10d store:
+        (interpose/values/policy.py) through all_reduce and broadcast, exchanged via the c10d store:
         this rank's contribution now, the others' when the result is first used."""
         key = f"phantora/values/{self._group_name}/{seq}"
         me = self.global_ranks[self.rank()]
@@ -660,7 +660,7 @@ def install_distributed(rt: Any) -> None:
     _identify_at_init()
     _install_exit_rendezvous()
     install_object_collectives()
-    from interpose import observer
+    from interpose.ops import observer
 
     observer._SPECIAL.update(collective_op_handlers())
 
@@ -875,7 +875,7 @@ def _functional(kind: str) -> Any:
 
 def _seed_values(ins: list[torch.Tensor], outs: list[torch.Tensor], whole: bool) -> None:
     """A functional collective's outputs are new tensors: they start from their inputs' data
-    (shadow and value, interpose/values.py), which the collective then combines across ranks.
+    (shadow and value, interpose/values/policy.py), which the collective then combines across ranks.
     An all_gather's output (the members' inputs side by side) starts from the input's value."""
     with values.real_cpu():
         for i, o in zip(ins, outs):

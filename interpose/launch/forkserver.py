@@ -93,7 +93,7 @@ def serve(command_fd: int, status_fd: int) -> RankStart:
 def _prepare() -> dict[str, str]:
     """What a rank's start does before the interposition patches anything; returns the variables
     it set (the bootstrap sets some for the rank)."""
-    from interpose import hook
+    from interpose.launch import hook
 
     before = dict(os.environ)
     hooks = [f for f in sys.meta_path if isinstance(f, hook._TorchImportHook)]
@@ -183,7 +183,7 @@ def _interpose_at_first_torch_import(start: RankStart) -> None:
             builtins.__import__ = original
             if dict(os.environ) != start.import_env:
                 _restart_fresh(start)
-            from interpose import hook
+            from interpose.launch import hook
 
             try:
                 hook.after_torch_import()

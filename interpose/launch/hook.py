@@ -33,7 +33,7 @@ def sdpa_priority(capability_major: int) -> str:
 
 def before_torch_import() -> None:
     from interpose.runtime import visible_devices
-    from interpose.shim_build import find_torch, shim_path
+    from interpose.device.shim_build import find_torch, shim_path
     from phantora.hardware import DEFAULT_GPU, lookup_gpu
 
     gpu = lookup_gpu(os.environ.get("PHANTORA_GPU", DEFAULT_GPU))
@@ -52,16 +52,16 @@ def after_torch_import() -> None:
     import torch._dynamo  # noqa: F401  (dynamo keys trace rules by identity: import before patching)
 
     from interpose import runtime as rt_mod
-    from interpose.clock import VirtualClock, install_clock, restore_real_clock
-    from interpose.cuda_api import install_cuda_api
-    from interpose.cuda_extensions import install_cuda_extensions
-    from interpose.cuda_dispatch import install_cuda_dispatch
-    from interpose.data_parallel import install_data_parallel
-    from interpose.fake import install_fake_fixes, make_fake_mode
-    from interpose.observer import OpObserver, install_metadata_only_regions
-    from interpose.pickling import install_pickling
-    from interpose.python_events import install_python_events
-    from interpose.values import install_value_hints
+    from interpose.host.clock import VirtualClock, install_clock, restore_real_clock
+    from interpose.device.cuda_api import install_cuda_api
+    from interpose.device.cuda_extensions import install_cuda_extensions
+    from interpose.device.cuda_dispatch import install_cuda_dispatch
+    from interpose.distributed.data_parallel import install_data_parallel
+    from interpose.device.fake import install_fake_fixes, make_fake_mode
+    from interpose.ops.observer import OpObserver, install_metadata_only_regions
+    from interpose.distributed.pickling import install_pickling
+    from interpose.host.python_events import install_python_events
+    from interpose.values.policy import install_value_hints
 
     rt = rt_mod.install_runtime(rt_mod.RankConfig.from_env())
     install_fake_fixes()
@@ -73,25 +73,25 @@ def after_torch_import() -> None:
     clock = VirtualClock(rt.client, rt.host_thread)
     install_clock(clock)
 
-    from interpose.fake import VirtualCudaFakeMode
-    from interpose.hops import install_hops
+    from interpose.device.fake import VirtualCudaFakeMode
+    from interpose.ops.hops import install_hops
 
     install_hops(VirtualCudaFakeMode, OpObserver)
     fake_mode = make_fake_mode()
     observer = OpObserver(rt)
     install_metadata_only_regions()
     rt.observer = observer
-    from interpose.compile import install_compile
+    from interpose.compile.torch_compile import install_compile
 
     install_compile(OpObserver, rt, clock)
     install_python_events(rt)
-    from interpose.observer import install_storage_resize
+    from interpose.ops.observer import install_storage_resize
 
     install_storage_resize(rt)
-    from interpose.addresses import install_virtual_addresses
+    from interpose.device.addresses import install_virtual_addresses
 
     install_virtual_addresses(rt)
-    from interpose.distributed import install_distributed
+    from interpose.distributed.process_group import install_distributed
 
     install_distributed(rt)
     fake_mode.__enter__()
@@ -142,7 +142,7 @@ def _install_worker_exit(rt: Any, clock: Any, restore_real_clock: Any) -> None:
     import torch.utils.data._utils.worker as worker
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from interpose.data_loading import install_loader_timing, time_worker_batches
+    from interpose.host.data_loading import install_loader_timing, time_worker_batches
 
     install_loader_timing(rt)
 

@@ -16,7 +16,7 @@ class (HigherOrderOperator.dispatch: `type(mode) in hop.python_key_table`), and 
       outputs, or
     - runs the HOP's own eager (dense) implementation with the observer active, so the ops of
       its body are reported one by one as a GPU would run them (cond takes the branch its
-      predicate reads as under interpose/values.py's policy, while_loop iterates while its
+      predicate reads as under interpose/values/policy.py's policy, while_loop iterates while its
       predicate reads true, invoke_subgraph / map / scan / auto_functionalized run their bodies).
 
 torch's eager `flex_attention(q, k, v, block_mask=...)` wraps the HOP in
@@ -32,7 +32,7 @@ virtual GPU that yields no data, so the mask's sparsity would be unknown. The sa
 repeated for real on the CPU when mask_mod is a function of the indices alone (causal, sliding
 window, prefix-LM, ...; masks beyond REAL_MASK_MAX_CELLS are counted in slices of query rows, up
 to REAL_MASK_MAX_CELLS_COUNTED), and the CPU result becomes the real "shadow" of the virtual
-BlockMask's tensors (interpose/values.py): its sparsity() is the real one, and the flex-attention
+BlockMask's tensors (interpose/values/policy.py): its sparsity() is the real one, and the flex-attention
 kernels are costed with its real block count. A mask_mod that reads tensors on a virtual GPU
 (document ids) has no data to evaluate: its block count is unknown and the kernel is costed as
 if every block were visited (an upper bound).
@@ -51,7 +51,7 @@ import torch
 from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
-from interpose import values
+from interpose.values import policy as values
 
 DispatchKey = torch._C.DispatchKey
 

@@ -23,11 +23,17 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispatch_mode_stack,
                                           is_traceable_wrapper_subclass_type)
 
-from interpose import cuda_graphs, cuda_rng, custom_ops, data_dependent, host_time, hops, routing
+from interpose.device import cuda_graphs
+from interpose.device import cuda_rng
+from interpose.ops import custom_ops
+from interpose.values import data_dependent
+from interpose.host import host_time
+from interpose.ops import hops
+from interpose.values import routing
 from interpose import runtime as rt_mod
-from interpose import values
-from interpose.python_events import op_flags
-from interpose.signature import signature_data, signature_of
+from interpose.values import policy as values
+from interpose.host.python_events import op_flags
+from interpose.ops.signature import signature_data, signature_of
 from phantora import protocol as P
 from phantora.engine.memory import OutOfMemory
 from phantora.ops import OpSignature
@@ -161,7 +167,7 @@ class OpObserver(TorchDispatchMode):
                 flags |= P.OP_COMPILED
             if rt.capturing and device >= 0:
                 capture = rt.capturing.get((device, stream))
-                if capture is not None:  # recorded into a CUDA graph, not run (interpose/cuda_graphs.py)
+                if capture is not None:  # recorded into a CUDA graph, not run (interpose/device/cuda_graphs.py)
                     flags |= P.OP_CAPTURED
                     capture.ops.append(str(func))
                     peer = None  # a captured copy runs at replay, so its event barrier is not recorded now
@@ -176,7 +182,7 @@ class OpObserver(TorchDispatchMode):
 
     def report_kernel(self, sig: OpSignature, device: int, stream: int) -> None:
         """One kernel of compiled code that no aten op launches (a generated Triton kernel,
-        interpose/compiled_kernels.py): reported like an op whose outputs already exist."""
+        interpose/compile/compiled_kernels.py): reported like an op whose outputs already exist."""
         rt = self.rt
         if not rt.active or not rt.client.connected:
             return
@@ -220,7 +226,7 @@ class OpObserver(TorchDispatchMode):
 
 
 _metadata_only = threading.local()  # .depth: inside code torch runs only to learn shapes
-_compiled = threading.local()  # .depth: inside a graph compiled by Inductor (interpose/compile.py)
+_compiled = threading.local()  # .depth: inside a graph compiled by Inductor (interpose/compile/torch_compile.py)
 
 
 @contextlib.contextmanager
@@ -480,7 +486,7 @@ def _frozen(a: list) -> tuple:
 # --- ops answered here ----------------------------------------------------------------------
 def _local_scalar_dense(obs: OpObserver, func: Any, args: tuple, kwargs: dict) -> Any:
     """t.item(): a virtual tensor, or a subclass wrapping one (DTensor), reads its value
-    (interpose/values.py); a wrapper is asked here, before its own dispatch would reach
+    (interpose/values/policy.py); a wrapper is asked here, before its own dispatch would reach
     FakeTensor's DataDependentOutputException."""
     t = args[0]
     if not values.is_virtual(t):

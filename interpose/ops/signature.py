@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 from torch._ops import HigherOrderOperator
 
-from interpose import values
+from interpose.values import policy as values
 from phantora.ops import FLOAT_PLACEHOLDER, OpSignature, TensorMeta
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
@@ -102,7 +102,7 @@ def _data_args() -> dict[Any, str]:
 
 def signature_data(func: Any, args: tuple, kwargs: dict) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """OpSignature.data for this call: a grouped GEMM's group offsets, as the program's data
-    (interpose/values.py) holds them. Empty for other ops, and where offsets hold no data."""
+    (interpose/values/policy.py) holds them. Empty for other ops, and where offsets hold no data."""
     name = _data_args().get(func)
     if not name:
         return ()
@@ -131,7 +131,7 @@ def signature_of(
 ) -> OpSignature:
     """The signature of `func(*args, **kwargs)` that returned `result`."""
     if isinstance(func, HigherOrderOperator):
-        # No schema: "higher_order::flex_attention", its arguments in call order (interpose/hops.py
+        # No schema: "higher_order::flex_attention", its arguments in call order (interpose/ops/hops.py
         # reduced functions, graphs and option dicts to plain values).
         schema_name, overload = f"higher_order::{func.name()}", "default"
         in_args = tuple(_arg(a, is_pinned) for a in (*args, *kwargs.values()))

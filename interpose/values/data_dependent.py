@@ -3,7 +3,7 @@
 FakeTensorMode cannot size the result of `nonzero`, `x[mask]`, `masked_select`, `unique`,
 `bincount` or `repeat_interleave(counts)` without the data: it raises
 DynamicOutputShapeException. Here they take their sizes from the one value model of
-interpose/values.py: an input's data where phantora holds it (its shadow: data copied from the
+interpose/values/policy.py: an input's data where phantora holds it (its shadow: data copied from the
 CPU, and everything computed from it or from the routing model's expert ids), else its value in
 every element (a mask read True selects everything, False nothing). The op runs on the CPU on
 that data; the virtual GPU gets an output of the resulting shape, holding the result as its
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch._prims_common import make_contiguous_strides_for
 
-from interpose import values
+from interpose.values import policy as values
 from phantora.ops import HOST_SYNC
 
 aten = torch.ops.aten

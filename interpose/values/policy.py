@@ -32,11 +32,11 @@ says "no overflow", a gradient norm is a finite positive number, and a counter c
 CPU keeps its value through the GPU and back. The values a script prints from model data are
 placeholders; only its timings are predictions. Small integer/bool and 1-element CPU tensors
 from factories, and integer CPU factories up to REAL_CPU_INT_FACTORY_MAX_NUMEL elements
-(randperm for a sampler), are real CPU tensors (interpose/observer.py).
+(randperm for a sampler), are real CPU tensors (interpose/ops/observer.py).
 
 Views of a shadowed tensor shadow views of its shadow, so in-place writes through a view reach
 the base. A value belongs to the memory (the storage), not to one tensor object: a write through
-any view is read through every view of it, the last write winning (_StorageAttr). interpose/distributed.py carries shadows and values across collectives (tensors up to
+any view is read through every view of it, the last write winning (_StorageAttr). interpose/distributed/process_group.py carries shadows and values across collectives (tensors up to
 COPY_SHADOW_MAX_NUMEL elements; larger ones take every member to hold this rank's value): each
 rank posts its contribution to the c10d store when it issues the collective and reads the
 others' when the result is first used (`defer`), so issuing a collective never blocks the host.

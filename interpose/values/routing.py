@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from interpose import values
+from interpose.values import policy as values
 from phantora import protocol as P
 from phantora.routing import ENV, ExpertCountMismatch, RoutingModel, assign_experts, expert_counts, parse_routing
 

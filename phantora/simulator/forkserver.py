@@ -1,5 +1,5 @@
 """Starting the rank processes of `phantora trace --nproc-per-node N`: from a fork server that
-has imported torch once (interpose/forkserver.py), where that is sound, else one Popen each.
+has imported torch once (interpose/launch/forkserver.py), where that is sound, else one Popen each.
 
 Every rank of `python script.py` pays torch's import (torch, torch._dynamo, FSDP: about 2-3 s
 of CPU) before doing anything else; a fork server pays it once and forks the ranks from there.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 # The variables rank_env (launch.py) gives each rank its own value of.
 RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK"})
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?")
-_SERVER_CODE = "import sys; from interpose.forkserver import serve, run; run(serve(int(sys.argv[1]), int(sys.argv[2])))"
+_SERVER_CODE = "import sys; from interpose.launch.forkserver import serve, run; run(serve(int(sys.argv[1]), int(sys.argv[2])))"
 
 
 @dataclass

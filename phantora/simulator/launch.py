@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import interpose
-from interpose.host_time import ENV as HOST_TIME_ENV
+from interpose.host.host_time import ENV as HOST_TIME_ENV
 from phantora import __version__
 from phantora.cost import EstimatorChoice, choose_estimator
 from phantora.cost import host_bench
@@ -45,7 +45,7 @@ from phantora.simulator.torchrun import parse_torchrun
 from phantora.trace import TeeSink, TraceSink, open_sink
 from phantora.trace.kineto import KinetoExport, KinetoSink
 
-BOOTSTRAP_DIR = Path(interpose.__file__).resolve().parent / "bootstrap"
+BOOTSTRAP_DIR = Path(interpose.__file__).resolve().parent / "launch" / "bootstrap"
 PACKAGE_ROOT = Path(interpose.__file__).resolve().parent.parent
 # A rank that ended leaves its peers waiting in collectives it never joined. If it failed, this
 # launcher stops them (SIGTERM) as soon as it sees its exit code, as torchrun does; they fail

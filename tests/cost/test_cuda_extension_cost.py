@@ -1,4 +1,4 @@
-"""The cost model of CUDA-extension kernels phantora never compiles (interpose/cuda_extensions.py):
+"""The cost model of CUDA-extension kernels phantora never compiles (interpose/device/cuda_extensions.py):
 DeepSpeed's / Apex's multi_tensor_adam is timed as torch's fused Adam on the same tensors."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from interpose.shim_build import cache_dir as shim_cache_dir
+from interpose.device.shim_build import cache_dir as shim_cache_dir
 from phantora.cli import main
 from phantora.cost import choose_estimator
 from phantora.cost.measurements import mm_signature, read_calibration

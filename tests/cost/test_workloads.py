@@ -86,7 +86,7 @@ def test_flops_match_torch_flop_counter():
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
-            from interpose.signature import signature_of
+            from interpose.ops.signature import signature_of
             packet = func._overloadpacket
             if packet in flop_registry:
                 self.signatures.append(signature_of(func, args, kwargs, out))

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from interpose.signature import signature_of
+from interpose.ops.signature import signature_of
 from phantora.ops import OpSignature, TensorMeta
 
 from phantora.cost.measurements import H100_CALIBRATION as CALIBRATION  # noqa: E402

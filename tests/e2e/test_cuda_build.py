@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from interpose.shim_build import TorchInstall, find_torch, link_libraries
+from interpose.device.shim_build import TorchInstall, find_torch, link_libraries
 from phantora.trace.check import check_chrome_trace, load_chrome_trace
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """An fp16 channels_last CNN step under `phantora trace`: the layouts and the optimizer step a real
-GPU gives (interpose/fake.py: cuDNN's conv memory format; interpose/values.py: GradScaler's
+GPU gives (interpose/device/fake.py: cuDNN's conv memory format; interpose/values/policy.py: GradScaler's
 found_inf), seen from inside the script and in the trace."""
 
 from __future__ import annotations

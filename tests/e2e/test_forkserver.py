@@ -1,5 +1,5 @@
 """Issue 17, item 6: `phantora trace --nproc-per-node N -- python script.py` forks its ranks from a
-server that imported torch once (phantora/simulator/forkserver.py, interpose/forkserver.py). Each
+server that imported torch once (phantora/simulator/forkserver.py, interpose/launch/forkserver.py). Each
 forked rank must be the process a fresh `python script.py` would be: its own RANK / LOCAL_RANK,
 argv, sys.path[0], intra-op threads and random seed; its exit code, signals and failures handled
 as a Popen'd rank's; and everything the fork server cannot do soundly starts with Popen."""

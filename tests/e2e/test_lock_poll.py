@@ -1,4 +1,4 @@
-"""Sleeps that poll for another process are real (interpose/clock.py, REAL_SLEEP_MODULES): a rank
+"""Sleeps that poll for another process are real (interpose/host/clock.py, REAL_SLEEP_MODULES): a rank
 waiting for a file lock another process holds spends no simulated time spinning, and the lock's own
 timeout runs in real time."""
 

@@ -281,7 +281,7 @@ def test_only_cuda_extensions_are_replaced() -> None:
     CPU); sources with .cu files, with_cuda=True or cuda_sources get the stand-in module."""
     import types
 
-    from interpose import cuda_extensions
+    from interpose.device import cuda_extensions
 
     calls = []
     fake = types.ModuleType("fake_cpp_extension")

@@ -247,7 +247,7 @@ def test_fsdp2_model_parallel_strategy(tmp_path: Path) -> None:
 def test_ddp_spawn(tmp_path: Path) -> None:
     """strategy="ddp_spawn": torch.multiprocessing.spawn starts both ranks from the process the
     user started, pickling the Trainer and the LightningModule, whose tensors are virtual
-    (interpose/pickling.py); each spawned child becomes a rank at init_process_group. The main
+    (interpose/distributed/pickling.py); each spawned child becomes a rank at init_process_group. The main
     process trains nothing itself, as on a GPU: its trainer's step count is not sent back by
     Lightning, and it never touched a GPU."""
     run = run_lightning(tmp_path, "--strategy", "ddp_spawn", devices=2)

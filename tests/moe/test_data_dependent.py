@@ -1,4 +1,4 @@
-"""Ops whose shapes depend on data (interpose/data_dependent.py, interpose/routing.py) on virtual
+"""Ops whose shapes depend on data (interpose/values/data_dependent.py, interpose/values/routing.py) on virtual
 GPUs: the issue's table re-run as a traced script on both torch builds, a property test of the
 value model's consistency across ops, the host stall where CUDA reads a count back, and what the
 trace and the summary say about routing."""

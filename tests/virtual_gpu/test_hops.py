@@ -2,7 +2,7 @@
 while_loop, wrap, tag_activation_checkpoint, invoke_subgraph and map run eagerly, on both torch
 builds.
 
-Before interpose/hops.py, the first HOP call raised "There was no rule registered for
+Before interpose/ops/hops.py, the first HOP call raised "There was no rule registered for
 HigherOrderOperator flex_attention and mode <interpose.observer.OpObserver ...>" (and cond the
 same for `cond`): the observer had no HOP rules, and VirtualCudaFakeMode lacked FakeTensorMode's.
 """

@@ -1,7 +1,7 @@
 """Issue 15, Lightning ddp_spawn: pickling a module whose tensors are virtual (FakeTensors) failed
 with "Can't pickle local object 'WeakValueDictionary.__init__.<locals>.remove'" (the FakeTensor's
 mode was pickled with it). Now a virtual tensor pickles as its metadata and value and is rebuilt
-in the receiving process (interpose/pickling.py)."""
+in the receiving process (interpose/distributed/pickling.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""interpose/host_time.py's accounting, with a fake CPU clock: what lies between phantora's
+"""interpose/host/host_time.py's accounting, with a fake CPU clock: what lies between phantora's
 brackets is the program's, nested brackets are phantora's, a dispatch entry leaves out the
 dispatch floor, and only the threads that count for the rank's host hand their time over."""
 
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from interpose import host_time
-from interpose.host_time import PythonTime
+from interpose.host import host_time
+from interpose.host.host_time import PythonTime
 
 
 class Clock:

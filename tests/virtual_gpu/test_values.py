@@ -1,4 +1,4 @@
-"""The value policy for data-less tensors (interpose/values.py; issue 14, causes 3 and 4).
+"""The value policy for data-less tensors (interpose/values/policy.py; issue 14, causes 3 and 4).
 
 In-process property tests drive values.py's helpers the way the observer does (a dispatch mode
 under FakeTensorMode) and compare what a placeholder reads with what torch computes on real
@@ -18,14 +18,14 @@ from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from interpose import values
+from interpose.values import policy as values
 from tests.virtual_gpu.harness import BUILDS, assert_ran, run_traced
 
 aten = torch.ops.aten
 
 
 class _ValueMode(TorchDispatchMode):
-    """What the observer (interpose/observer.py) does with values, without a simulator."""
+    """What the observer (interpose/ops/observer.py) does with values, without a simulator."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}

@@ -1,5 +1,5 @@
 """Values live with the memory, not with one tensor object: a write through one view is read
-through every other view of the same storage, as on a GPU (interpose/values.py _StorageAttr).
+through every other view of the same storage, as on a GPU (interpose/values/policy.py _StorageAttr).
 
 DeepSpeed ZeRO-3 (runtime/zero/stage3.py) zero-fills a flat gradient buffer, keeps per-parameter
 views of it, copies each reduce-scattered gradient in through *fresh* views of the same memory
@@ -31,7 +31,7 @@ def test_a_write_through_one_view_is_read_through_another() -> None:
     virtual = _virtual(_zero3_grad_norm)
     assert real == pytest.approx((3 * N * 4.0) ** 0.5)  # on data: the norm of 300,000 twos
     # a value is one number every element reads, and a reduction reads its input's value (the
-    # table in interpose/values.py): each norm reads 2, their squares 4, the sum 4, its root 2.
+    # table in interpose/values/policy.py): each norm reads 2, their squares 4, the sum 4, its root 2.
     # Per tensor object, the views taken before the copies read the zero fill: 0.
     assert virtual == 2.0
 

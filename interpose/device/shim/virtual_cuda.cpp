@@ -72,7 +72,7 @@ int env_int(const char* name, int fallback) {
   return s && *s ? std::atoi(s) : fallback;
 }
 
-// Set by interpose/hook.py before torch's import: the node's GPUs narrowed by CUDA_VISIBLE_DEVICES
+// Set by interpose/launch/hook.py before torch's import: the node's GPUs narrowed by CUDA_VISIBLE_DEVICES
 // (0 when it hides them all: torch then sees no CUDA, as on a real machine).
 std::atomic<int> visible_devices{-1};
 
@@ -153,7 +153,7 @@ struct VirtualCudaGuard final : public c10::impl::DeviceGuardImplInterface {
 // state and rules (ATen/cuda/CUDAGeneratorImpl.cpp): a seed and a Philox offset that is a
 // multiple of 4, serialised as 16 bytes (seed as uint64, then offset as int64); setting the
 // seed zeroes the offset; graphsafe_get_state shares the state object, clone copies it. The
-// offset advances for random ops from Python (interpose/cuda_rng.py), which sees every op.
+// offset advances for random ops from Python (interpose/device/cuda_rng.py), which sees every op.
 struct PhiloxState final : public c10::intrusive_ptr_target {
   uint64_t seed = c10::default_rng_seed_val;
   uint64_t offset = 0;
@@ -458,7 +458,7 @@ struct HostClockTimer final : public c10d::Timer {
 // The kernel below hands such an op back to the modes: it re-includes the Python key and, when
 // the stack is empty, puts the simulation's modes (captured at install) back for the call, then
 // calls the op again from the top. The observer reports it and FakeTensorMode computes it, so the
-// outputs are virtual CUDA tensors and values follow interpose/values.py (item() reads included).
+// outputs are virtual CUDA tensors and values follow interpose/values/policy.py (item() reads included).
 // It is installed as the CUDA fallback (ops with no CUDA kernel: all of them on a CPU build) and
 // as the CUDA kernel of every op that has a real one (CUDA build: they need a driver).
 const c10::impl::TorchDispatchModeTLS* simulation_modes = nullptr;  // leaked: holds Python objects
@@ -575,7 +575,7 @@ int install_cuda_dispatch() {
         std::nullopt, nullptr, "phantora virtual CUDA kernel"));
   }
   // C++ asks isPinnedPtr only of an initialised device (Context::isPinnedPtr); torch's own CUDA
-  // initialisation, which would do this, is replaced by interpose/cuda_api.py.
+  // initialisation, which would do this, is replaced by interpose/device/cuda_api.py.
   at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
   return static_cast<int>(handles->size());
 }

@@ -17,7 +17,7 @@ def _install() -> None:
     if not os.environ.get("PHANTORA_SOCKET"):
         return
     try:
-        from interpose.hook import install_import_hook
+        from interpose.launch.hook import install_import_hook
     except ImportError as e:
         sys.stderr.write(
             f"phantora: cannot import its interposition package in {sys.executable} ({e}); "

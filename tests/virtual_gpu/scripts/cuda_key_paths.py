@@ -55,7 +55,7 @@ norms = [torch.linalg.vector_norm(x), x.sum()]
 t = torch.tensor(norms)
 assert t.device.type == "cpu" and t.dtype == torch.float32, (t.device, t.dtype)
 assert t.tolist() == [norms[0].item(), norms[1].item()], t.tolist()
-# Small integer CUDA tensors hold real values (interpose/values.py); C++ reads see them too.
+# Small integer CUDA tensors hold real values (interpose/values/policy.py); C++ reads see them too.
 n = torch.tensor(3, device="cuda")
 counts = torch.tensor([n, n + 4, n * 2])
 assert counts.tolist() == [3, 7, 6], counts.tolist()

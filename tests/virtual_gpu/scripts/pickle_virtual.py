@@ -1,4 +1,4 @@
-"""Virtual tensors pickle as what they are (interpose/pickling.py): through torch.multiprocessing
+"""Virtual tensors pickle as what they are (interpose/distributed/pickling.py): through torch.multiprocessing
 .spawn's arguments (what Lightning's ddp_spawn does with the LightningModule) and pickle.dumps.
 On a GPU machine each of these pickles with its data; here with its shape, dtype, device, flags
 and what it reads as."""

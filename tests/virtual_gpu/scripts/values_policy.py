@@ -1,4 +1,4 @@
-"""One value policy for data-less tensors (interpose/values.py), checked on one virtual GPU:
+"""One value policy for data-less tensors (interpose/values/policy.py), checked on one virtual GPU:
 a placeholder reads the same number whatever way a script reads it, D2H copies keep shadows,
 CPU data survives a round trip through the GPU, and CPU index tensors stay real and cheap."""
 import sys
