@@ -2,7 +2,7 @@
 
 A real NCCL process group refuses bad arguments on the host, before anything is enqueued:
 wrong sizes, mixed dtypes, CPU tensors, several tensors where one is expected. The simulated
-group (distributed.py) must refuse the same calls with the same exception types and messages,
+group (process_group.py) must refuse the same calls with the same exception types and messages,
 or a script that crashes on a GPU runs under phantora and is timed as a transfer of whatever
 size the bad arguments imply. The messages are torch's own (torch/csrc/distributed/c10d/
 ProcessGroupNCCL.cpp: check_gpu_single_tensor, check_gpu_tensors_same_device, the size checks of

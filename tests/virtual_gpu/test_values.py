@@ -1,6 +1,6 @@
 """The value policy for data-less tensors (interpose/values/policy.py; issue 14, causes 3 and 4).
 
-In-process property tests drive values.py's helpers the way the observer does (a dispatch mode
+In-process property tests drive values/policy.py's helpers the way the observer does (a dispatch mode
 under FakeTensorMode) and compare what a placeholder reads with what torch computes on real
 data that holds the placeholder's value in every element. The traced scripts check the whole
 path on a virtual GPU (casts, D2H copies, collectives on 1 and 2 ranks, DeepSpeed's overflow

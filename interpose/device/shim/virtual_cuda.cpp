@@ -541,7 +541,7 @@ struct SilentWarnings final : public c10::WarningHandler {
 // build) or a CompositeExplicitAutogradNonFunctional one (structured ops on a CPU build: the CUDA
 // build has real kernels for them, so both builds hand over the same op), and _to_copy, a
 // composite that moves data onto the device: handed over whole, the observer sees the copy (and
-// values.py shadows its result) rather than an allocation and a copy_ it never sees. Other
+// values/policy.py shadows its result) rather than an allocation and a copy_ it never sees. Other
 // composite kernels stay: FakeTensor runs them on plain tensors that carry the CUDA key over meta
 // storage (views' bases, detach() in Tensor._make_subclass); handing those over would recurse.
 bool takes_virtual_cuda_kernel(const c10::OperatorHandle& op) {
