@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interpose.client import SimClient
+from interpose.device.shim_calls import is_pinned_ptr
 from interpose.host.clock import HostThread
 from interpose.host.host_time import ENV as HOST_TIME_ENV
 from interpose.host.host_time import PythonTime, exclude_garbage_collection
@@ -190,7 +191,9 @@ class Runtime:
         # training-step mark: an optimizer step without any (DeepSpeed ZeRO steps its optimizer
         # once per parameter group) continues the same training step (python_events.py)
         self.model_work_since_step = True
-        self.observer: Any = None  # the OpObserver, once installed (benchmarks read its op count)
+        # the OpObserver, once launch/hook.py installs it: benchmarks read its op count, and
+        # _measure_host has it measure the dispatch floor (the observer imports this module)
+        self.observer: Any = None
         # (device, stream) -> allocator key of the CUDA-graph private pool its allocations go to
         # while it captures (interpose/device/cuda_graphs.py; phantora/engine/memory.py graph pools)
         self.pool_routes: dict[tuple[int, int], int] = {}
@@ -204,9 +207,7 @@ class Runtime:
         self.client.record([P.R_HOST_SPEED, self.python_time.measure_speed()])
         if self.observer is None or not self.config.device_count:
             return
-        from interpose.ops.observer import measure_dispatch_floor
-
-        self.python_time.dispatch_floor_ns = measure_dispatch_floor(self, 0)
+        self.python_time.dispatch_floor_ns = self.observer.measure_dispatch_floor(0)
 
     # --- identity --------------------------------------------------------------------------
     def _hello(self) -> dict[str, Any]:
@@ -362,8 +363,6 @@ class Runtime:
         # comes from the shim's pinned allocator, which knows it.
         if storage.device.type != "cpu":
             return False
-        from interpose.device.cuda_dispatch import is_pinned_ptr
-
         return is_pinned_ptr(storage.data_ptr())
 
     def new_event_id(self) -> int:

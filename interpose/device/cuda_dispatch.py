@@ -1,5 +1,5 @@
-"""Ops that reach the CUDA dispatch key outside phantora's dispatch modes, and pinned memory
-allocated in C++ (issue 14, causes 1 and 9).
+"""Ops that reach the CUDA dispatch key outside phantora's dispatch modes (issue 14, cause 1;
+pinned memory allocated in C++, cause 9, is the shim's to tell: shim_calls.is_pinned_ptr).
 
 Framework code sometimes steps around Python dispatch: `no_dispatch()` (FSDP1's record_stream),
 C++ that excludes the Python key (`torch.tensor([0-dim CUDA tensors])` reads each element with
@@ -12,8 +12,6 @@ other op (interpose/device/shim/virtual_cuda.cpp, section "ops that reach the CU
 
 from __future__ import annotations
 
-import ctypes
-import functools
 from typing import Any
 
 import torch
@@ -21,23 +19,11 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from interpose import runtime as rt_mod
+from interpose.device.shim_calls import shim
 
 
 class CudaDispatchError(RuntimeError):
     pass
-
-
-@functools.cache
-def _shim() -> ctypes.PyDLL:
-    # The shim was loaded with RTLD_GLOBAL before torch (interpose/launch/hook.py), so its symbols are
-    # in the process's global namespace. PyDLL keeps the GIL held during the calls: installing
-    # copies the Python mode objects' handles.
-    lib = ctypes.PyDLL(None)
-    lib.phantora_install_cuda_dispatch.restype = ctypes.c_int
-    lib.phantora_install_cuda_dispatch.argtypes = []
-    lib.phantora_is_pinned_ptr.restype = ctypes.c_int
-    lib.phantora_is_pinned_ptr.argtypes = [ctypes.c_void_p]
-    return lib
 
 
 def install_cuda_dispatch() -> int:
@@ -45,16 +31,10 @@ def install_cuda_dispatch() -> int:
     before) as the simulation's, install the CUDA-key kernel, and route value reads made with the
     mode stack empty to the observer. Returns the number of ops (and fallbacks) given the kernel."""
     _route_value_reads_outside_modes()
-    n = _shim().phantora_install_cuda_dispatch()
+    n = shim().phantora_install_cuda_dispatch()
     if n < 0:
         raise CudaDispatchError("phantora: the virtual CUDA dispatch kernel could not be installed (see stderr)")
     return n
-
-
-def is_pinned_ptr(address: int) -> bool:
-    """Whether host memory at `address` came from the pinned allocator (C++ `pin_memory=True`
-    allocations, e.g. DDP's reducer, and real CPU tensors' .pin_memory())."""
-    return address != 0 and bool(_shim().phantora_is_pinned_ptr(address))
 
 
 # --- value reads with the mode stack empty ---------------------------------------------------

@@ -224,6 +224,17 @@ class OpObserver(TorchDispatchMode):
             )
             raise torch.OutOfMemoryError(str(e) + hint) from None
 
+    def measure_dispatch_floor(self, device: int) -> int:
+        """host_time.measure_dispatch_floor for this observer: a tiny add_ on a virtual GPU,
+        reported to no one (torch's metadata-only path), so the simulation sees nothing. The
+        runtime calls it through `rt.observer` once the process is a rank (Runtime._measure_host)."""
+        # The first record may come from inside the observer's own dispatch, where it is off the
+        # mode stack: the probe's ops must go through it as the program's will.
+        outside = contextlib.nullcontext() if self in _get_current_dispatch_mode_stack() else self
+        with _not_observed(), outside:
+            x = torch.empty(16, device=f"cuda:{device}")
+            return host_time.measure_dispatch_floor(self.rt.python_time, lambda: x.add_(1))
+
 
 _metadata_only = threading.local()  # .depth: inside code torch runs only to learn shapes
 _compiled = threading.local()  # .depth: inside a graph compiled by Inductor (interpose/compile/torch_compile.py)
@@ -246,18 +257,6 @@ def compiled_code() -> contextlib.AbstractContextManager[None]:
 
 def _not_observed() -> contextlib.AbstractContextManager[None]:
     return _nested(_metadata_only)
-
-
-def measure_dispatch_floor(rt: rt_mod.Runtime, device: int) -> int:
-    """host_time.measure_dispatch_floor for this process's observer: a tiny add_ on a virtual
-    GPU, reported to no one (torch's metadata-only path), so the simulation sees nothing."""
-    observer = rt.observer
-    # The first record may come from inside the observer's own dispatch, where it is off the
-    # mode stack: the probe's ops must go through it as the program's will.
-    outside = contextlib.nullcontext() if observer in _get_current_dispatch_mode_stack() else observer
-    with _not_observed(), outside:
-        x = torch.empty(16, device=f"cuda:{device}")
-        return host_time.measure_dispatch_floor(rt.python_time, lambda: x.add_(1))
 
 
 def install_metadata_only_regions() -> None:
