@@ -5,7 +5,7 @@ keeps `window = prefetch_factor * num_workers` batches requested ahead of the lo
 next request when the loop takes a batch. A worker makes its batches one after another. So batch k
 is requested when the iterator starts (k < window) or when the loop took batch k - window, starts
 when its worker is free and it was requested, and is ready its measured CPU time later
-(interpose/data_loading.py measures it, scaled like the program's Python). The loop's host waits
+(interpose/host/data_loading.py measures it, scaled like the program's Python). The loop's host waits
 for it when it is not ready yet. Workers run on cores of their own, beside the loop (a data-loading
 host has enough of them).
 """

@@ -19,7 +19,7 @@ The model (a real GPU does the same in these respects):
     Work.wait() on it while the graph captures is recorded too (GraphWait): the graph's stream
     waits there for that collective. Each replay launches every captured collective again, as
     a real replay does, with the same communicator: the rank's process group gives each one
-    the group's next sequence number at the replay (interpose/cuda_graphs.py; a capture
+    the group's next sequence number at the replay (interpose/device/cuda_graphs.py; a capture
     consumes none), so it is matched across ranks like any eager collective and the k-th
     replay on one rank meets the k-th on the others. Its NCCL kernel runs on the group's
     communication stream, after the graph's work captured before it (as ProcessGroupNCCL's

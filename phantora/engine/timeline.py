@@ -29,7 +29,7 @@ class TimingConfig:
     # Modelled host costs (phantora/cost/host.py) times this: the simulated host's speed against
     # the host the model was fitted on (cost/host.py HostSpec; `phantora trace --host`).
     host_speed: float = 1.0
-    # The program's own host time (interpose/host_time.py): "measured" charges the CPU time each
+    # The program's own host time (interpose/host/host_time.py): "measured" charges the CPU time each
     # rank process measured between phantora's entries, times this machine's speed against the
     # reference host (cost/host_bench.py: each rank measures it, RankTimeline.speed_probes;
     # python_scale before it has); "modelled" ignores the measurements and charges the fitted
@@ -124,7 +124,7 @@ class RankTimeline:
         return python_scale(self.speed_probes[-1]) if self.speed_probes else self.config.python_scale
 
     def charge_python(self, measured_ns: int) -> int:
-        """CPU time the program measured (interpose/host_time.py), on the simulated host; the time
+        """CPU time the program measured (interpose/host/host_time.py), on the simulated host; the time
         it took. Nothing in the modelled host-time mode."""
         if self.config.host_time != "measured":
             return 0
