@@ -25,9 +25,9 @@ from typing import Callable
 
 from phantora.engine.collective_lifecycle import CollectiveLifecycle
 from phantora.engine.deferred import Arrive, EventRecord, LowerBounds, replay_lower_bounds
-from phantora.engine.host_waits import HostWaits, WaitTarget
+from phantora.engine.host_waits import HostWaits
 from phantora.engine.placement import Placement
-from phantora.engine.ranks import RankState
+from phantora.engine.ranks import RankState, WaitTarget
 from phantora.engine.timeline import Stream, TimingConfig
 
 _NEVER = 1 << 62  # a time no rank reaches (bound of a finished rank)

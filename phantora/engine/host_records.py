@@ -23,9 +23,9 @@ from phantora.cost.startup import (CONV_OPS, CUBLAS_INIT, CUDA_CONTEXT, CUDNN_IN
 from phantora.engine.data_loading import LoaderTimeline
 from phantora.engine.deferred import EventRecord, EventWait, GraphReplay, OpWork, WorkWait
 from phantora.engine.graphs import CapturedGraph, GraphCollective, GraphError, GraphNode
-from phantora.engine.host_waits import HostWaits, WaitTarget, host_waits_for_copy
+from phantora.engine.host_waits import HostWaits, host_waits_for_copy
 from phantora.engine.placement import Placement
-from phantora.engine.ranks import CallError, DeviceMemory, RankState
+from phantora.engine.ranks import CallError, DeviceMemory, RankState, WaitTarget
 from phantora.engine.routing_log import decision_from_record
 from phantora.engine.startup import pay, pay_once
 from phantora.engine.timeline import TimingConfig

@@ -6,42 +6,22 @@ placed (placement.py). When that needs a collective end that is not final yet, `
 "optimistic" reads it now (collective_lifecycle.py counts an early read; a later correction is a
 stale reply); "conservative" holds the rank (RankState.blocked for a record, blocked_call for a
 call) until finality.py has proven the end final, then answers it (`resume_blocked`), and the
-server learns which ranks can go on from `take_unblocked`.
+server learns which ranks can go on from `take_unblocked`. What a rank waits for is data in
+ranks.py (HostWait, WaitTarget), which its RankState holds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from phantora.cost import COPY_D2H, COPY_H2D, KernelEstimate
 from phantora.engine.collective_lifecycle import CollectiveLifecycle
-from phantora.engine.deferred import Action, EventRecord, WorkWait
+from phantora.engine.deferred import EventRecord, WorkWait
 from phantora.engine.placement import Placement
-from phantora.engine.ranks import CallError, RankState
-from phantora.engine.timeline import Stream, TimingConfig
+from phantora.engine.ranks import CallError, HostWait, RankState, WaitTarget
+from phantora.engine.timeline import TimingConfig
 from phantora.engine.trace_events import TraceEvents
 from phantora.ops import OpSignature, TensorMeta
-
-
-@dataclass
-class WaitTarget:
-    """What a host wait or a call waits for: a stream's or a device's tail, an event, an op's
-    end, or a collective's end."""
-
-    kind: str  # "stream" | "device" | "event" | "op" | "work"
-    stream: Stream | None = None
-    device: int = 0
-    action: Action | None = None
-    work: int = 0
-
-
-@dataclass
-class HostWait:
-    name: str  # of the cuda_runtime slice it writes ("" for a blocking copy: the op's slice covers it)
-    target: WaitTarget
-    start_ns: int
-    op_slice: tuple[str, int, dict[str, Any], int] | None = None  # (name, begin, args, flow) of a blocking op
 
 
 class NotYet:

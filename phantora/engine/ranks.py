@@ -1,25 +1,24 @@
 """What the engine knows about each rank: who it is, and the state its records built up.
 
 A rank's records only ever touch its own RankState, which is why ranks can be fed to the engine
-in any interleaving (phantora/engine/engine.py). Pure data: no trace, no placement.
+in any interleaving (phantora/engine/engine.py). Pure data: no trace, no placement. The types a
+RankState holds live here or in other data modules (never in a component that reads or writes
+them), so every component can import this module while it imports only data modules.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from phantora.cost import KernelEstimate
 from phantora.engine.data_loading import LoaderTimeline
 from phantora.engine.deferred import Action, Arrive, EventRecord
 from phantora.engine.graphs import RankGraphs
-from phantora.engine.timeline import RankTimeline
+from phantora.engine.routing_log import RoutingDecision
+from phantora.engine.timeline import RankTimeline, Stream
 from phantora.ops import OpSignature
-
-if TYPE_CHECKING:
-    from phantora.engine.host_waits import HostWait, WaitTarget
-    from phantora.engine.routing_log import RoutingDecision
 
 
 class CallError(Exception):
@@ -49,6 +48,28 @@ class DeviceMemory:
     reserved: int = 0
     peak_allocated: int = 0
     peak_reserved: int = 0
+
+
+@dataclass
+class WaitTarget:
+    """What a host wait or a call waits for: a stream's or a device's tail, an event, an op's
+    end, or a collective's end (host_waits.py finds its time)."""
+
+    kind: str  # "stream" | "device" | "event" | "op" | "work"
+    stream: Stream | None = None
+    device: int = 0
+    action: Action | None = None
+    work: int = 0
+
+
+@dataclass
+class HostWait:
+    """A host wait not finished yet (RankState.blocked): host_waits.py finishes it."""
+
+    name: str  # of the cuda_runtime slice it writes ("" for a blocking copy: the op's slice covers it)
+    target: WaitTarget
+    start_ns: int
+    op_slice: tuple[str, int, dict[str, Any], int] | None = None  # (name, begin, args, flow) of a blocking op
 
 
 @dataclass

@@ -1,13 +1,13 @@
-"""MoE routing decisions the ranks report (R_ROUTING, interpose/routing.py): kept per rank for the
-summary and the trace's metadata, and drawn as one counter per MoE layer in the rank's process
-(tokens routed to each expert, a series per expert)."""
+"""MoE routing decisions the ranks report (R_ROUTING, interpose/routing.py): kept per rank
+(RankState.routing) for the summary and the trace's metadata (summary.routing_layers), and drawn
+as one counter per MoE layer in the rank's process (tokens routed to each expert, a series per
+expert). Plain data and how to read it: imports no engine module."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from phantora.engine.ranks import RankState
 from phantora.routing import imbalance
 
 # A layer's counter has one series per expert up to this many experts; beyond, max/mean/min only
@@ -46,27 +46,3 @@ def counter_values(d: RoutingDecision) -> dict[str, float]:
         return {f"expert {e}": float(c) for e, c in enumerate(d.counts)}
     mean = sum(d.counts) / len(d.counts)
     return {"max": float(max(d.counts)), "mean": mean, "min": float(min(d.counts))}
-
-
-def routing_layers(ranks: dict[int, RankState]) -> list[dict[str, Any]]:
-    """Every layer's decisions, over the ranks that reported them (the latest counts of each):
-    counts summed over those ranks, and the worst rank's imbalance (max/mean)."""
-    merged: dict[tuple[int, int, int], list[RoutingDecision]] = {}
-    for st in ranks.values():
-        for key, d in st.routing.items():
-            merged.setdefault(key, []).append(d)
-    out = []
-    for key in sorted(merged):
-        ds = merged[key]
-        total = [sum(c) for c in zip(*(d.counts for d in ds))]
-        first = ds[0]
-        entry: dict[str, Any] = {
-            "layer": first.layer, "sub": first.sub, "name": first.name, "router": first.label,
-            "experts": first.experts, "top_k": first.k, "ranks": len(ds),
-            "tokens": sum(total) // max(first.k, 1),
-            "max_over_mean": round(imbalance(total), 4),
-            "worst_rank_max_over_mean": round(max(d.imbalance for d in ds), 4),
-            "tokens_per_expert": total,
-        }
-        out.append(entry)
-    return out

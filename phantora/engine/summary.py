@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from phantora.engine.ranks import RankState
-from phantora.engine.routing_log import routing_layers
+from phantora.engine.routing_log import RoutingDecision
+from phantora.routing import imbalance
 
 
 @dataclass
@@ -34,7 +36,7 @@ class EngineSummary:
     representatives: tuple[int, ...] = ()
     mirror_lag_ns: int = 0  # largest (a mirrored rank's collective end - its representative's end of it)
     mirror_lag_rank: int | None = None
-    routing: list[dict] = field(default_factory=list)  # MoE layers' decisions (routing_log.routing_layers)
+    routing: list[dict] = field(default_factory=list)  # MoE layers' decisions (routing_layers)
     # this machine's Python benchmark (ms) as each rank measured it, in order (cost/host_bench.py)
     speed_probes: dict[int, list[float]] = field(default_factory=dict)
 
@@ -76,3 +78,27 @@ def summarize(ranks: dict[int, RankState], unknown_ops: dict[str, int], warnings
         routing=routing_layers(ranks),
         speed_probes={r: list(st.timeline.speed_probes) for r, st in ranks.items() if st.timeline.speed_probes},
     )
+
+
+def routing_layers(ranks: dict[int, RankState]) -> list[dict[str, Any]]:
+    """Every layer's decisions, over the ranks that reported them (the latest counts of each):
+    counts summed over those ranks, and the worst rank's imbalance (max/mean)."""
+    merged: dict[tuple[int, int, int], list[RoutingDecision]] = {}
+    for st in ranks.values():
+        for key, d in st.routing.items():
+            merged.setdefault(key, []).append(d)
+    out = []
+    for key in sorted(merged):
+        ds = merged[key]
+        total = [sum(c) for c in zip(*(d.counts for d in ds))]
+        first = ds[0]
+        entry: dict[str, Any] = {
+            "layer": first.layer, "sub": first.sub, "name": first.name, "router": first.label,
+            "experts": first.experts, "top_k": first.k, "ranks": len(ds),
+            "tokens": sum(total) // max(first.k, 1),
+            "max_over_mean": round(imbalance(total), 4),
+            "worst_rank_max_over_mean": round(max(d.imbalance for d in ds), 4),
+            "tokens_per_expert": total,
+        }
+        out.append(entry)
+    return out
