@@ -19,27 +19,45 @@ The network forgets its history before `final_ns` as the run goes (`prune_networ
 ended before it no longer tie islands together, so a late arrival rolls back only the flows it
 shares links with since then (not every flow since the start of the run, once one collective over
 all GPUs tied everything together), and the network's memory is bounded by what is not final yet.
+
+Placement (placement.py) is the stage before this one: it imports this module, places each
+member's arrival and hands it on (`reached`). Two calls go back to it, through the
+`ArrivalQueue` port the Engine passes in (this module never imports placement): a join queues
+its arrival on the caller's streams (a collective call is a host record; its GPU side is placed
+like any other work), and an end read before it is final places its members' arrivals first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from phantora.cost.host import HOST_COSTS
 from phantora.cost.startup import NCCL_COMM_INIT, nccl_init_ns
 from phantora.engine.collectives import (CollectiveCall, CollectiveMatcher, CollectiveMismatch, PendingCollective,
                                          split_matrix)
-from phantora.engine.deferred import Arrive
+from phantora.engine.deferred import Action, Arrive
 from phantora.engine.graphs import CapturedGraph
 from phantora.engine.mirrors import Mirrors
-from phantora.engine.placement import Placement
 from phantora.engine.ranks import CallError, RankState
 from phantora.engine.startup import pay_once
 from phantora.engine.timeline import Stream
 from phantora.engine.trace_events import TraceEvents, nccl_kernel_name
 from phantora.net.network import Network
 from phantora.net.records import CollectiveInfo, CollectiveSpec
+
+
+class ArrivalQueue(Protocol):
+    """Placement (placement.Placement), as the collective lifecycle calls back into it: where a
+    join queues its arrival, and how a forced end places the arrivals it needs."""
+
+    def stream(self, st: RankState, device: int, stream_id: int) -> Stream: ...
+
+    def next_seq(self) -> int: ...
+
+    def enqueue(self, st: RankState, action: Action) -> None: ...
+
+    def place_stream(self, st: RankState, stream: Stream, upto: Action | None, force: bool) -> bool: ...
 
 
 @dataclass
@@ -53,7 +71,7 @@ class SubmittedCollective:
 
 class CollectiveLifecycle:
     def __init__(self, ranks: dict[int, RankState], network: Network | None, trace: TraceEvents,
-                 placement: Placement) -> None:
+                 placement: ArrivalQueue) -> None:
         self.ranks = ranks
         self.network = network
         self.gpus_per_node = network.cluster.gpus_per_node if network is not None else 8

@@ -1,6 +1,26 @@
 """The simulator's engine: applies the record stream of every rank to its timelines, asks the
 cost model for kernel times, answers calls, and writes everything to a trace sink.
 
+How records flow (a -> b: a calls b and imports it; no module imports one above it):
+
+    Engine.apply, join_collective, the queries
+      -> host_records           a record's host time; its GPU work, host waits, collective calls
+      -> host_waits             synchronize, blocking copies, event queries: the time waited for
+      -> placement              GPU work on stream timelines, once the times it needs are known
+      -> collective_lifecycle   a placed arrival completes its collective: submitted; ends read
+      -> phantora.net           flows on links: provisional ends, rollbacks
+    finality (Engine.progress, after each message) sits above them: it proves ends final,
+    then re-drives placement and host_waits. Beside the chain: rank_identity (which process is
+    which rank) asks collective_lifecycle and host_waits; collective_lifecycle drives mirrors
+    (--ranks). The stages write their events to trace_events, the sink at the end of the flow,
+    given to each by the Engine (it imports only data: ranks, routing_log, collectives,
+    deferred, timeline); the types a RankState holds live in those data modules too.
+
+Calls back up the chain go through a port the Engine wires in, not an import: a collective call
+joins in collective_lifecycle (its work id is known at once), which queues its arrival on
+placement like any GPU work, and an end a host must read early places its members' arrivals
+first (collective_lifecycle.ArrivalQueue; placement implements it).
+
 Records arrive per rank in program order (phantora/protocol.py); `Engine.apply` hands each to
 the module that handles it (the list is in Engine's docstring). A rank's records only touch
 that rank's timeline, so ranks can be fed in any interleaving.
@@ -32,11 +52,11 @@ from phantora.engine.collective_lifecycle import CollectiveLifecycle
 from phantora.engine.collectives import CollectiveMatcher
 from phantora.engine.finality import Finality
 from phantora.engine.host_records import PYTHON_SLICE_NS, HostRecords
-from phantora.engine.host_waits import NOT_YET, HostWaits, NotYet, WaitTarget, host_waits_for_copy
+from phantora.engine.host_waits import NOT_YET, HostWaits, NotYet, host_waits_for_copy
 from phantora.engine.mirrors import Mirrors
 from phantora.engine.placement import Placement
 from phantora.engine.rank_identity import RankIdentities
-from phantora.engine.ranks import CallError, DeviceMemory, RankInfo, RankState
+from phantora.engine.ranks import CallError, DeviceMemory, RankInfo, RankState, WaitTarget
 from phantora.engine.summary import EngineSummary, simulated_end_ns, summarize
 from phantora.engine.timeline import TimingConfig
 from phantora.engine.trace_events import (HOST_TRACK, NETWORK_PID, SIMULATOR_PID, STEP_TRACK, TraceEvents,
@@ -63,9 +83,14 @@ class Engine:
       rank_identity.py         which process is which rank (guessed ranks, init_process_group)
       host_waits.py            synchronize, blocking copies, .item(), event/stream queries
       collective_lifecycle.py  join, submit to the network, read the end, failures
+      mirrors.py               mirrored ranks (--ranks), which follow their representative's collectives
       finality.py              proving ends final (progress)
       trace_events.py          what is written to the trace sink
       summary.py               EngineSummary
+
+    Below them, the data they share: ranks.py (RankState and the types it holds), deferred.py,
+    timeline.py, graphs.py, collectives.py (matching), routing_log.py, data_loading.py; and
+    startup.py, the one-off start-up costs host_records and collective_lifecycle charge.
     """
 
     def __init__(
@@ -92,7 +117,7 @@ class Engine:
         self.trace = TraceEvents(sink)
         self.placement = Placement(self.timing, self.trace)
         self.collectives = CollectiveLifecycle(self.ranks, network, self.trace, self.placement)
-        self.placement.collectives = self.collectives  # they call each other (placement.py)
+        self.placement.collectives = self.collectives  # they call each other (module docstring)
         self.waits = HostWaits(self.ranks, self.timing, self.trace, self.placement, self.collectives, sync)
         self.finality = Finality(self.ranks, self.timing, self.placement, self.collectives, self.waits, sync)
         self.host = HostRecords(self.timing, estimator, self.trace, self.placement, self.waits, self._warn)

@@ -4,8 +4,9 @@ Work is enqueued on its stream in program order and placed, in stream order, as 
 time it depends on is known: the stream's tail, the event it waits on, and the ends of the
 collectives it depends on (a WorkWait, the next collective on a communication stream, a kernel
 that NCCL kernels may slow). A collective's end is asked of the collective lifecycle
-(collective_lifecycle.py), which answers only once the end is final unless `force` (a host
-must wait for it). Placing writes each kernel's slice (trace_events.py).
+(collective_lifecycle.py, the next stage: placing a member's arrival hands it on there), which
+answers only once the end is final unless `force` (a host must wait for it). Placing writes each
+kernel's slice (trace_events.py).
 """
 
 from __future__ import annotations
@@ -13,16 +14,13 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import TYPE_CHECKING
 
 from phantora.cost import COPY_D2H, COPY_H2D
+from phantora.engine.collective_lifecycle import CollectiveLifecycle
 from phantora.engine.deferred import Action, Arrive, EventRecord, EventWait, GraphReplay, OpWork, WorkWait
 from phantora.engine.ranks import RankState
 from phantora.engine.timeline import Stream, TimingConfig, op_span
 from phantora.engine.trace_events import TraceEvents
-
-if TYPE_CHECKING:
-    from phantora.engine.collective_lifecycle import CollectiveLifecycle
 
 
 def _union_ns(spans: list[tuple[int, int]]) -> int:
@@ -66,7 +64,8 @@ class Placement:
         self.timing = timing
         self.trace = trace
         # Set by the Engine once both exist: ends are read from it, and arrivals reported to it
-        # (which may in turn place other ranks' streams: the two call each other).
+        # (which may in turn place other ranks' streams: the two call each other at run time; the
+        # lifecycle calls back through its ArrivalQueue port, without importing this module).
         self.collectives: CollectiveLifecycle
         self._seq = 0  # program order of GPU work, over all ranks
         self._placing: set[int] = set()  # id() of the streams being placed
