@@ -289,7 +289,7 @@ class HostRecords:
         if kind == "compile":  # an assumed figure of its own (cost/host.py), not the fitted host model
             tl.advance_host(host_event_ns(kind, count), "compile")
         elif self.timing.host_time == "measured":
-            return  # measured with the rest of the program's Python (interpose/host_time.py)
+            return  # measured with the rest of the program's Python (interpose/host/host_time.py)
         else:
             tl.charge_host(host_event_ns(kind, count), "python (modelled)")
         if kind == "compile":  # once per compiled graph: host time, shown as such

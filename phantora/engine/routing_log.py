@@ -1,4 +1,4 @@
-"""MoE routing decisions the ranks report (R_ROUTING, interpose/routing.py): kept per rank
+"""MoE routing decisions the ranks report (R_ROUTING, interpose/values/routing.py): kept per rank
 (RankState.routing) for the summary and the trace's metadata (summary.routing_layers), and drawn
 as one counter per MoE layer in the rank's process (tokens routed to each expert, a series per
 expert). Plain data and how to read it: imports no engine module."""
@@ -12,7 +12,7 @@ from phantora.routing import imbalance
 
 # A layer's counter has one series per expert up to this many experts; beyond, max/mean/min only
 # (a counter with thousands of series is unreadable and large). The ranks report decisions over
-# at most 4,096 choices (interpose/routing.py), whose counts the metadata lists in full.
+# at most 4,096 choices (interpose/values/routing.py), whose counts the metadata lists in full.
 COUNTER_SERIES_MAX = 256
 
 
