@@ -3,7 +3,7 @@
 Ops: _scaled_dot_product_{flash,efficient,cudnn}_attention(+_backward),
 _scaled_dot_product_fused_attention_overrideable(+_backward), _flash_attention_forward/backward,
 _efficient_attention_forward/backward, _cudnn_attention_forward/backward, and flex attention
-(higher_order::flex_attention / flex_attention_backward, reported by interpose/hops.py; see
+(higher_order::flex_attention / flex_attention_backward, reported by interpose/ops/hops.py; see
 "flex attention" below).
 
 Time model, FlashAttention-style: each thread block owns a BLOCK_Q-row block of queries of one
@@ -281,7 +281,7 @@ def _efficiency(gpu, backend: str, backward: bool) -> float:
 # The fused kernel torch.compile generates for flex_attention (an Inductor Triton template,
 # FlashAttention-2's algorithm with the score_mod / mask_mod inlined) walks, for each query block,
 # only the key blocks its BlockMask lists: partial blocks (mask_mod applied per cell) and full
-# blocks, so its work is the visited fraction of the block grid (interpose/hops.py sends the count
+# blocks, so its work is the visited fraction of the block grid (interpose/ops/hops.py sends the count
 # of visited blocks, summed over the mask's batch, head and query-block dims, and the longest
 # row; None when the mask's values are unknown, and then every block is taken as visited, an
 # upper bound). FLOPs follow: 2 products forward, 5 backward, over the visited blocks' cells
@@ -354,7 +354,7 @@ def flex_attention(sig: OpSignature, ctx: CostContext) -> OpCost:
 def flex_template_kernel(name: str, q: TensorMeta, k: TensorMeta, v: TensorMeta, counts: TensorMeta | None,
                          kv_block: int, visited: tuple[int, int] | None, io_bytes: float, backward: bool,
                          ctx: CostContext) -> Kernel:
-    """The flex-attention Triton template of compiled code (interpose/compiled_kernels.py): the
+    """The flex-attention Triton template of compiled code (interpose/compile/compiled_kernels.py): the
     eager model's main loop over the blocks its BlockMask visits. Compiled backward runs the
     rowsum(dO * O) preprocessing as a kernel of its own (reported and timed apart), so it is not
     folded in here."""

@@ -320,11 +320,11 @@ QUALIFIED_FAMILIES: dict[str, Family] = {
     "fsdp::all_gather_copy_in": Family("movement", movement.fsdp_all_gather_copy_in),
     "fsdp::split_with_sizes_copy": Family("movement", movement.fsdp_split_with_sizes_copy),
     "fsdp::chunk_cat": Family("cat", movement.fsdp_chunk_cat),
-    # higher-order ops reported as one fused kernel (interpose/hops.py)
+    # higher-order ops reported as one fused kernel (interpose/ops/hops.py)
     "higher_order::flex_attention": Family("attention", attention.flex_attention),
     "higher_order::flex_attention_backward": Family("attention", attention.flex_attention),
     # kernels of CUDA extensions built at run time, which phantora never compiles
-    # (interpose/cuda_extensions.py)
+    # (interpose/device/cuda_extensions.py)
     "cuda_extension::multi_tensor_adam": Family("optimizer", optimizers.extension_multi_tensor_adam),
 }
 

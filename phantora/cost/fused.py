@@ -1,4 +1,4 @@
-"""Kernels torch.compile generates (Inductor's Triton kernels), as interpose/compiled_kernels.py
+"""Kernels torch.compile generates (Inductor's Triton kernels), as interpose/compile/compiled_kernels.py
 reports them: signature `triton::<kernel name>` with args (tensors read, tensors written,
 elements processed, the aten ops fused in, Inductor's kernel kind).
 

@@ -1,7 +1,7 @@
 """How fast the machine phantora runs on executes Python, against the host the reference figures
 come from.
 
-The program's own Python time is measured on this machine (interpose/host_time.py), but the
+The program's own Python time is measured on this machine (interpose/host/host_time.py), but the
 prediction is for the simulated host. Both run the same fixed pure-Python benchmark (dict, str and
 int work, as framework bookkeeping does; the one in benchmarks/groundtruth/startup_probe.py): its
 time on the lent H100 VM over its time here scales what is measured here to the lent VM, and

@@ -93,7 +93,7 @@ class TimingConfig:
 
 
 def cache_dir() -> Path:
-    """Where phantora caches things (the same rule as interpose.shim_build, which cost/ must not import)."""
+    """Where phantora caches things (the same rule as interpose.device.shim_build, which cost/ must not import)."""
     base = os.environ.get("PHANTORA_CACHE_DIR")
     if base:
         return Path(base)

@@ -164,7 +164,7 @@ def fused_optimizer(sig: OpSignature, ctx: CostContext) -> OpCost:
 def extension_multi_tensor_adam(sig: OpSignature, ctx: CostContext) -> OpCost:
     """cuda_extension::multi_tensor_adam(chunk_size, noop_flag, grads, params, exp_avgs,
     exp_avg_sqs, ...): the multi-tensor Adam kernel of a CUDA extension built at run time
-    (DeepSpeed's FusedAdam, Apex's amp_C; interpose/cuda_extensions.py). Its source cannot be
+    (DeepSpeed's FusedAdam, Apex's amp_C; interpose/device/cuda_extensions.py). Its source cannot be
     timed, so it is costed as torch's _fused_adam(w)_ on the same tensors: the same bytes (grads
     read; params, exp_avgs and exp_avg_sqs read and written), the same launch rule (it is the
     multi_tensor_apply these kernels share: depth 4, 320 blocks of 65,536 elements; DeepSpeed and

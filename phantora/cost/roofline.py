@@ -51,7 +51,7 @@ class CostContext:
 
 
 # Tags a signature carries when the user's program changed torch's fp32 math settings from their
-# defaults at the time of the call (interpose/signature.py adds them to ops with fp32 tensors):
+# defaults at the time of the call (interpose/ops/signature.py adds them to ops with fp32 tensors):
 # torch.backends.cuda.matmul.allow_tf32 = True (or set_float32_matmul_precision("high"/"medium"))
 # and torch.backends.cudnn.allow_tf32 = False. A signature without them follows the estimator's
 # CostContext (torch's defaults unless the estimator was built otherwise).
