@@ -20,7 +20,7 @@ subprocess, sched and socketserver time their blocking waits with them, and a wa
 or queue is real whatever the simulated clock says (a timeout measured in simulated time would
 never expire while the thread that moves the clock is the one waiting). Also real: clocks bound
 as default arguments or stored on objects before the install, datetime.now() (cannot be patched
-from Python; the README says so), time.process_time and thread_time (they measure the
+from Python; docs/virtual-gpu.md says so), time.process_time and thread_time (they measure the
 interposer itself).
 """
 

@@ -4,7 +4,7 @@ the traced command starts (torchrun workers, mp.spawn children) runs it at start
 It does nothing unless PHANTORA_SOCKET is set, then arranges for virtual GPUs to be installed
 when the process imports torch, and finally runs the sitecustomize it shadows, if any.
 `python -S` and `python -I` skip site customisation, so processes started that way are not
-simulated (the README says so).
+simulated (docs/virtual-gpu.md says so).
 """
 
 import importlib.machinery
