@@ -18,6 +18,9 @@ decided on.
   the modelled compile time (phantora/cost/host.py), shown as one `torch.compile` host slice.
 * A backend phantora cannot see inside (a custom `backend=` callable) is refused with one line
   that says why, rather than silently running its (real CUDA) code or eager ops.
+* Inductor needs Triton to generate its CUDA code, on either torch build (the CPU wheel does not
+  bring it; phantora's install does, and no GPU is needed). Where Triton cannot be imported, the
+  Inductor backend is refused at the call, never run as eager ops.
 """
 
 from __future__ import annotations
@@ -39,9 +42,14 @@ class UnsupportedBackend(RuntimeError):
     pass
 
 
-NO_TRITON_WARNING = ("torch.compile ran the captured graphs as eager aten ops: this torch build has no Triton, which "
-                     "Inductor needs to generate CUDA kernels, so fused kernels are not simulated (run the script "
-                     "with a CUDA build of torch, or install triton)")
+class TritonMissing(UnsupportedBackend):
+    pass
+
+
+NO_TRITON = ("phantora: torch.compile's Inductor backend generates Triton kernels, which phantora simulates, and "
+             "this Python cannot import Triton ({why}); install it (`pip install 'triton>=3.7'`; phantora's own "
+             "install brings it, the CPU build of torch does not), or compile with backend='aot_eager' to run the "
+             "captured graphs as eager aten ops")
 _pending_warnings: list[str] = []  # said before the process became a rank (sent at its first compiled run)
 
 
@@ -149,10 +157,14 @@ class CompileClock:
         self.graphs += 1
 
 
-def _triton_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None
+def _triton_missing() -> str | None:
+    """Why Triton's CUDA backend cannot be imported, or None when it can (torch._inductor imports
+    it anyway where it is installed, so this costs nothing then)."""
+    try:
+        import triton.backends.nvidia.driver  # noqa: F401
+    except ImportError as e:
+        return str(e) or type(e).__name__
+    return None
 
 
 def _warn(rt: Any, text: str) -> None:
@@ -174,7 +186,7 @@ def _is_torchs_own(backend: Any) -> bool:
 AUTOTUNE_OPTIONS = frozenset({"max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning"})
 
 
-def _refuse_opaque_backends(rt: Any, has_triton: bool) -> None:
+def _refuse_opaque_backends(rt: Any, triton_missing: str | None) -> None:
     """torch.compile(backend=callable): phantora runs the compiled code it knows (Inductor's
     generated wrapper and kernels, or graphs of aten ops); a user backend may run anything (real
     CUDA code, another compiler), which phantora cannot simulate, so it says so at the call."""
@@ -209,14 +221,11 @@ def _refuse_opaque_backends(rt: Any, has_triton: bool) -> None:
             _warn(rt, f"torch.compile(options={{{', '.join(repr(k) + ': True' for k in tuned)}}}): autotuning is "
                       "not simulated; compiled with Inductor's heuristic kernel choices")
             kwargs = {**kwargs, "options": {**options, **{k: False for k in tuned}}}
-        if not has_triton and backend in ("inductor", None):
-            # Inductor needs Triton to generate CUDA kernels, and this torch build (the CPU
-            # wheel) has none: Dynamo still captures the graphs (fullgraph and graph breaks
-            # behave as on a GPU), and their aten ops run as eager kernels, with a warning.
-            _warn(rt, NO_TRITON_WARNING)
-            kwargs = {**kwargs, "backend": "eager"}
-            kwargs.pop("mode", None)
-            kwargs.pop("options", None)
+        if triton_missing and backend in ("inductor", None):
+            # Inductor needs Triton to generate CUDA kernels (the CUDA wheel of torch brings it,
+            # the CPU wheel does not, phantora's install does): running the graphs as eager ops
+            # instead would predict the eager program, so the call fails and says why.
+            raise TritonMissing(NO_TRITON.format(why=triton_missing))
         return original(model, *args, **kwargs)
 
     compile.__doc__ = original.__doc__
@@ -290,8 +299,8 @@ def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
     # the caching allocator's are (and a fake tensor has no data pointer to ask).
     torch._C._dynamo.guards.copy_if_misaligned = lambda t: t
     torch._C._cuda_getCurrentRawStream = _raw_stream
-    has_triton = _triton_available()
-    _refuse_opaque_backends(rt, has_triton)
+    triton_missing = _triton_missing()
+    _refuse_opaque_backends(rt, triton_missing)
 
     import torch._inductor.config as inductor_config
 
@@ -308,6 +317,10 @@ def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
     import warnings
 
     warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor is deprecated")
+    # Triton >= 3.9 warns, when Inductor's kernel modules are loaded, that its default for
+    # floating-point fusion in compiled kernels will change: no kernel is compiled here, so the
+    # default changes nothing phantora computes (the CPU build gets the newest Triton).
+    warnings.filterwarnings("ignore", message="TRITON_DEFAULT_FP_FUSION is unset")
     compile_clock = CompileClock(rt, clock)
     from torch._dynamo.callback import on_compile_end, on_compile_start
 
@@ -315,7 +328,7 @@ def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
     on_compile_end(compile_clock.end)
     _mark_compiled_runs(compile_clock)
     _never_convert_own_frames()
-    if not has_triton:
+    if triton_missing:
         return
     _install_virtual_triton_driver(rt.config.gpu)
     from torch._inductor.async_compile import AsyncCompile
