@@ -299,6 +299,10 @@ def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
     # the caching allocator's are (and a fake tensor has no data pointer to ask).
     torch._C._dynamo.guards.copy_if_misaligned = lambda t: t
     torch._C._cuda_getCurrentRawStream = _raw_stream
+    if not hasattr(torch._C, "_cuda_cudaCachingAllocator_is_enabled"):
+        # The CPU build lacks the binding Inductor asks before it uses CUDA graphs
+        # (mode="reduce-overhead"): the virtual GPU's allocator is a caching allocator.
+        torch._C._cuda_cudaCachingAllocator_is_enabled = lambda: True
     triton_missing = _triton_missing()
     _refuse_opaque_backends(rt, triton_missing)
 

@@ -85,8 +85,9 @@ def test_compiled_kernels_are_inductors_fused_kernels(tmp_path: Path, user_pytho
         assert s["dur"] == (1_000_000 + 250_000 * s["args"]["triton kernels generated"])
 
 
-def test_compile_graph_breaks_checkpoint_optimizer_flex(tmp_path: Path, cuda_torch_python: str) -> None:
-    proc, trace = run_traced(tmp_path, cuda_torch_python, "compile_modes.py")
+@BUILDS
+def test_compile_graph_breaks_checkpoint_optimizer_flex(tmp_path: Path, user_python: str) -> None:
+    proc, trace = run_traced(tmp_path, user_python, "compile_modes.py")
     assert_ran(proc, "graph_break", "checkpoint", "optimizer", "flex_causal", "flex_sliding", "flex_document",
                "reduce_overhead", "custom_backend_refused")
     events = _events(trace)
@@ -136,9 +137,10 @@ def test_compile_without_triton_fails_at_the_call(tmp_path: Path) -> None:
     assert_ran(proc, "chain", "block")
 
 
-def test_fsdp2_of_compiled_blocks_on_two_ranks(tmp_path: Path, cuda_torch_python: str) -> None:
-    torchrun = str(Path(cuda_torch_python).with_name("torchrun"))
-    proc, trace = run_traced(tmp_path, cuda_torch_python, ROOT / "examples" / "fsdp_train.py", "--layers", "2",
+@BUILDS
+def test_fsdp2_of_compiled_blocks_on_two_ranks(tmp_path: Path, user_python: str) -> None:
+    torchrun = str(Path(user_python).with_name("torchrun"))
+    proc, trace = run_traced(tmp_path, user_python, ROOT / "examples" / "fsdp_train.py", "--layers", "2",
                              "--seq", "256", "--batch", "2", "--steps", "2", "--compile",
                              launcher=(torchrun, "--nproc-per-node", "2", "--no-python"))
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -152,10 +154,11 @@ def test_fsdp2_of_compiled_blocks_on_two_ranks(tmp_path: Path, cuda_torch_python
     assert any(k["name"].startswith("ncclDevKernel_ReduceScatter") for k in kernels)
 
 
-def test_autotuning_options_compile_with_heuristic_choices(tmp_path: Path, cuda_torch_python: str) -> None:
+@BUILDS
+def test_autotuning_options_compile_with_heuristic_choices(tmp_path: Path, user_python: str) -> None:
     """options={"max_autotune": True, "coordinate_descent_tuning": True} (TorchTitan's compiled flex
     attention) would benchmark every candidate on a GPU; Inductor then raised NoValidChoicesError.
     phantora compiles with the heuristic choices and prints one line saying autotuning is not simulated."""
-    proc, _ = run_traced(tmp_path, cuda_torch_python, "compile_autotune_options.py")
+    proc, _ = run_traced(tmp_path, user_python, "compile_autotune_options.py")
     assert_ran(proc, "autotune_options")
     assert "autotuning is not simulated" in proc.stderr + proc.stdout
