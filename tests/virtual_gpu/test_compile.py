@@ -127,7 +127,7 @@ def test_compile_without_triton_fails_at_the_call(tmp_path: Path) -> None:
     hidden.mkdir(parents=True)
     (hidden / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'triton'\", name='triton')\n")
     env = {**os.environ, "PYTHONPATH": str(hidden.parent)}
-    proc, trace = run_traced(tmp_path, sys.executable, "compile_fusion.py", "compiled", env=env)
+    proc, _ = run_traced(tmp_path, sys.executable, "compile_fusion.py", "compiled", env=env)
     assert proc.returncode != 0 and "ok chain" not in proc.stdout, proc.stdout[-2000:]
     assert "TritonMissing: phantora: torch.compile's Inductor backend generates Triton kernels" in proc.stderr, \
         proc.stderr[-4000:]
