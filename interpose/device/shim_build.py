@@ -19,6 +19,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from phantora.cache import cache_dir
+
 SHIM_SOURCE = Path(__file__).with_name("shim") / "virtual_cuda.cpp"
 
 
@@ -57,13 +59,6 @@ def find_torch() -> TorchInstall:
         cuda = scope.get("cuda")
     return TorchInstall(root, version, cuda)
 
-
-def cache_dir() -> Path:
-    base = os.environ.get("PHANTORA_CACHE_DIR")
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "phantora"
 
 
 def _compiler() -> str:

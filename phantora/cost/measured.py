@@ -47,6 +47,7 @@ from typing import Any, Callable
 
 import orjson
 
+from phantora.cache import cache_dir
 from phantora.cost.estimate import NO_GPU_WORK, Estimator, KernelEstimate
 from phantora.hardware import GPUSpec
 from phantora.ops import FLOAT_PLACEHOLDER, OpSignature, TensorMeta
@@ -91,14 +92,6 @@ class TimingConfig:
         # CPU: CI exercises the code path, small tensors, quick
         return TimingConfig(warmup_calls=1, repeats=3, target_ns=200_000, max_calls=20, max_bytes=1 << 30)
 
-
-def cache_dir() -> Path:
-    """Where phantora caches things (the same rule as interpose.device.shim_build, which cost/ must not import)."""
-    base = os.environ.get("PHANTORA_CACHE_DIR")
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "phantora"
 
 
 def visible_cuda_device() -> str | None:
