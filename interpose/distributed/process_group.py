@@ -17,7 +17,7 @@ import pickle
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -369,7 +369,7 @@ class SimProcessGroup(dist.ProcessGroup):
         """Tensors up to values.COPY_SHADOW_MAX_NUMEL carry their shadows and values
         (interpose/values/policy.py) through all_reduce and broadcast, exchanged via the c10d store:
         this rank's contribution now, the others' when the result is first used."""
-        key = f"phantora/values/{self._group_name}/{seq}"
+        key = self._values_key(seq)
         me = self.global_ranks[self.rank()]
         mine = [_held(t) for t in tensors]
         if op == "broadcast":
@@ -385,14 +385,13 @@ class SimProcessGroup(dist.ProcessGroup):
 
             self._resolve_when_used(tensors, receive, [key])
             return
-        self._post(f"{key}/{me}", mine)
-        keys = [f"{key}/{_source(r, self.global_ranks, me)}" for r in self.global_ranks]
+        keys, everyone = self._exchange(seq, mine)
 
         def reduce() -> None:
             with values.real_cpu():
-                everyone = self._collect(key, keys, _processes(self.global_ranks), [mine] * len(keys))
+                members = everyone()
                 for i, t in enumerate(tensors):
-                    _reduce_held(t, [member[i] for member in everyone], reduce_op)
+                    _reduce_held(t, [member[i] for member in members], reduce_op)
 
         self._resolve_when_used(tensors, reduce, keys)
 
@@ -403,6 +402,19 @@ class SimProcessGroup(dist.ProcessGroup):
         with values.real_cpu():
             if c10d._get_default_store().check(list(dict.fromkeys(keys))):
                 once()
+
+    def _values_key(self, seq: int) -> str:
+        return f"phantora/values/{self._group_name}/{seq}"
+
+    def _exchange(self, seq: int, mine: list[_Held]) -> tuple[list[str], Callable[[], list[list[_Held]]]]:
+        """Post this member's contribution to collective `seq`: the keys every member's is read
+        from (in group order; a mirrored member's is its representative's), and the reader of
+        them all, to call when the result is first used."""
+        key = self._values_key(seq)
+        me = self.global_ranks[self.rank()]
+        self._post(f"{key}/{me}", mine)
+        keys = [f"{key}/{_source(r, self.global_ranks, me)}" for r in self.global_ranks]
+        return keys, lambda: self._collect(key, keys, _processes(self.global_ranks), [mine] * len(keys))
 
     def _post(self, key: str, mine: list[_Held]) -> None:
         with values.real_cpu():
@@ -433,19 +445,15 @@ class SimProcessGroup(dist.ProcessGroup):
                     for o in per_input:
                         _write_held(o, _Held(None, values.value_of(t)))
                 return
-        key = f"phantora/values/{self._group_name}/{seq}"
-        me = self.global_ranks[self.rank()]
-        mine = [_held(t) for t in inputs]
-        self._post(f"{key}/{me}", mine)
-        keys = [f"{key}/{_source(r, self.global_ranks, me)}" for r in self.global_ranks]
+        keys, everyone = self._exchange(seq, [_held(t) for t in inputs])
 
         def gather() -> None:
             with values.real_cpu():
-                everyone = self._collect(key, keys, _processes(self.global_ranks), [mine] * len(keys))
+                members = everyone()
                 for j, per_input in enumerate(outputs):
                     for r, o in enumerate(per_input):
-                        if r < len(everyone):
-                            _write_held(o, everyone[r][j])
+                        if r < len(members):
+                            _write_held(o, members[r][j])
 
         self._resolve_when_used([o for per_input in outputs for o in per_input], gather, keys)
 
@@ -458,18 +466,13 @@ class SimProcessGroup(dist.ProcessGroup):
             if not (values.exchanges_values(input) and values.exchanges_values(output)):
                 _write_held(output, _Held(None, values.value_of(input)))
                 return
-        key = f"phantora/values/{self._group_name}/{seq}"
-        me = self.global_ranks[self.rank()]
         with values.real_cpu():  # the shadow's clone is phantora's bookkeeping, not the script's op
             mine = [_held(input)]
-        self._post(f"{key}/{me}", mine)
-        keys = [f"{key}/{_source(r, self.global_ranks, me)}" for r in self.global_ranks]
+        keys, everyone = self._exchange(seq, mine)
 
         def gather() -> None:
             with values.real_cpu():
-                everyone = [member[0] for member in self._collect(key, keys, _processes(self.global_ranks),
-                                                                  [mine] * len(keys))]
-                _write_concatenated(output, everyone)
+                _write_concatenated(output, [member[0] for member in everyone()])
 
         self._resolve_when_used([output], gather, keys)
 
@@ -591,16 +594,12 @@ class SimProcessGroup(dist.ProcessGroup):
                 for o in outputs:
                     _write_held(o, _Held(None, mine[0].value if mine else values.value_of(o)))
             return
-        key = f"phantora/values/{self._group_name}/{seq}"
-        me = self.global_ranks[self.rank()]
         pos = self.rank()
-        self._post(f"{key}/{me}", mine)
-        keys = [f"{key}/{_source(r, self.global_ranks, me)}" for r in self.global_ranks]
+        keys, everyone = self._exchange(seq, mine)
 
         def exchange() -> None:
             with values.real_cpu():
-                everyone = self._collect(key, keys, _processes(self.global_ranks), [mine] * len(keys))
-                got = [member[pos] for member in everyone]
+                got = [member[pos] for member in everyone()]
                 if len(outputs) > 1:
                     for o, h in zip(outputs, got):
                         _write_held(o, h)
