@@ -16,7 +16,6 @@ from pathlib import Path
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))

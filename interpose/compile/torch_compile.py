@@ -25,7 +25,6 @@ decided on.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable
 
 import torch

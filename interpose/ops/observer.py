@@ -23,13 +23,10 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispatch_mode_stack,
                                           is_traceable_wrapper_subclass_type)
 
-from interpose.device import cuda_graphs
-from interpose.device import cuda_rng
-from interpose.ops import custom_ops
-from interpose.values import data_dependent
+from interpose.device import cuda_graphs, cuda_rng
 from interpose.host import host_time
-from interpose.ops import hops
-from interpose.values import routing
+from interpose.ops import custom_ops, hops
+from interpose.values import data_dependent, routing
 from interpose import runtime as rt_mod
 from interpose.values import policy as values
 from interpose.host.python_events import op_flags
