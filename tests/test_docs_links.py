@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from markdown_it import MarkdownIt
 
 ROOT = Path(__file__).resolve().parents[1]
 README_MAX_LINES = 250
@@ -19,38 +20,18 @@ README_MAX_LINES = 250
 PAGES = sorted({ROOT / "README.md", *(ROOT / "docs").rglob("*.md")}
                | ({ROOT / "CONTRIBUTING.md"} if (ROOT / "CONTRIBUTING.md").exists() else set()))
 
-_FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
-_CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
-_INLINE = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
-_REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s.*)?$", re.M)
-
-
-def _prose(text: str) -> str:
-    """The text with fenced code blocks, indented code blocks and code spans blanked out."""
-    text = _FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
-    lines, out, in_list = text.split("\n"), [], False
-    for i, line in enumerate(lines):
-        prev_blank = i == 0 or not lines[i - 1].strip()
-        if re.match(r"\s*([-*+]|\d+\.)\s", line):
-            in_list = True
-        elif not line.strip():
-            pass
-        elif not line.startswith((" ", "\t")):
-            in_list = False
-        indented_code = line.startswith(("    ", "\t")) and not in_list and (prev_blank or (out and out[-1] == ""))
-        out.append("" if indented_code else line)
-    return _CODE_SPAN.sub("", "\n".join(out))
+_MARKDOWN = MarkdownIt("commonmark")  # rich's dependency: links and headings as GitHub parses them
 
 
 def _anchors(page: Path) -> set[str]:
     """GitHub's heading anchors of a markdown page."""
     seen: dict[str, int] = {}
     anchors = set()
-    for line in _FENCE.sub("", page.read_text()).split("\n"):
-        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
-        if not m:
+    tokens = _MARKDOWN.parse(page.read_text())
+    for heading, text in zip(tokens, tokens[1:]):
+        if heading.type != "heading_open":
             continue
-        slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+        slug = re.sub(r"[^\w\- ]", "", text.content.strip().lower()).replace(" ", "-")
         n = seen.get(slug, 0)
         seen[slug] = n + 1
         anchors.add(slug if n == 0 else f"{slug}-{n}")
@@ -58,8 +39,15 @@ def _anchors(page: Path) -> set[str]:
 
 
 def _links(page: Path) -> list[str]:
-    text = _prose(page.read_text())
-    return _INLINE.findall(text) + _REFERENCE.findall(text)
+    """Every link and image target of the page (inline or by reference; none from code)."""
+    targets = []
+    for token in _MARKDOWN.parse(page.read_text()):
+        for child in token.children or ():
+            if child.type == "link_open":
+                targets.append(child.attrs["href"])
+            elif child.type == "image":
+                targets.append(child.attrs["src"])
+    return targets
 
 
 def _is_relative(target: str) -> bool:
@@ -82,7 +70,7 @@ def test_every_relative_link_resolves(page: Path):
 
 
 def test_the_checker_sees_links():
-    """The link pattern finds the README's links (so an empty pass above means something)."""
+    """The parser finds the README's links (so an empty pass above means something)."""
     assert any(t.startswith("docs/") for t in _links(ROOT / "README.md"))
 
 
