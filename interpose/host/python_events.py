@@ -4,12 +4,20 @@ The simulator charges host time per op (phantora/cost/host.py), but eager traini
 much of its host time around the ops: nn.Module.__call__, torch.utils.checkpoint, the autograd
 engine, the optimizer's bookkeeping. This module tells the simulator about those, through
 op flags (op_flags) and R_HOST records; it measures nothing itself.
+
+It observes and never replaces: Dynamo recognises torch functions by identity (it turns
+torch.utils.checkpoint.checkpoint into its checkpoint operator only if the object it meets *is*
+that function), so a wrapper around one breaks torch.compile. Module and optimizer calls are seen
+through torch's global hooks; checkpoint regions from the state torch itself keeps while one runs
+(CheckpointRegions).
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -34,7 +42,72 @@ def op_flags(args: tuple, in_optimizer: bool) -> int:
     return flags
 
 
+class CheckpointRegions:
+    """Tells when the op being dispatched is the first of a torch.utils.checkpoint region, in
+    forward or in its recomputation during backward: each costs the region's Python once
+    (phantora/cost/host.py checkpoint_region_ns).
+
+    A region is recognised by what torch sets up while it runs, looked at per op:
+      - use_reentrant=False: the saved-tensor hooks on top of autograd's stack are a
+        `_checkpoint_hook`'s (forward) or a `_recomputation_hook`'s (recomputation); each region
+        and each recomputation installs new ones;
+      - use_reentrant=True: forward runs inside CheckpointFunction.forward with grad disabled
+        (found on the Python stack; its `ctx` names the region), recomputation inside the
+        CheckpointFunctionBackward node autograd is running.
+    Only a weak reference to the last region's marker is kept, so no tensor lives longer."""
+
+    _STACK_LIMIT = 64  # frames between an op's dispatch and CheckpointFunction.forward, at most
+
+    def __init__(self) -> None:
+        import torch.utils.checkpoint as ckpt
+
+        self._reentrant_forward = ckpt.CheckpointFunction.forward.__code__
+        self._last: weakref.ref | None = None
+
+    def entered(self) -> bool:
+        """Whether the op being dispatched now opens a region not seen before."""
+        if torch.compiler.is_compiling():
+            return False  # compiled code has no Python region to charge
+        marker = self._marker()
+        if marker is None or (self._last is not None and self._last() is marker):
+            return False
+        self._last = weakref.ref(marker)
+        return True
+
+    def _marker(self) -> Any:
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        if hooks is not None:
+            pack = hooks[0]
+            name = getattr(pack, "__wrapped__", pack).__qualname__  # torch._dynamo.disable wraps one
+            return pack if name.startswith(("_checkpoint_hook.", "_recomputation_hook.")) else None
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            return node if node.name() == "CheckpointFunctionBackward" else None
+        if torch.is_grad_enabled():
+            return None
+        frame = sys._getframe(1)
+        for _ in range(self._STACK_LIMIT):
+            if frame is None:
+                return None
+            if frame.f_code is self._reentrant_forward:
+                return frame.f_locals.get("ctx")
+            frame = frame.f_back
+        return None
+
+
+_checkpoint_regions: CheckpointRegions | None = None  # made by install_python_events
+
+
+def opens_checkpoint_region() -> bool:
+    """Whether the GPU op being dispatched now is the first of a checkpoint region (called from
+    inside __torch_dispatch__, before the op is recorded)."""
+    return _checkpoint_regions is not None and _checkpoint_regions.entered()
+
+
 def install_python_events(rt: Any) -> None:
+    global _checkpoint_regions
+    _checkpoint_regions = CheckpointRegions()
+
     def record(kind: str, count: int) -> None:
         # Only for a process that already is a rank: a module call before the first GPU op
         # must not make a DataLoader worker or launcher agent connect.
@@ -105,26 +178,6 @@ def install_python_events(rt: Any) -> None:
 
     register_optimizer_step_pre_hook(optimizer_pre_hook)
     register_optimizer_step_post_hook(optimizer_post_hook)
-
-    import torch.utils.checkpoint as ckpt
-
-    original = ckpt.checkpoint
-
-    @functools.wraps(original)
-    def checkpoint(function: Any, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():  # compiled code has no Python region to charge
-            return original(function, *args, **kwargs)
-        record("checkpoint", 1)
-        out = original(function, *args, **kwargs)
-        # The region's Python runs again when backward recomputes it: charge it when the
-        # gradient reaches the region's output.
-        first = out if isinstance(out, torch.Tensor) else next(
-            (t for t in (out if isinstance(out, (tuple, list)) else ()) if isinstance(t, torch.Tensor)), None)
-        if first is not None and first.requires_grad:
-            first.register_hook(lambda grad: record("checkpoint", 1))
-        return out
-
-    ckpt.checkpoint = checkpoint
 
 
 def _hide_own_global_hooks(modules: Any, own: tuple) -> None:

@@ -29,7 +29,7 @@ from interpose.ops import custom_ops, hops
 from interpose.values import data_dependent, routing
 from interpose import runtime as rt_mod
 from interpose.values import policy as values
-from interpose.host.python_events import op_flags
+from interpose.host.python_events import op_flags, opens_checkpoint_region
 from interpose.ops.signature import signature_data, signature_of
 from phantora import protocol as P
 from phantora.engine.memory import OutOfMemory
@@ -158,6 +158,8 @@ class OpObserver(TorchDispatchMode):
                 device = peer[0]
             stream = current_stream_id(device) if device >= 0 else 0
             flags = op_flags(args, rt.in_optimizer > 0) if device >= 0 else 0
+            if device >= 0 and opens_checkpoint_region():
+                rt.client.record([P.R_HOST, "checkpoint", 1])  # the region's Python runs before its first op
             if flags & (P.OP_BACKWARD | P.OP_IN_MODULE):
                 rt.model_work_since_step = True
             if device >= 0 and getattr(_compiled, "depth", 0):
