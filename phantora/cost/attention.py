@@ -4,7 +4,14 @@ Ops: _scaled_dot_product_{flash,efficient,cudnn}_attention(+_backward),
 _scaled_dot_product_fused_attention_overrideable(+_backward), _flash_attention_forward/backward,
 _efficient_attention_forward/backward, _cudnn_attention_forward/backward, and flex attention
 (higher_order::flex_attention / flex_attention_backward, reported by interpose/ops/hops.py; see
-"flex attention" below).
+"flex attention" below), and FlashAttention 3's flash_attn_3::fwd / bwd (the stand-in of
+interpose/device/flash_attn3.py), timed exactly as aten's _flash_attention_forward / _backward
+on the same shapes (see "FlashAttention 3" below).
+
+Varlen calls (packed q [total, H, D] with cumulative sequence offsets): where the program's data
+holds the offsets (OpSignature.data, e.g. offsets copied from the CPU), each sequence is costed
+at its own length and the work summed over sequences; where it does not, every sequence is
+taken to have the average length total / number of sequences.
 
 Time model, FlashAttention-style: each thread block owns a BLOCK_Q-row block of queries of one
 (batch, head) and walks the BLOCK_KV-column blocks of keys it may see (all of them, or those on
@@ -88,6 +95,28 @@ class AttentionShape:
     # kernel visits, and the most key blocks one query block visits. None: not block-sparse.
     block_fraction: float | None = None
     longest_row: int | None = None
+    # Varlen with known offsets: (query length, key length) of each sequence; batch, seq_q and
+    # seq_kv then hold their count and the longest lengths. Empty: batch sequences of seq_q x seq_kv.
+    lengths: tuple[tuple[int, int], ...] = ()
+
+    def _pieces(self) -> list["AttentionShape"]:
+        """One shape per sequence (varlen with known lengths), else [self]."""
+        if not self.lengths:
+            return [self]
+        return [AttentionShape(1, self.heads, q, k, self.head_dim, self.head_dim_v, self.causal)
+                for q, k in self.lengths]
+
+    def total_block_pairs(self) -> int:
+        """(query block, key block) pairs over every (sequence, head)."""
+        return sum(p.batch * p.heads * p.block_pairs() for p in self._pieces())
+
+    def query_blocks(self) -> int:
+        """Query blocks over every (sequence, head): the thread blocks of the main kernel."""
+        return sum(p.batch * p.heads * ceil_div(p.seq_q, BLOCK_Q) for p in self._pieces())
+
+    def query_rows(self) -> int:
+        """Query rows over every (sequence, head)."""
+        return sum(p.batch * p.heads * p.seq_q for p in self._pieces())
 
     def block_pairs(self) -> int:
         """(query block, key block) pairs one (batch, head) computes."""
@@ -107,12 +136,16 @@ class AttentionShape:
 
     def longest_block(self) -> int:
         """Key blocks the busiest query block walks."""
+        if self.lengths:
+            return max((p.longest_block() for p in self._pieces()), default=0)
         n_q, n_kv = ceil_div(self.seq_q, BLOCK_Q), ceil_div(self.seq_kv, BLOCK_KV)
         if self.longest_row is not None:
             return min(self.longest_row, n_kv)
         return min(n_q, n_kv) if self.causal else n_kv
 
     def forward_flops(self) -> float:
+        if self.lengths:
+            return sum(p.forward_flops() for p in self._pieces())
         full = 2.0 * self.batch * self.heads * self.seq_q * self.seq_kv * (self.head_dim + self.head_dim_v)
         return full * self.useful_pairs_fraction()
 
@@ -141,10 +174,7 @@ def main_loop_ns(shape: AttentionShape, backend: str, ctx: CostContext, dtype: s
     matmuls = 2.5 if backward else 1.0  # backward: 5 products per pair vs 2
     exp_flops = BLOCK_Q * BLOCK_KV * gpu.exp_cost_flops * EXP_EXPOSED_FRACTION
     pair_ns = (_pair_flops(shape) * matmuls + exp_flops) / rate_per_sm * 1e9
-    heads = shape.batch * shape.heads
-    n_q = ceil_div(shape.seq_q, BLOCK_Q)
-    blocks = heads * n_q
-    total_pairs = heads * shape.block_pairs() + blocks * BLOCK_OVERHEAD_PAIRS
+    total_pairs = shape.total_block_pairs() + shape.query_blocks() * BLOCK_OVERHEAD_PAIRS
     # Work spread evenly over the SMs, but never faster than the longest block's own work.
     pairs_per_sm = max(total_pairs / gpu.sm_count, shape.longest_block() + BLOCK_OVERHEAD_PAIRS)
     return pairs_per_sm * pair_ns
@@ -157,13 +187,19 @@ def _bhsd(q: TensorMeta, k: TensorMeta, v: TensorMeta, causal: bool) -> Attentio
     return AttentionShape(q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3], causal)
 
 
-def _bshd(q: TensorMeta, k: TensorMeta, v: TensorMeta, causal: bool, cum_seq_q, max_q, max_k) -> AttentionShape:
+def _bshd(q: TensorMeta, k: TensorMeta, v: TensorMeta, causal: bool, cum_seq_q, max_q, max_k,
+          offsets: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None)) -> AttentionShape:
     """q [B, S, H, D] (the _flash_/_efficient_attention_* ops), or varlen q [total, H, D].
 
-    Varlen (cumulative sequence offsets given): the lengths are data, so every sequence is
+    Varlen (cumulative sequence offsets given): with the offsets' values (`offsets`, for q and
+    k, from OpSignature.data) each sequence has its own length; without them every sequence is
     taken to have the average length total / batch (bounded by max_q / max_k).
     """
     if isinstance(cum_seq_q, TensorMeta) and len(q.shape) == 3:
+        lengths = _varlen_lengths(offsets, q.shape[0], k.shape[0])
+        if lengths:
+            return AttentionShape(len(lengths), q.shape[1], max(lq for lq, _ in lengths),
+                                  max(lk for _, lk in lengths), q.shape[2], v.shape[2], causal, lengths=lengths)
         batch = max(cum_seq_q.shape[0] - 1, 1)
         s_q = max(q.shape[0] // batch, 1)
         s_kv = max(k.shape[0] // batch, 1)
@@ -173,6 +209,26 @@ def _bshd(q: TensorMeta, k: TensorMeta, v: TensorMeta, causal: bool, cum_seq_q, 
             s_kv = min(s_kv, max_k)
         return AttentionShape(batch, q.shape[1], s_q, s_kv, q.shape[2], v.shape[2], causal)
     return AttentionShape(q.shape[0], q.shape[2], q.shape[1], k.shape[1], q.shape[3], v.shape[3], causal)
+
+
+def _varlen_lengths(offsets: tuple[tuple[int, ...] | None, tuple[int, ...] | None], total_q: int,
+                    total_k: int) -> tuple[tuple[int, int], ...]:
+    """(query, key) length of each sequence from the cumulative offsets' values; () when they are
+    unknown or do not describe the packed tensors (not increasing, past the end)."""
+    cq, ck = offsets
+    if ck is None and total_k == total_q:
+        ck = cq  # self-attention: the key offsets are the query offsets' tensor
+    if cq is None or ck is None or len(cq) != len(ck) or len(cq) < 2:
+        return ()
+    lq = [b - a for a, b in zip(cq, cq[1:])]
+    lk = [b - a for a, b in zip(ck, ck[1:])]
+    if min(lq) < 0 or min(lk) < 0 or min(cq[0], ck[0]) < 0 or cq[-1] > total_q or ck[-1] > total_k:
+        return ()
+    return tuple(zip(lq, lk))
+
+
+def _offsets(sig: OpSignature, q_name: str, k_name: str) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    return sig.data_of(q_name), sig.data_of(k_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,14 +268,15 @@ def parse_attention(sig: OpSignature) -> AttentionCall:
         return AttentionCall("flash", _bhsd(a[0], a[1], a[2], bool(_arg(sig, 5))), a[0].dtype, io, False)
     if n == "_scaled_dot_product_fused_attention_overrideable_backward":
         return AttentionCall("flash", _bhsd(a[1], a[2], a[3], bool(_arg(sig, 13))), a[1].dtype, io, True)
+    cum = _offsets(sig, "cum_seq_q", "cum_seq_k")
     if n == "_flash_attention_forward":
-        shape = _bshd(a[0], a[1], a[2], bool(_arg(sig, 8)), a[3], _arg(sig, 5), _arg(sig, 6))
+        shape = _bshd(a[0], a[1], a[2], bool(_arg(sig, 8)), a[3], _arg(sig, 5), _arg(sig, 6), cum)
         return AttentionCall("flash", shape, a[0].dtype, io, False)
     if n == "_flash_attention_forward_no_dropout_inplace":  # (out, q, k, v, ...): writes `out`
-        shape = _bshd(a[1], a[2], a[3], bool(_arg(sig, 9)), a[4], _arg(sig, 6), _arg(sig, 7))
+        shape = _bshd(a[1], a[2], a[3], bool(_arg(sig, 9)), a[4], _arg(sig, 6), _arg(sig, 7), cum)
         return AttentionCall("flash", shape, a[1].dtype, io, False)
     if n == "_flash_attention_backward":
-        shape = _bshd(a[1], a[2], a[3], bool(_arg(sig, 11)), a[6], _arg(sig, 8), _arg(sig, 9))
+        shape = _bshd(a[1], a[2], a[3], bool(_arg(sig, 11)), a[6], _arg(sig, 8), _arg(sig, 9), cum)
         return AttentionCall("flash", shape, a[1].dtype, io, True)
     if n == "_efficient_attention_forward":
         causal = _arg(sig, 9) in (1, 2)  # custom_mask_type: 1 top-left, 2 bottom-right causal
@@ -248,10 +305,17 @@ def parse_attention(sig: OpSignature) -> AttentionCall:
 
 def attention(sig: OpSignature, ctx: CostContext) -> OpCost:
     call = parse_attention(sig)
+    fwd_name, bwd_name = KERNEL_NAMES.get(call.backend, KERNEL_NAMES["flash"])
+    prefix = bwd_name.split("_")[0]
+    return _fused_attention_cost(call, ctx, fwd_name,
+                                 (f"{prefix}_bwd_dot_do_o_kernel", bwd_name, f"{prefix}_bwd_convert_dq_kernel"))
+
+
+def _fused_attention_cost(call: AttentionCall, ctx: CostContext, fwd_name: str,
+                          bwd_names: tuple[str, str, str]) -> OpCost:
     gpu = ctx.gpu
     shape = call.shape
     io_bytes = float(sum(footprint_bytes(t) for t in call.io_tensors))
-    fwd_name, bwd_name = KERNEL_NAMES.get(call.backend, KERNEL_NAMES["flash"])
     # short sequences: reading q, k, v and writing o (and their gradients) bounds the kernel
     main_ns = max(main_loop_ns(shape, call.backend, ctx, call.dtype, call.backward) + gpu.kernel_ramp_ns,
                   memory_ns(io_bytes, gpu))
@@ -259,13 +323,69 @@ def attention(sig: OpSignature, ctx: CostContext) -> OpCost:
         flops = shape.forward_flops()
         return OpCost((Kernel(fwd_name, main_ns, flops, io_bytes),))
     # Backward: rowsum(dO * O) first, then the main kernel, then dQ fp32 -> input dtype.
-    q_elems = shape.batch * shape.heads * shape.seq_q
+    q_elems = shape.query_rows()
     o_bytes = q_elems * shape.head_dim_v * 2.0
-    preprocess = streaming_kernel(f"{bwd_name.split('_')[0]}_bwd_dot_do_o_kernel", gpu, 2 * o_bytes + q_elems * 4)
-    main = Kernel(bwd_name, main_ns, 2.5 * shape.forward_flops(), io_bytes)
+    preprocess = streaming_kernel(bwd_names[0], gpu, 2 * o_bytes + q_elems * 4)
+    main = Kernel(bwd_names[1], main_ns, 2.5 * shape.forward_flops(), io_bytes)
     dq_elems = q_elems * shape.head_dim
-    convert = streaming_kernel(f"{bwd_name.split('_')[0]}_bwd_convert_dq_kernel", gpu, dq_elems * 6.0)
+    convert = streaming_kernel(bwd_names[2], gpu, dq_elems * 6.0)
     return OpCost((preprocess, main, convert))
+
+
+# --- FlashAttention 3 (flash_attn_3::fwd / bwd) -----------------------------------------------
+#
+# The ops of the FA3 stand-in (interpose/device/flash_attn3.py; FA3's own schemas, from
+# Dao-AILab/flash-attention hopper/flash_api.cpp) are timed exactly as aten's
+# _flash_attention_forward / _flash_attention_backward on the same shapes: the same main-loop
+# model at the GPU's "flash" efficiency, the same io tensors (q, k, v, the offsets, out and
+# softmax_lse; backward dout, q, k, v, out, softmax_lse, the offsets and dq, dk, dv, not the
+# workspaces FA3 allocates), the same varlen rule. Only the kernel names are FA3's. FA3 is faster
+# than FA2 on Hopper (its paper reports 1.5-2x in bf16), so this is an upper bound on its time
+# until FA3 has measurements of its own. Not modelled: paged KV (page_table), appended KV
+# (k_new), fp8 descaling, sliding windows and softcap (sliding windows are not modelled for
+# aten's flash attention either).
+FA3_FORWARD_KERNEL = "flash::FlashAttnFwdSm90"
+FA3_BACKWARD_KERNELS = ("flash::FlashAttnBwdPreprocess", "flash::FlashAttnBwdSm90",
+                        "flash::FlashAttnBwdPostprocessConvertdQ")
+# Argument positions in the flash_attn_3 schemas.
+_FA3_FWD = {"q": 0, "k": 1, "v": 2, "page_table": 14, "cu_q": 7, "cu_k": 8, "max_q": 12, "max_k": 13,
+            "causal": 24, "window_left": 25, "window_right": 26}
+_FA3_BWD = {"dout": 0, "q": 1, "k": 2, "v": 3, "out": 4, "lse": 5, "dq": 6, "dk": 7, "dv": 8, "cu_q": 9,
+            "cu_k": 10, "max_q": 13, "max_k": 14, "causal": 16, "window_left": 17, "window_right": 18}
+
+
+def parse_flash_attn_3(sig: OpSignature) -> AttentionCall:
+    backward = sig.name == "flash_attn_3::bwd"
+    pos = _FA3_BWD if backward else _FA3_FWD
+    if sig.name not in ("flash_attn_3::fwd", "flash_attn_3::bwd"):
+        raise KeyError(f"not a FlashAttention 3 op: {sig.full_name}")
+    if not backward and _arg(sig, pos["page_table"]) is not None:
+        raise ValueError("paged KV (page_table) is not modelled")
+
+    def arg(name: str):
+        return _arg(sig, pos[name])
+
+    q, k, v = arg("q"), arg("k"), arg("v")
+    # FA3 reads is_causal=False with window (-1, 0) as causal too (flash_api.cpp)
+    left, right = arg("window_left"), arg("window_right")
+    causal = bool(arg("causal")) or (isinstance(left, int) and left < 0 and right == 0)
+    cu_q, cu_k = arg("cu_q"), arg("cu_k")
+    shape = _bshd(q, k, v, causal, cu_q, arg("max_q"), arg("max_k"),
+                  _offsets(sig, "cu_seqlens_q", "cu_seqlens_k"))
+    offsets = tuple(t for t in (cu_q, cu_k) if isinstance(t, TensorMeta))
+    outs = sig.tensors_out()
+    if backward:
+        dout, out, lse = arg("dout"), arg("out"), arg("lse")
+        grads = tuple(t for t in outs[:3])
+        io = (dout, q, k, v, out, lse, *offsets, *grads)
+    else:
+        io = (q, k, v, *offsets, *outs[:2])
+    return AttentionCall("flash", shape, q.dtype, tuple(t for t in io if isinstance(t, TensorMeta)), backward)
+
+
+def flash_attn_3(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """flash_attn_3::fwd / bwd, timed as aten's flash attention on the same shapes."""
+    return _fused_attention_cost(parse_flash_attn_3(sig), ctx, FA3_FORWARD_KERNEL, FA3_BACKWARD_KERNELS)
 
 
 def _efficiency(gpu, backend: str, backward: bool) -> float:

@@ -2,8 +2,9 @@
 
 `classify(name, tags)` answers for a qualified op name ("aten::mm") and the overload's tags.
 Order of the rules:
-  1. namespaces other than aten: FSDP2's copy ops and the flex-attention higher-order ops by
-     qualified name (QUALIFIED_FAMILIES),
+  1. namespaces other than aten: FSDP2's copy ops, the flex-attention higher-order ops and the
+     stand-ins for CUDA extensions (FusedAdam, FlashAttention 3) by qualified name
+     (QUALIFIED_FAMILIES),
      prim/profiler ops are host-only, collectives belong to the network model, anything
      else is unknown;
   2. the explicit table below (by op name, then by its in-place / functional twin), and the
@@ -326,6 +327,9 @@ QUALIFIED_FAMILIES: dict[str, Family] = {
     # kernels of CUDA extensions built at run time, which phantora never compiles
     # (interpose/device/cuda_extensions.py)
     "cuda_extension::multi_tensor_adam": Family("optimizer", optimizers.extension_multi_tensor_adam),
+    # FlashAttention 3's kernels (interpose/device/flash_attn3.py), timed as aten's flash attention
+    "flash_attn_3::fwd": Family("attention", attention.flash_attn_3),
+    "flash_attn_3::bwd": Family("attention", attention.flash_attn_3),
 }
 
 
