@@ -70,6 +70,10 @@ def after_torch_import() -> None:
     install_cuda_api()
     install_data_parallel()
     install_cuda_extensions()
+    from interpose.device.flash_attn3 import install_flash_attn3
+    from interpose.ops import observer as observer_mod
+
+    install_flash_attn3(observer_mod._SPECIAL)  # FlashAttention 3's stand-in (flash_attn_interface)
     clock = VirtualClock(rt.client, rt.host_thread)
     install_clock(clock)
 

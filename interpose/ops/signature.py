@@ -6,7 +6,6 @@ are walked by the op schema, once.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import torch
@@ -89,35 +88,52 @@ def positional_args(func: Any, args: tuple, kwargs: dict) -> list[Any]:
     return out
 
 
-@functools.cache
-def _data_args() -> dict[Any, str]:
-    """Ops whose work depends on the values of an argument (OpSignature.data): its name."""
-    found: dict[Any, str] = {}
-    for name in ("_grouped_mm", "_scaled_grouped_mm", "_scaled_grouped_mm_v2"):
-        packet = getattr(torch.ops.aten, name, None)
-        for overload in (packet.overloads() if packet is not None else ()):
-            found[getattr(packet, overload)] = "offs"
-    return found
+# Arguments whose values decide an op's work (OpSignature.data), by qualified op name: a grouped
+# GEMM's group offsets; varlen flash attention's cumulative sequence offsets (aten's, and
+# FlashAttention 3's, interpose/device/flash_attn3.py).
+_DATA_ARGS: dict[str, tuple[str, ...]] = {
+    "aten::_grouped_mm": ("offs",),
+    "aten::_scaled_grouped_mm": ("offs",),
+    "aten::_scaled_grouped_mm_v2": ("offs",),
+    "aten::_flash_attention_forward": ("cum_seq_q", "cum_seq_k"),
+    "aten::_flash_attention_forward_no_dropout_inplace": ("cum_seq_q", "cum_seq_k"),
+    "aten::_flash_attention_backward": ("cum_seq_q", "cum_seq_k"),
+    "flash_attn_3::fwd": ("cu_seqlens_q", "cu_seqlens_k"),
+    "flash_attn_3::bwd": ("cu_seqlens_q", "cu_seqlens_k"),
+}
+_data_arg_names: dict[Any, tuple[str, ...]] = {}
+
+
+def _data_args(func: Any) -> tuple[str, ...]:
+    names = _data_arg_names.get(func)
+    if names is None:
+        schema = getattr(func, "_schema", None)
+        names = _data_arg_names[func] = _DATA_ARGS.get(schema.name, ()) if schema is not None else ()
+    return names
 
 
 def signature_data(func: Any, args: tuple, kwargs: dict) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """OpSignature.data for this call: a grouped GEMM's group offsets, as the program's data
-    (interpose/values/policy.py) holds them. Empty for other ops, and where offsets hold no data."""
-    name = _data_args().get(func)
-    if not name:
+    """OpSignature.data for this call: the values of the arguments _DATA_ARGS names, as the
+    program's data (interpose/values/policy.py) holds them. Empty for other ops; an argument
+    that holds no data is left out."""
+    wanted = _data_args(func)
+    if not wanted:
         return ()
     names, _ = _schema_of(func)
-    if name not in names:
-        return ()
-    i = names.index(name)
-    t = args[i] if i < len(args) else kwargs.get(name)
-    if not isinstance(t, torch.Tensor):
-        return ()
-    data = values.host_data(t)
-    if data is None:
-        return ()
-    with values.real_cpu():
-        return ((name, tuple(int(x) for x in data.reshape(-1).tolist())),)
+    found = []
+    for name in wanted:
+        if name not in names:
+            continue
+        i = names.index(name)
+        t = args[i] if i < len(args) else kwargs.get(name)
+        if not isinstance(t, torch.Tensor):
+            continue
+        data = values.host_data(t)
+        if data is None:
+            continue
+        with values.real_cpu():
+            found.append((name, tuple(int(x) for x in data.reshape(-1).tolist())))
+    return tuple(found)
 
 
 def signature_of(

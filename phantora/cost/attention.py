@@ -9,9 +9,9 @@ interpose/device/flash_attn3.py), timed exactly as aten's _flash_attention_forwa
 on the same shapes (see "FlashAttention 3" below).
 
 Varlen calls (packed q [total, H, D] with cumulative sequence offsets): where the program's data
-holds the offsets (OpSignature.data, e.g. offsets copied from the CPU), each sequence is costed
-at its own length and the work summed over sequences; where it does not, every sequence is
-taken to have the average length total / number of sequences.
+holds the offsets (OpSignature.data, e.g. offsets copied from the CPU; the flash ops only), each
+sequence is costed at its own length and the work summed over sequences; where it does not, every
+sequence is taken to have the average length total / number of sequences.
 
 Time model, FlashAttention-style: each thread block owns a BLOCK_Q-row block of queries of one
 (batch, head) and walks the BLOCK_KV-column blocks of keys it may see (all of them, or those on
@@ -104,7 +104,7 @@ class AttentionShape:
         if not self.lengths:
             return [self]
         return [AttentionShape(1, self.heads, q, k, self.head_dim, self.head_dim_v, self.causal)
-                for q, k in self.lengths]
+                for q, k in self.lengths if q > 0 and k > 0]  # an empty sequence does no work
 
     def total_block_pairs(self) -> int:
         """(query block, key block) pairs over every (sequence, head)."""
@@ -214,7 +214,9 @@ def _bshd(q: TensorMeta, k: TensorMeta, v: TensorMeta, causal: bool, cum_seq_q, 
 def _varlen_lengths(offsets: tuple[tuple[int, ...] | None, tuple[int, ...] | None], total_q: int,
                     total_k: int) -> tuple[tuple[int, int], ...]:
     """(query, key) length of each sequence from the cumulative offsets' values; () when they are
-    unknown or do not describe the packed tensors (not increasing, past the end)."""
+    unknown or do not describe the packed tensors: offsets start at 0, never decrease and end at
+    the packed total (a tensor whose values phantora does not know reads as one value in every
+    element, which never does)."""
     cq, ck = offsets
     if ck is None and total_k == total_q:
         ck = cq  # self-attention: the key offsets are the query offsets' tensor
@@ -222,7 +224,7 @@ def _varlen_lengths(offsets: tuple[tuple[int, ...] | None, tuple[int, ...] | Non
         return ()
     lq = [b - a for a, b in zip(cq, cq[1:])]
     lk = [b - a for a, b in zip(ck, ck[1:])]
-    if min(lq) < 0 or min(lk) < 0 or min(cq[0], ck[0]) < 0 or cq[-1] > total_q or ck[-1] > total_k:
+    if cq[0] != 0 or ck[0] != 0 or cq[-1] != total_q or ck[-1] != total_k or min(lq) < 0 or min(lk) < 0:
         return ()
     return tuple(zip(lq, lk))
 
