@@ -21,10 +21,19 @@ decided on.
 * Inductor needs Triton to generate its CUDA code, on either torch build (the CPU wheel does not
   bring it; phantora's install does, and no GPU is needed). Where Triton cannot be imported, the
   Inductor backend is refused at the call, never run as eager ops.
+* Compile-time fake tensors see no real GPU (interpose/device/fake.py: avoid_device_init), so a
+  `torch.tensor(..., device="cuda")` in traced code becomes a host constant lifted and then moved
+  to the device, where a GPU machine lifts a device constant. Inductor folds one-element
+  constants into `full` either way; here the fold replaces the move and leaves the lift unused,
+  which a flex_attention mask's subgraph could not lower, so that lift is dropped: Inductor then
+  lowers the graph a GPU machine lowers.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import sys
 from typing import Any, Callable
 
 import torch
@@ -279,6 +288,69 @@ def _never_convert_own_frames() -> None:
                     skip_code(fn.__code__)
 
 
+JOINT_GRAPH = "torch._inductor.fx_passes.joint_graph"
+
+
+def _drop_lifts_folded_away(joint_graph: Any) -> None:
+    """Inductor's uniform-value constant folding, as it runs on a GPU machine. With no real GPU
+    under the compile's fake tensors, `torch.tensor(0, device="cuda")` (torch traces `idx[0]` in a
+    flex_attention mask_mod as `idx[torch.tensor(0)]`, TransformGetItemToIndex) traces as a host
+    constant, its lift (`lift_fresh_copy`) and a move to the device (`device_put`); a GPU machine
+    lifts a device constant directly. The folding replaces a one-element constant with `full` on
+    its device: there the lift, here the move, which leaves the lift without users. In an
+    inference graph nothing removes it from a higher-order op's subgraph (Inductor's dead-code
+    pass is off), and Inductor's lowering of a flex mask or score subgraph cannot lower a lift of
+    a constant (AttributeError: 'Tensor' object has no attribute 'get_dtype'). A lift whose uses
+    the folding replaced is dropped, so Inductor lowers the graph it lowers on a GPU machine."""
+    fold = joint_graph.constant_fold_uniform_value
+    if getattr(fold, "_phantora_drops_lifts", False):
+        return
+    lift = torch.ops.aten.lift_fresh_copy.default
+
+    def constant_fold_uniform_value(gm: torch.fx.GraphModule) -> None:
+        used = [n for n in gm.graph.find_nodes(op="call_function", target=lift) if n.users]
+        fold(gm)
+        remaining = set(gm.graph.find_nodes(op="call_function", target=lift))
+        dropped = [n for n in used if n in remaining and not n.users]
+        for n in dropped:
+            gm.graph.erase_node(n)
+        if dropped:
+            gm.recompile()
+
+    constant_fold_uniform_value.__wrapped__ = fold  # type: ignore[attr-defined]
+    constant_fold_uniform_value._phantora_drops_lifts = True  # type: ignore[attr-defined]
+    joint_graph.constant_fold_uniform_value = constant_fold_uniform_value
+
+
+class _JointGraphImportHook(importlib.abc.MetaPathFinder):
+    """Patches Inductor's joint-graph passes when Inductor first imports them (importing them at
+    startup would cost every rank ~2.5 s, compiling or not)."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != JOINT_GRAPH:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return None
+        original_exec = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original_exec(module)
+            _drop_lifts_folded_away(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _patch_joint_graph_passes() -> None:
+    module = sys.modules.get(JOINT_GRAPH)
+    if module is not None:
+        _drop_lifts_folded_away(module)
+    elif not any(isinstance(f, _JointGraphImportHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _JointGraphImportHook())
+
+
 # Inductor options that benchmark candidate kernels on the GPU (torch/_inductor/config.py).
 AUTOTUNE_OPTIONS = frozenset({"max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning"})
 
@@ -330,6 +402,7 @@ def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
     on_compile_start(compile_clock.start)
     on_compile_end(compile_clock.end)
     _mark_compiled_runs(compile_clock)
+    _patch_joint_graph_passes()
     _never_convert_own_frames()
     if triton_missing:
         return

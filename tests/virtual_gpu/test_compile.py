@@ -162,3 +162,20 @@ def test_autotuning_options_compile_with_heuristic_choices(tmp_path: Path, user_
     proc, _ = run_traced(tmp_path, user_python, "compile_autotune_options.py")
     assert_ran(proc, "autotune_options")
     assert "autotuning is not simulated" in proc.stderr + proc.stdout
+
+
+@BUILDS
+def test_compiled_flex_inference_with_an_integer_indexed_mask_tensor(tmp_path: Path, user_python: str) -> None:
+    """Compiled flex_attention under torch.no_grad whose mask_mod indexes a closed-over tensor by
+    a Python integer (`order[0][q_idx]`, as context parallelism's load-balanced masks do; issue
+    30, TorchTitan's validation_tp_cp_pp). With no real GPU under the compile's fake tensors the
+    `torch.tensor(0, device="cuda")` Dynamo writes for `[0]` is a host constant moved to the
+    device; Inductor's constant folding left its lift unused in the mask subgraph, whose lowering
+    failed (LoweringException: AttributeError: 'Tensor' object has no attribute 'get_dtype')."""
+    proc, trace = run_traced(tmp_path, user_python, "compile_flex_index.py")
+    assert_ran(proc, "flex_inference_index")
+    generated = _generated(_kernels(trace))
+    # one forward template kernel, no backward; head-tail-ordered causal: 10 of the 4 x 4 blocks
+    B, H, S, D = 1, 4, 512, 16
+    assert [k["name"].split(".")[0] for k in generated] == ["triton_tem_fused_flex_attention_0"], generated
+    assert generated[0]["args"]["flops"] == 2 * B * H * S * S * (D + D) * 10 / 16
