@@ -3,15 +3,18 @@ runs on 8 GPUs) under phantora, each run exactly as TorchTitan's run_tests.py ru
 `phantora trace -o TRACE --` in front of `./run_train.sh`:
 
     TORCH_TRACE="OUT/artifacts-to-be-uploaded/TEST/compile_trace" NGPU=N LOG_RANK=0,..,N-1 \\
-        python -m phantora.cli trace -o TRACE -- ./run_train.sh --dump_folder OUT/artifacts-to-be-uploaded/TEST ARGS...
+        python -m phantora.cli trace -o OUT/traces/TEST.V.json -- \\
+        ./run_train.sh --dump_folder OUT/artifacts-to-be-uploaded/TEST ARGS...
 
     python benchmarks/frameworks/torchtitan_integration.py [--test NAME]... [--only-ngpu-le N] [--out DIR] [--timeout S]
 
 The list, run_train.sh and torchtitan_recipes are transcribed from pytorch/torchtitan at commit
 1fdf90d3f9b7 (tests/frameworks/torchtitan/integration_list.py); OUT is set up as a checkout's
 root (run_train.sh, torchtitan_recipes/, the stand-in tests/assets of assets.py) and every
-command runs from it with output_dir OUT/artifacts-to-be-uploaded, as in TorchTitan's CI (the
-model_only_hf_checkpoint test loads its first variant's checkpoint by that relative path).
+command runs from it with RUNNER_TEMP=OUT and output_dir OUT/artifacts-to-be-uploaded, as in
+TorchTitan's CI workflow (model_only_hf_checkpoint's second variant loads the first's checkpoint
+from $RUNNER_TEMP/artifacts-to-be-uploaded/...; without RUNNER_TEMP features.py falls back to a
+relative path that TorchTitan's checkpointer refuses).
 Variants of a test run in order and a test stops at its first failing variant, as
 run_single_test does. A test passes when every variant exits 0, which is all TorchTitan's runner
 checks. Tests run one at a time (run_tests.py --no-parallel): on a CPU each simulated GPU is a
@@ -55,8 +58,9 @@ SETUP: tuple[str, ...] = ("torchao==0.18.0",)
 TIMEOUT_S = 300.0
 
 
-def select(names: list[str] | None = None, only_ngpu_le: int | None = None) -> list[OverrideDefinitions]:
-    tests = runnable_tests()
+def select(out: Path, names: list[str] | None = None, only_ngpu_le: int | None = None) -> list[OverrideDefinitions]:
+    """The tests to run, the list built for RUNNER_TEMP=out as TorchTitan's CI builds it."""
+    tests = runnable_tests(str(out))
     if names:
         known = {t.test_name for t in tests}
         unknown = [n for n in names if n not in known]
@@ -76,8 +80,8 @@ def main() -> int:
                     help="working directory (a checkout's root), logs, traces, results.jsonl; must be empty or new")
     ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="wall seconds allowed per run (default 300)")
     args = ap.parse_args()
-    tests = select(args.test, args.only_ngpu_le)
     out = args.out.resolve()
+    tests = select(out, args.test, args.only_ngpu_le)
     if out.exists() and any(out.iterdir()):
         raise SystemExit(f"{out} is not empty (run_tests.py: 'Please provide an empty output directory.')")
     py = cuda_python()

@@ -22,10 +22,13 @@ Source: pytorch/torchtitan at commit 1fdf90d3f9b756ef709ce262bc839f1dab679b5e ("
   imported, as in TorchTitan's CI).
 
 features.py reads RUNNER_TEMP (set on GitHub Actions) to put the model_only_hf_checkpoint load
-path under the same directory as run_tests.py's output_dir; without it the path is relative,
-`artifacts-to-be-uploaded/...`, which is what `checkpoint_path` transcribes: callers use
-`<workdir>/artifacts-to-be-uploaded` as output_dir and run from `<workdir>`, as TorchTitan's CI
-does (output_dir `$RUNNER_TEMP/artifacts-to-be-uploaded`).
+path under the directory that holds run_tests.py's output_dir, `$RUNNER_TEMP/artifacts-to-be-uploaded`
+in TorchTitan's CI workflow (.github/workflows/integration_test_8gpu_features.yaml). Its fallback
+without RUNNER_TEMP, the relative `artifacts-to-be-uploaded/...`, is refused by TorchTitan's own
+checkpointer ("initial_load_path must be an absolute path or a remote URI"), on a GPU too; so the
+list is built for a RUNNER_TEMP (`build_features_test_list(runner_temp)`, the same code as
+features.py's module level) and callers run as the CI does: RUNNER_TEMP=<workdir>, output_dir
+<workdir>/artifacts-to-be-uploaded, from <workdir>.
 
 The transcribed code is Copyright (c) Meta Platforms, Inc. and affiliates, all rights reserved,
 under the BSD 3-Clause License of pytorch/torchtitan (text in TORCHTITAN_LICENSE below).
@@ -34,6 +37,7 @@ under the BSD 3-Clause License of pytorch/torchtitan (text in TORCHTITAN_LICENSE
 from __future__ import annotations
 
 import dataclasses
+import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,7 +46,7 @@ from pathlib import Path
 from tests.frameworks.torchtitan.assets import write_assets, write_sft_assets
 
 COMMIT = "1fdf90d3f9b756ef709ce262bc839f1dab679b5e"
-OUTPUT_DIR = "artifacts-to-be-uploaded"  # run_tests.py's output_dir in TorchTitan's CI (under RUNNER_TEMP)
+OUTPUT_DIR = "artifacts-to-be-uploaded"  # run_tests.py's output_dir in TorchTitan's CI: $RUNNER_TEMP/OUTPUT_DIR
 
 
 # --- tests/integration_tests/__init__.py --------------------------------------------------------
@@ -171,13 +175,22 @@ def _configure_spmd_backend_and_typechecking(
     )
 
 
-# features.py: `RUNNER_TEMP` unset (see the module docstring)
-checkpoint_path = (
-    "artifacts-to-be-uploaded/model_only_hf_checkpoint/hf_checkpoint/step-10/"
-)
+def features_checkpoint_path(runner_temp: str | None) -> str:
+    """features.py's module-level checkpoint_path, for a given RUNNER_TEMP (os.getenv there)."""
+    # Use RUNNER_TEMP if defined (GitHub Actions variable), else fallback to old path
+    if runner_temp:
+        checkpoint_path = os.path.join(
+            runner_temp,
+            "artifacts-to-be-uploaded/model_only_hf_checkpoint/hf_checkpoint/step-10/",
+        )
+    else:
+        checkpoint_path = (
+            "artifacts-to-be-uploaded/model_only_hf_checkpoint/hf_checkpoint/step-10/"
+        )
+    return checkpoint_path
 
 
-def _integration_tests_flavors() -> list[OverrideDefinitions]:
+def _integration_tests_flavors(checkpoint_path: str) -> list[OverrideDefinitions]:
     """The list literal of features.py's build_features_test_list, as written."""
     integration_tests_flavors = [
         OverrideDefinitions(
@@ -722,21 +735,22 @@ def _integration_tests_flavors() -> list[OverrideDefinitions]:
     return integration_tests_flavors
 
 
-def build_features_test_list() -> list[OverrideDefinitions]:
-    """features.py's build_features_test_list: every entry through the spmd transform."""
+def build_features_test_list(runner_temp: str | None = None) -> list[OverrideDefinitions]:
+    """features.py's build_features_test_list (every entry through the spmd transform), as
+    imported with RUNNER_TEMP=runner_temp."""
     return [
         *[
             _configure_spmd_backend_and_typechecking(t)
-            for t in _integration_tests_flavors()
+            for t in _integration_tests_flavors(features_checkpoint_path(runner_temp))
         ],
     ]
 
 
 # --- tests/integration_tests/run_tests.py ---------------------------------------------------------
-def runnable_tests() -> list[OverrideDefinitions]:
+def runnable_tests(runner_temp: str | None = None) -> list[OverrideDefinitions]:
     """`_filter_tests` with --test_name all, --ngpu 8 (TorchTitan's CI), --gpu_arch_type cuda:
     every test not disabled (none needs more than 8 GPUs)."""
-    return [t for t in build_features_test_list() if not t.disabled]
+    return [t for t in build_features_test_list(runner_temp) if not t.disabled]
 
 
 def command(test_flavor: OverrideDefinitions, override_arg: Sequence[str], output_dir: str) -> str:
@@ -897,5 +911,5 @@ def write_checkout(root: Path) -> None:
     (root / OUTPUT_DIR).mkdir(exist_ok=True)
 
 
-__all__ = ["COMMIT", "OUTPUT_DIR", "OverrideDefinitions", "build_features_test_list", "checkpoint_path", "command",
+__all__ = ["COMMIT", "OUTPUT_DIR", "OverrideDefinitions", "build_features_test_list", "command", "features_checkpoint_path",
            "runnable_tests", "write_checkout"]

@@ -27,9 +27,10 @@ _STEP = re.compile(r"^\[rank(\d+)\]:.*\bstep:\s*(\d+)\s+loss:", re.M)
 # a Python exception line (possibly behind "[rankN]:"), or a logged error
 _ERROR = re.compile(r"(?:^|\s|:)((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)\b.*)"
                     r"|(\bERROR\b.*)|(\berror: .*)")
-# torchrun's own report that a child failed names the rank, not the cause; `set -x` echoes
+# torchrun's own report that a child failed names the rank, not the cause; `set -x` echoes; warnings
 _WRAPPER = re.compile(r"ChildFailedError|elastic/multiprocessing|torch\.distributed\.elastic|errors/__init__|"
-                      r"To enable traceback see|traceback :|^\+ ")
+                      r"To enable traceback see|traceback :|^\+ |- WARNING -|^W\d{4} |Warning:")
+_RANK = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
 
 
 def cuda_python() -> str:
@@ -66,13 +67,13 @@ def pip_install_missing(python: str, packages: tuple[str, ...]) -> list[str]:
 
 def environment(python: str, workdir: Path) -> dict[str, str]:
     """The shell's environment: the CUDA environment's bin/ first on PATH (run_train.sh calls
-    `torchrun`), this checkout on PYTHONPATH (for `python -m phantora.cli`), the datasets cache in
-    workdir and the Hugging Face Hub offline."""
+    `torchrun`), this checkout on PYTHONPATH (for `python -m phantora.cli`), RUNNER_TEMP=workdir
+    as on TorchTitan's CI (the list is built for it: runnable_tests(str(workdir))), the datasets
+    cache in workdir and the Hugging Face Hub offline."""
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.update(HF_HOME=str(workdir / "hf"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
-    env.pop("RUNNER_TEMP", None)  # features.py's path without it is the one transcribed
+    env.update(RUNNER_TEMP=str(workdir), HF_HOME=str(workdir / "hf"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     return env
 
 
@@ -85,13 +86,40 @@ def phantora_command(test: OverrideDefinitions, args: tuple[str, ...], workdir: 
     return cmd.replace(" ./run_train.sh ", f" {phantora} ./run_train.sh ", 1)
 
 
+def _statements(output: str) -> list[str]:
+    """The output's lines without colours and torchrun's "[rankN]:" prefix; a box that tyro (TorchTitan's
+    command-line parser) draws around an error ("╭─ Value error ─╮ │ ... │ ╰─╯") joined into one line."""
+    out: list[str] = []
+    box: list[str] | None = None
+    footer = False  # past the box's rule: its help pointer, not the error
+    for raw in output.splitlines():
+        line = _RANK.sub("", _ANSI.sub("", raw)).strip()
+        if line.startswith("╭─"):
+            box, footer = [line.strip("╭─╮ ") + ":"], False
+        elif box is not None and line.startswith("│"):
+            text = line.strip("│ ")
+            footer = footer or text.startswith("─")
+            if text and not footer:
+                box.append(text)
+        elif box is not None:
+            out.append(" ".join(box))
+            box = None
+            if not line.startswith("╰"):
+                out.append(line)
+        else:
+            out.append(line)
+    if box is not None:
+        out.append(" ".join(box))
+    return out
+
+
 def last_error_line(output: str) -> str:
     """The last line of a failed run's output that states an error (torchrun's wrapper report,
-    which names the rank and not the cause, left out); else the last non-empty line."""
-    lines = [_ANSI.sub("", line).strip() for line in output.splitlines()]
+    which names the rank and not the cause, and warnings left out); else the last non-empty line."""
+    lines = _statements(output)
     for line in reversed(lines):
-        if line and _ERROR.search(line) and not _WRAPPER.search(line):
-            return re.sub(r"^\[(?:rank|default)\d+\]:\s*", "", line)[:300]
+        if line and (_ERROR.search(line) or line.endswith("error:")) and not _WRAPPER.search(line):
+            return line[:300]
     return next((line[:300] for line in reversed(lines) if line), "(no output)")
 
 
