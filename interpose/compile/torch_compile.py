@@ -12,6 +12,8 @@ decided on.
 * What the compiled code runs is Inductor's generated wrapper: its buffer allocations and extern
   kernels (GEMMs, attention, convolutions) are aten ops the observer reports as for eager code;
   each generated Triton kernel is reported as one fused kernel (interpose/compile/compiled_kernels.py).
+  Triton kernels the program launches itself (`kernel[grid](...)`) reach the virtual driver's
+  launcher, one kernel per launch (interpose/compile/user_kernels.py).
   Ops of compiled code carry OP_COMPILED: they pay the launch, not the eager Python around ops.
 * Compilation is host work done once: while it runs, the program's clock stands still (Dynamo
   times itself; none of it is the simulated program's time) and at its end the host is charged
@@ -98,12 +100,17 @@ def _reinterpret_tensor(base: torch.Tensor, size: Any, stride: Any, offset_incre
     return base.as_strided(size, stride, base.storage_offset() + offset_increment)
 
 
-def _install_virtual_triton_driver(gpu: Any) -> None:
+def _install_virtual_triton_driver(gpu: Any, report: Callable[..., None]) -> None:
     """Triton's CUDA driver loads libcuda to learn the current GPU; this one answers for the
-    simulated GPU (what Inductor asks while generating code: target, device properties)."""
+    simulated GPU (what Inductor asks while generating code: target, device properties). Kernels
+    the program launches itself (`kernel[grid](...)`, compiled by Triton for real) get a
+    placeholder module and a launcher that reports each launch as one kernel
+    (interpose/compile/user_kernels.py); Inductor's kernels never reach it."""
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.driver import CudaDriver
     from triton.runtime import driver as triton_driver
+
+    from interpose.compile import user_kernels
 
     major, minor = gpu.capability
 
@@ -118,10 +125,13 @@ def _install_virtual_triton_driver(gpu: Any) -> None:
         def get_device_capability(self, device: int) -> tuple[int, int]:
             return (major, minor)
 
+        load_binary = staticmethod(user_kernels.load_binary)
+        unload_module = staticmethod(user_kernels.unload_module)
+
     class VirtualCudaDriver(CudaDriver):
         def __init__(self) -> None:
             self.utils = _Utils()
-            self.launcher_cls = None
+            self.launcher_cls = user_kernels.launcher_class(report)
             self.get_device_capability = lambda device=None: (major, minor)
             self.get_current_stream = _raw_stream
             self.get_current_device = lambda: torch._C._accelerator_getDeviceIndex()
@@ -406,16 +416,17 @@ def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:
     _never_convert_own_frames()
     if triton_missing:
         return
-    _install_virtual_triton_driver(rt.config.gpu)
-    from torch._inductor.async_compile import AsyncCompile
-
-    from interpose.compile.compiled_kernels import virtual_kernel_loader
 
     def report(sig: Any, args: tuple, stream: int) -> None:
         device = next((a.device.index or 0 for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"), 0)
         if stream < 0:
             stream = _raw_stream(device)
         rt.observer.report_kernel(sig, device, stream)
+
+    _install_virtual_triton_driver(rt.config.gpu, report)
+    from torch._inductor.async_compile import AsyncCompile
+
+    from interpose.compile.compiled_kernels import virtual_kernel_loader
 
     AsyncCompile.triton = _counting(virtual_kernel_loader(report), compile_clock.count_kernel)
 

@@ -56,6 +56,7 @@ NAMESPACE_FAMILIES = {
     "_dtensor": COLLECTIVE,
     "symm_mem": COLLECTIVE,
     "triton": Family("fused", fused.triton_kernel),  # kernels torch.compile generates
+    "triton_user": Family("user_triton", fused.user_triton_kernel),  # kernel[grid](...) launched by the program
 }
 
 

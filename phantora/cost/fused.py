@@ -9,6 +9,10 @@ kernels it replaces (roofline.streaming_kernel). Inductor templates (a GEMM with
 under max-autotune) are not modelled apart yet: they are timed as streaming kernels. The
 flex-attention template is timed by the flex-attention model (attention.flex_template_kernel)
 over the blocks its BlockMask visits.
+
+Triton kernels the program launches itself (`triton_user::<function name>`,
+interpose/compile/user_kernels.py) are timed apart (`user_triton_kernel`): bandwidth-bound over
+their tensor arguments, no FLOPs.
 """
 
 from __future__ import annotations
@@ -51,3 +55,15 @@ def triton_kernel(sig: OpSignature, ctx: CostContext) -> OpCost:
                                                      float(fused_bytes(sig)), bool(backward), ctx))
     return single(streaming_kernel(name, ctx.gpu, float(fused_bytes(sig)), fused_flops(sig),
                                    compute_type=_compute_type(sig)))
+
+
+def user_triton_kernel(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """A Triton kernel the program launched itself (`kernel[grid](...)`,
+    interpose/compile/user_kernels.py): signature `triton_user::<jit function name>` with args
+    (tensors read, tensors written, elements, (), "user"). Timed as bandwidth-bound over the
+    bytes it reads and writes, with no FLOPs: right for the fused pointwise, normalization and
+    gather kernels such code mostly is (SwiGLU, RMSNorm, RoPE, cross-entropy), a lower bound for
+    compute-heavy ones. A GEMM-like user kernel (tl.dot in a K loop) is not recognised; it would
+    be costed here from its launch (grid, BLOCK sizes, the operands' shapes) by the GEMM model."""
+    name = sig.name.split("::", 1)[-1]
+    return single(streaming_kernel(name, ctx.gpu, float(fused_bytes(sig)), 0.0, compute_type=_compute_type(sig)))
