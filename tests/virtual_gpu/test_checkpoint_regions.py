@@ -17,7 +17,7 @@ from pathlib import Path
 
 from phantora.cost.host import DEFAULT_HOST, PYTHON_OVERHEAD, lookup_host
 from phantora.trace.check import load_chrome_trace
-from tests.virtual_gpu.harness import BUILDS, assert_ran, run_traced
+from tests.virtual_gpu.harness import assert_ran, run_traced
 
 
 def _checkpoint_slices(trace: Path) -> list[dict]:
@@ -37,11 +37,12 @@ def test_every_region_charged_in_forward_and_recomputation(tmp_path: Path) -> No
     assert {e["dur"] for e in slices} == {expected_us}
 
 
-@BUILDS
-def test_compiled_checkpoint_wrapper_blocks(tmp_path: Path, user_python: str) -> None:
+def test_compiled_checkpoint_wrapper_blocks(tmp_path: Path) -> None:
     """torch.compile(fullgraph=True) over checkpoint_wrapper'd blocks traces into Dynamo's checkpoint
-    operator; the compiled code has no Python region to charge."""
-    proc, trace = run_traced(tmp_path, user_python, "checkpoint_regions.py", "compile",
+    operator; the compiled code has no Python region to charge. On the CPU build only (the failure
+    reproduced on both builds; the CUDA build's compile path runs in test_torchtitan_integration's
+    1d_compile)."""
+    proc, trace = run_traced(tmp_path, sys.executable, "checkpoint_regions.py", "compile",
                              options=("--host-time", "modelled"))
     assert_ran(proc, "compile")
     assert _checkpoint_slices(trace) == []

@@ -12,6 +12,7 @@ mode present".
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -164,15 +165,15 @@ def test_autotuning_options_compile_with_heuristic_choices(tmp_path: Path, user_
     assert "autotuning is not simulated" in proc.stderr + proc.stdout
 
 
-@BUILDS
-def test_compiled_flex_inference_with_an_integer_indexed_mask_tensor(tmp_path: Path, user_python: str) -> None:
+def test_compiled_flex_inference_with_an_integer_indexed_mask_tensor(tmp_path: Path) -> None:
     """Compiled flex_attention under torch.no_grad whose mask_mod indexes a closed-over tensor by
     a Python integer (`order[0][q_idx]`, as context parallelism's load-balanced masks do; issue
     30, TorchTitan's validation_tp_cp_pp). With no real GPU under the compile's fake tensors the
     `torch.tensor(0, device="cuda")` Dynamo writes for `[0]` is a host constant moved to the
     device; Inductor's constant folding left its lift unused in the mask subgraph, whose lowering
-    failed (LoweringException: AttributeError: 'Tensor' object has no attribute 'get_dtype')."""
-    proc, trace = run_traced(tmp_path, user_python, "compile_flex_index.py")
+    failed (LoweringException: AttributeError: 'Tensor' object has no attribute 'get_dtype').
+    On the CPU build only: the failure reproduced on both, and the suite's time is kept for others."""
+    proc, trace = run_traced(tmp_path, sys.executable, "compile_flex_index.py")
     assert_ran(proc, "flex_inference_index")
     generated = _generated(_kernels(trace))
     # one forward template kernel, no backward; head-tail-ordered causal: 10 of the 4 x 4 blocks

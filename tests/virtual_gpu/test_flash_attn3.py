@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from phantora.cost.analytical import AnalyticalEstimator
 from phantora.hardware import DEFAULT_GPU, lookup_gpu
 from phantora.ops import OpSignature, TensorMeta
 from phantora.trace.check import load_chrome_trace
-from tests.virtual_gpu.harness import BUILDS, assert_ran, run_traced
+from tests.virtual_gpu.harness import assert_ran, run_traced
 
 H, D, T = 4, 64, 1024  # tests/virtual_gpu/scripts/flash_attn3.py
 OFFSETS = (0, 300, 800, 1024)
@@ -62,7 +64,9 @@ def _expected_ns() -> list[int]:
     return [e.duration_ns + gpu.kernel_gap_ns * (e.kernels - 1) for e in estimates]
 
 
-@BUILDS
+# The CUDA build only, where FA3's users run (TorchTitan 0.3.0 needs torch 2.14): both builds
+# carry the same torch/nn/attention/_fa3.py, and the suite's time is kept for other cases.
+@pytest.mark.parametrize("user_python", ["cuda-build"], indirect=True)
 def test_fa3_kernels_timed_as_aten_flash_attention(tmp_path: Path, user_python: str) -> None:
     proc, trace = run_traced(tmp_path, user_python, "flash_attn3.py")
     assert_ran(proc, "activate", "varlen_known", "varlen_unknown", "flash_attn_func", "flash_attn_varlen_func",
