@@ -33,12 +33,11 @@ decided on.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
-import sys
 from typing import Any, Callable
 
 import torch
+
+from interpose.on_import import patch_when_imported
 
 from phantora import protocol as P
 
@@ -332,37 +331,9 @@ def _drop_lifts_folded_away(joint_graph: Any) -> None:
     joint_graph.constant_fold_uniform_value = constant_fold_uniform_value
 
 
-class _JointGraphImportHook(importlib.abc.MetaPathFinder):
-    """Patches Inductor's joint-graph passes when Inductor first imports them (importing them at
-    startup would cost every rank ~2.5 s, compiling or not)."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != JOINT_GRAPH:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return None
-        original_exec = spec.loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            original_exec(module)
-            _drop_lifts_folded_away(module)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
 def _patch_joint_graph_passes() -> None:
-    module = sys.modules.get(JOINT_GRAPH)
-    if module is not None:
-        _drop_lifts_folded_away(module)
-    elif not any(isinstance(f, _JointGraphImportHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _JointGraphImportHook())
-
-
-# Inductor options that benchmark candidate kernels on the GPU (torch/_inductor/config.py).
-AUTOTUNE_OPTIONS = frozenset({"max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning"})
+    # importing the passes at start-up would cost every rank ~2.5 s, compiling or not
+    patch_when_imported(JOINT_GRAPH, _drop_lifts_folded_away)
 
 
 def install_compile(observer_cls: type, rt: Any, clock: Any) -> None:

@@ -21,15 +21,14 @@ run on tensors without data); see docs/frameworks/deepspeed.md.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.util
 import re
-import sys
 import types
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+
+from interpose.on_import import patch_when_imported
 
 _DEF = re.compile(r"""\.def\(\s*"(\w+)\"""")
 _LIBRARY = "cuda_extension"
@@ -175,30 +174,6 @@ def _patch(cpp_extension: types.ModuleType) -> None:
     cpp_extension.load_inline = load_inline
 
 
-class _CppExtensionImportHook(importlib.abc.MetaPathFinder):
-    """Patches torch.utils.cpp_extension when something imports it (importing it eagerly would
-    cost every rank a setuptools import, ~0.25 s)."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != "torch.utils.cpp_extension":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return None
-        original_exec = spec.loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            original_exec(module)
-            _patch(module)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
 def install_cuda_extensions() -> None:
-    module = sys.modules.get("torch.utils.cpp_extension")
-    if module is not None:
-        _patch(module)
-    else:
-        sys.meta_path.insert(0, _CppExtensionImportHook())
+    # importing cpp_extension eagerly would cost every rank a setuptools import (~0.25 s)
+    patch_when_imported("torch.utils.cpp_extension", _patch)
