@@ -18,14 +18,12 @@ no longer accepted for language models); the benchmark of Dec 2024 ran SDPA caus
 
 from __future__ import annotations
 
-import os
 import statistics
-import subprocess
 from functools import partial
 from pathlib import Path
 
 from benchmarks.frameworks import Case, Row
-from tests.frameworks.torchtitan.run import GiB, peak_memory, step_ends_us, torchtitan
+from tests.frameworks.torchtitan.run import GiB, cuda_python, peak_memory, step_ends_us, torchtitan
 
 STEPS = 5
 # TorchTitan's own flag for eager execution: pipeline parallelism requires it; the other eager rows
@@ -33,24 +31,10 @@ STEPS = 5
 EAGER = "--training.disable_cuda_graphs"
 
 
-def _python() -> str:
-    python = os.environ.get("PHANTORA_CUDA_TORCH_PYTHON")
-    if python:
-        return python
-    from interpose.device.shim_build import cache_dir
-
-    python = str(cache_dir() / "test-venv-cuda-torch" / "bin" / "python")
-    probe = subprocess.run([python, "-c", "import torchtitan"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        raise RuntimeError(f"{python} has no torchtitan: run tests/frameworks/test_torchtitan.py once to build it, "
-                           "or set PHANTORA_CUDA_TORCH_PYTHON")
-    return python
-
-
 def _run(workdir: Path, *, name: str, config: str, ranks: int, overrides: tuple[str, ...], gpu: str | None = None,
          note: str = "", nnodes: int = 1, module: str = "llama3", options: tuple[str, ...] = ()) -> Row:
     options = ("--quiet",) + (("--gpu", gpu) if gpu else ()) + (("--ranks", "auto") if nnodes > 1 else ()) + options
-    run = torchtitan(workdir, _python(), ranks // nnodes, "--training.steps", str(STEPS), "--metrics.log_freq", "1",
+    run = torchtitan(workdir, cuda_python(), ranks // nnodes, "--training.steps", str(STEPS), "--metrics.log_freq", "1",
                      *overrides, config=config, phantora_options=options, timeout=3600, nnodes=nnodes, module=module)
     if run.proc.returncode != 0:
         raise RuntimeError(f"exit {run.proc.returncode}: {run.output[-1500:]}")

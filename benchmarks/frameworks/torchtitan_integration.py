@@ -47,8 +47,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.frameworks.torchtitan.integration_list import OverrideDefinitions, runnable_tests, write_checkout  # noqa: E402
-from tests.frameworks.torchtitan.integration_run import (Result, cuda_python, environment,  # noqa: E402
-                                                         pip_install_missing, run_test)
+from tests.frameworks.torchtitan.integration_run import Result, environment, pip_install_missing, run_test  # noqa: E402
+from tests.frameworks.torchtitan.run import cuda_python  # noqa: E402
 
 # What a GPU user pip-installs for tests that need more than torchtitan's own requirements:
 # float8_emulate_lora's Float8LinearConverter imports torchao. 0.18.0 is the newest release;

@@ -33,22 +33,6 @@ _WRAPPER = re.compile(r"ChildFailedError|elastic/multiprocessing|torch\.distribu
 _RANK = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
 
 
-def cuda_python() -> str:
-    """The CUDA build of torch 2.14 with torchtitan 0.3.0: $PHANTORA_CUDA_TORCH_PYTHON or the
-    environment tests/conftest.py builds under phantora's cache dir."""
-    env = os.environ.get("PHANTORA_CUDA_TORCH_PYTHON")
-    if env:
-        return env
-    from interpose.device.shim_build import cache_dir
-
-    python = str(cache_dir() / "test-venv-cuda-torch" / "bin" / "python")
-    probe = subprocess.run([python, "-c", "import torchtitan"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        raise RuntimeError(f"{python} has no torchtitan: run tests/frameworks/test_torchtitan.py once to build it, "
-                           "or set PHANTORA_CUDA_TORCH_PYTHON")
-    return python
-
-
 def pip_install_missing(python: str, packages: tuple[str, ...]) -> list[str]:
     """pip install those of `packages` (name==version) not installed at that version; returns them."""
     missing = []

@@ -58,6 +58,22 @@ class Run:
         return f"\n--- output (last 6000 chars)\n{self.output[-6000:]}"
 
 
+def cuda_python() -> str:
+    """The CUDA build of torch 2.14 with torchtitan 0.3.0: $PHANTORA_CUDA_TORCH_PYTHON or the
+    environment tests/conftest.py builds under phantora's cache dir."""
+    env = os.environ.get("PHANTORA_CUDA_TORCH_PYTHON")
+    if env:
+        return env
+    from phantora.cache import cache_dir
+
+    python = str(cache_dir() / "test-venv-cuda-torch" / "bin" / "python")
+    probe = subprocess.run([python, "-c", "import torchtitan"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise RuntimeError(f"{python} has no torchtitan: run tests/frameworks/test_torchtitan.py once to build it, "
+                           "or set PHANTORA_CUDA_TORCH_PYTHON")
+    return python
+
+
 def torchtitan(workdir: Path, python: str, nproc: int, *overrides: str, config: str = "llama3_debugmodel",
                phantora_options: tuple[str, ...] = (), timeout: float = 1800, nnodes: int = 1,
                module: str = "llama3") -> Run:
