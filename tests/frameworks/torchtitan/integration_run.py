@@ -21,9 +21,10 @@ from tests.frameworks.torchtitan.integration_list import OUTPUT_DIR, OverrideDef
 
 ROOT = Path(__file__).resolve().parents[3]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# the start of TorchTitan's MetricsProcessor.log line (components/metrics.py), behind torchrun's
-# "[rankN]:" prefix (--local-ranks-filter names every rank, so every rank's lines are printed)
-_STEP = re.compile(r"^\[rank(\d+)\]:.*\bstep:\s*(\d+)\s+loss:", re.M)
+# the start of TorchTitan's MetricsProcessor.log line for a training step (components/metrics.py;
+# the validator's is "validate step:"), behind torchrun's "[rankN]:" prefix (--local-ranks-filter
+# names every rank, so every rank's lines are printed)
+_STEP = re.compile(r"^\[rank(\d+)\]:.* - INFO - step:\s*(\d+)\s+loss:", re.M)
 # a Python exception line (possibly behind "[rankN]:"), or a logged error
 _ERROR = re.compile(r"(?:^|\s|:)((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)\b.*)"
                     r"|(\bERROR\b.*)|(\berror: .*)")
