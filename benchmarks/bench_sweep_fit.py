@@ -1,0 +1,101 @@
+"""phantora's kernel-time models against the H100 kernel sweep, case by case and per family.
+
+    python benchmarks/bench_sweep_fit.py [--estimator auto|analytical] [--cases] [--kernels]
+
+The sweep (phantora/cost/data/h100_sxm_sweep.jsonl; shared/calibration/kernel_sweep.py made it)
+profiled 132 op cases on an H100 SXM with torch.profiler: every kernel of each case with its
+mean time, and `total_us`, their sum. For each case this rebuilds the op signatures phantora sees
+when the sweep's own code runs on the virtual GPU (tests/cost/sweep_cases.py: the op, the
+ones_like gradient, the accumulation into .grad left by the warm-ups) and compares the sum of
+the estimator's kernel times with `total_us` (kernel time only: no launch gaps on either side).
+
+Prints, per family: cases, median and max |error|, median signed error (negative: predicted
+faster than measured). --cases adds one line per case; --kernels adds phantora's kernel list
+beside the measured one. With --loo, also the leave-one-out figures of the fitted curves
+(phantora/cost/sweep_fit.py): each case predicted from a fit without that case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from phantora.cost import choose_estimator  # noqa: E402
+from phantora.cost.analytical import AnalyticalEstimator  # noqa: E402
+from phantora.hardware import lookup_gpu  # noqa: E402
+from tests.cost.sweep_cases import family, label, load_sweep, signatures  # noqa: E402
+
+
+def predict_ns(est, sigs) -> float:
+    return float(sum(est.estimate(s).duration_ns for s in sigs))
+
+
+def errors(est, rows, sigs_by_case):
+    """[(row, predicted_us, error)] with error = predicted / measured - 1."""
+    out = []
+    for r, sigs in zip(rows, sigs_by_case):
+        p = predict_ns(est, sigs) / 1e3
+        out.append((r, p, p / r["total_us"] - 1))
+    return out
+
+
+def family_table(results) -> dict[str, tuple[int, float, float, float]]:
+    by = defaultdict(list)
+    for r, _, e in results:
+        by[family(r)].append(e)
+    return {f: (len(es), statistics.median(abs(e) for e in es), max(abs(e) for e in es), statistics.median(es))
+            for f, es in sorted(by.items())}
+
+
+def print_table(title, table, overall):
+    print(f"\n{title}")
+    print(f"  {'family':28s} {'n':>3s} {'median|err|':>11s} {'max|err|':>9s} {'median err':>10s}")
+    for f, (n, med, mx, signed) in table.items():
+        print(f"  {f:28s} {n:3d} {med:10.1%} {mx:9.1%} {signed:+10.1%}")
+    print(f"  {'all cases':28s} {overall[0]:3d} {overall[1]:10.1%} {overall[2]:9.1%} {overall[3]:+10.1%}")
+
+
+def overall(results):
+    es = [e for _, _, e in results]
+    return len(es), statistics.median(abs(e) for e in es), max(abs(e) for e in es), statistics.median(es)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--estimator", choices=("auto", "analytical"), default="auto",
+                    help="auto: what `phantora trace` uses without a GPU (the calibrated H100 table, "
+                         "analytical outside it); analytical: the models alone")
+    ap.add_argument("--cases", action="store_true", help="one line per case")
+    ap.add_argument("--kernels", action="store_true", help="with --cases: predicted and measured kernels")
+    args = ap.parse_args(argv)
+    gpu = lookup_gpu("h100")
+    if args.estimator == "analytical":
+        est = AnalyticalEstimator(gpu)
+    else:
+        est = choose_estimator("auto", gpu, cuda_probe=lambda: None).estimator
+    rows = load_sweep()
+    sigs = [signatures(r) for r in rows]
+    results = errors(est, rows, sigs)
+    if args.cases:
+        for (r, p, e), ss in zip(results, sigs):
+            print(f"{family(r):24s} {label(r):70s} measured {r['total_us']:9.1f} us  predicted {p:9.1f}  {e:+7.1%}")
+            if args.kernels:
+                ana = AnalyticalEstimator(gpu)
+                for s in ss:
+                    ks = ana.kernels(s).kernels
+                    for k in ks:
+                        print(f"      phantora {k.duration_ns / 1e3:8.2f}  {s.short_name}: {k.name}")
+                for k in r["kernels"]:
+                    print(f"      measured {k['us']:8.2f}  {k['name'][:90]}")
+    print_table(f"{est.name} estimator vs the H100 sweep (|predicted/measured - 1| of each case's total kernel time)",
+                family_table(results), overall(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
