@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from phantora.cost.fitted import kernel_ns
 from phantora.cost.gemm import OPERAND_STREAMING_EFFICIENCY, GemmShape, gemm_compute_ns, gemm_kernel
 from phantora.cost.roofline import (
     CostContext,
@@ -33,7 +34,6 @@ from phantora.cost.roofline import (
     memory_ns,
     peak_flops,
     prod,
-    simt_ns,
     streaming_kernel,
     uses_tensor_cores,
     matmul_compute_type,
@@ -52,7 +52,6 @@ from phantora.ops import OpSignature, TensorMeta
 # out, the batch-128 ops come out +1.6% in total per step (median |error| 5.8%); its smallest
 # kernels show the same cost (1x1 stride-2 forwards: 26.7 us real for ~18 us of traffic).
 CUDNN_KERNEL_FIXED_NS = 8_000
-DEPTHWISE_SIMT_EFFICIENCY = 0.3  # per-channel stencils: little reuse, many predicated loads
 # Tensor-core conv kernels load input channels in 16-byte vectors. A conv with fewer channel
 # bytes per group than that (RGB input: 3 fp16 channels, 6 bytes per pixel) runs gather kernels
 # instead (sm80_xmma_fprop_implicit_gemm_indexed_wo_smem forward; an NCHW SIMT sgemm or a
@@ -226,20 +225,52 @@ def _channel_padding(x: TensorMeta, shape: ConvShape, ctx: CostContext) -> Kerne
     return streaming_kernel("nhwcAddPaddingKernel", ctx.gpu, footprint_bytes(x) * (1 + padded / shape.c_in))
 
 
-def _depthwise(shape: ConvShape, name: str, nbytes: float, ctx: CostContext) -> Kernel:
-    k = streaming_kernel(name, ctx.gpu, nbytes)
-    compute = simt_ns(shape.flops, ctx.gpu, efficiency=DEPTHWISE_SIMT_EFFICIENCY) + ctx.gpu.kernel_ramp_ns
-    return Kernel(name, max(k.duration_ns, compute), shape.flops, nbytes)
+def _depthwise(shape: ConvShape, kind: str, x: TensorMeta, dy: TensorMeta, ctx: CostContext) -> Kernel:
+    """A depthwise kernel (kind: "fwd", "dgrad", "wgrad"), by the curves fitted to the H100 sweep
+    (sweep_fit.py, classes dw_*). NCHW runs torch's conv_depthwise2d_* stencils, FLOP-bound at 1.6-2.7%
+    of the fp32 SIMT rate (64x32x112^2 bf16: forward 253 us, backward 442, weight gradient 546);
+    channels_last runs cuDNN's NHWC kernels at 0.35-0.6 of streaming bandwidth."""
+    kvol = shape.kernel_volume
+    nbytes = float(footprint_bytes(x) + footprint_bytes(dy))
+    if _is_channels_last(x):
+        names = {"fwd": "conv2d_c1_k1_nhwc_specialized", "dgrad": "dgrad2d_c1_k1_nhwc_specialized",
+                 "wgrad": "wgrad2d_c1_k1_nhwc"}
+        return Kernel(names[kind], kernel_ns(f"dw_nhwc_{kind}", nbytes, shape.c_in, ctx.gpu), shape.flops, nbytes)
+    names = {"fwd": "conv_depthwise2d_forward_kernel", "dgrad": "conv_depthwise2d_backward_kernel",
+             "wgrad": "conv_depthwise2d_grad_weight_kernel"}
+    # per output (forward, weight gradient) or per input element (data gradient): one multiply-add per tap
+    flops = 2.0 * kvol * (x.numel if kind == "dgrad" else dy.numel)
+    return Kernel(names[kind], kernel_ns(f"dw_nchw_{kind}", flops, shape.c_in, ctx.gpu), shape.flops, nbytes)
 
 
-def _layout_transposes(x: TensorMeta, out: TensorMeta, ctx: CostContext) -> tuple[Kernel, ...]:
-    """NCHW tensors around a tensor-core conv: cuDNN transposes input and output to NHWC."""
+def _is_gemm_1x1(shape: ConvShape, sig: OpSignature) -> bool:
+    """A 1x1, stride-1, unpadded conv: on NCHW cuDNN runs it as plain GEMMs, no layout conversion
+    (H100 sweep: 1x1 NCHW bf16 convs launch nvjet/CUTLASS GEMMs and no nchwToNhwc)."""
+    if shape.kernel_volume != 1 or shape.transposed or shape.in_spatial != shape.out_spatial:
+        return False
+    return all(s == 1 for s in conv_stride(sig, shape))
+
+
+def _layout_transposes(x: TensorMeta, outs: tuple[TensorMeta, ...], backs: tuple[TensorMeta, ...],
+                       ctx: CostContext) -> tuple[Kernel, ...]:
+    """NCHW tensors around a tensor-core conv: cuDNN converts the operands it reads to NHWC
+    (`outs`: nchwToNhwcKernel) and what it writes back to NCHW (`backs`: nhwcToNchwKernel), each
+    read and written once, at the fraction of bandwidth fitted to the H100 sweep (sweep_fit.py,
+    classes nchw_to_nhwc and nhwc_to_nchw; 0.34 and 0.43 of streaming: 64x64x56^2 bf16 3x3
+    forward+backward spends 162 us in them against 126 us in the convolutions)."""
     if _is_channels_last(x) or len(x.shape) < 4:
         return ()
     if not uses_tensor_cores(matmul_compute_type(x.dtype, True)):
         return ()
-    return (streaming_kernel("nchwToNhwcKernel", ctx.gpu, 2.0 * footprint_bytes(x)),
-            streaming_kernel("nhwcToNchwKernel", ctx.gpu, 2.0 * footprint_bytes(out)))
+    def convert(name: str, cls: str, t: TensorMeta) -> Kernel:
+        nbytes = 2.0 * footprint_bytes(t)
+        if t.itemsize != 2:  # the sweep timed bf16 only: other dtypes keep the streaming rate
+            return streaming_kernel(name, ctx.gpu, nbytes)
+        return Kernel(name, kernel_ns(cls, nbytes, 1, ctx.gpu), 0.0, nbytes)
+
+    to_nhwc = [convert("nchwToNhwcKernel", "nchw_to_nhwc", t) for t in outs]
+    to_nchw = [convert("nhwcToNchwKernel", "nhwc_to_nchw", t) for t in backs]
+    return tuple(to_nhwc + to_nchw)
 
 
 def _is_transposed(sig: OpSignature) -> bool:
@@ -263,12 +294,13 @@ def convolution(sig: OpSignature, ctx: CostContext) -> OpCost:
     nbytes = float(sampled_input_fraction(shape) * footprint_bytes(x)
                    + sum(footprint_bytes(t) for t in tensors[1:]) + footprint_bytes(out))
     if shape.is_depthwise:
-        return OpCost((_depthwise(shape, "conv_depthwise2d_forward_kernel", nbytes, ctx),))
+        return OpCost((_depthwise(shape, "fwd", x, out, ctx),))
     name = "cudnn_convolution_fwd_implicit_gemm" if not shape.transposed else "cudnn_convolution_dgrad_implicit_gemm"
     unaligned = has_unaligned_channels(shape, x)
     main = _conv_gemm(shape.forward_gemm(), x.dtype, out.dtype, nbytes, ctx, name,
                       unaligned=unaligned, gather_compute=unaligned)
-    return OpCost(_layout_transposes(x, out, ctx) + (main,))
+    transposes = () if _is_gemm_1x1(shape, sig) else _layout_transposes(x, (x,), (out,), ctx)
+    return OpCost(transposes + (main,))
 
 
 def convolution_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
@@ -280,12 +312,14 @@ def convolution_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
                 (True, True, True))
     shape = conv_shape(x, w, dy, _is_transposed(sig))
     unaligned = has_unaligned_channels(shape, x)
-    kernels: list[Kernel] = list(_layout_transposes(x, dy, ctx))
+    kernels: list[Kernel] = []
+    if not shape.is_depthwise and not _is_gemm_1x1(shape, sig):
+        kernels += _layout_transposes(x, (x, dy), (x,) if mask[0] else (), ctx)
     if mask[0]:
         nbytes = float(footprint_bytes(dy) + footprint_bytes(w) + footprint_bytes(x))
         stride = conv_stride(sig, shape)
         if shape.is_depthwise:
-            kernels.append(_depthwise(shape, "conv_depthwise2d_backward_kernel", nbytes, ctx))
+            kernels.append(_depthwise(shape, "dgrad", x, dy, ctx))
         elif not shape.transposed and any(s > 1 for s in stride):
             kernels.append(_strided_dgrad(shape, stride, dy.dtype, nbytes, ctx, unaligned))
         else:
@@ -297,7 +331,7 @@ def convolution_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
         # a model reading the sampled quarter, -7..+8% from one reading all of it, bar one at -20%).
         nbytes = float(footprint_bytes(dy) + footprint_bytes(x) + footprint_bytes(w))
         if shape.is_depthwise:
-            kernels.append(_depthwise(shape, "conv_depthwise2d_grad_weight_kernel", nbytes, ctx))
+            kernels.append(_depthwise(shape, "wgrad", x, dy, ctx))
         else:
             if unaligned:
                 kernels.append(_channel_padding(x, shape, ctx))

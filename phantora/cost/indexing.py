@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from phantora.cost.reductions import sort_kernels
+from phantora.cost.fitted import kernel_ns
 from phantora.cost.roofline import (
     CostContext,
     Kernel,
@@ -124,6 +125,14 @@ def scatter(sig: OpSignature, ctx: CostContext) -> OpCost:
     index = _index_bytes(sig)
     if src == 0:  # index_fill: the write volume is what the index selects along the row
         src = index
+    base = sig.short_name.rstrip("_")
+    if base in ("index_add", "scatter_add"):
+        # accumulating with atomics (read-modify-write of the destination rows): H100 sweep,
+        # sweep_fit.py classes "index_add" (indexFuncLargeIndex, 0.24 of streaming bandwidth
+        # over 3x the source bytes) and "scatter_add" (0.52)
+        k = Kernel("indexFuncLargeIndex" if base == "index_add" else "scatter_gather_elementwise_kernel",
+                   kernel_ns(base, 3.0 * src, 1, ctx.gpu), 0.0, index + 3.0 * src)
+        return OpCost(_clone_destination(sig, ctx) + (k,))
     k = streaming_kernel("scatter_gather_elementwise_kernel", ctx.gpu, index + 2 * src)
     return OpCost(_clone_destination(sig, ctx) + (k,))
 

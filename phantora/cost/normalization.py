@@ -18,13 +18,13 @@ H100 times above: calibration points and torch.profiler kernel times (tests/data
 
 from __future__ import annotations
 
+from phantora.cost.fitted import kernel_ns
 from phantora.cost.roofline import (
     CostContext,
     Kernel,
     OpCost,
     bytes_written,
     footprint_bytes,
-    memory_ns,
     single,
     streaming_kernel,
 )
@@ -87,21 +87,16 @@ def _batch_norm_training(sig: OpSignature) -> bool:
 # torch runs training-mode batch norm through cuDNN (one fused kernel pair, near streaming
 # bandwidth) unless the input is bf16 or fp16 with fp16 weights (at::_batch_norm_impl_index);
 # autocast leaves BatchNorm's weights fp32, so fp16 autocast takes cuDNN and bf16 autocast
-# takes torch's native kernels. On a channels_last input those are the *_channels_last kernels,
-# which are much slower than streaming. H100 profile, ResNet-50 batch 128 bf16
-# (shared/groundtruth/h100_resnet50_b128, 53 BatchNorms from 128x64x112^2 down to 128x512x7^2):
-# - batch_norm_collect_statistics_channels_last: Welford updates (a division per element),
-#   compute-bound at 2.3 elements/ns per SM (median over the 53 layers 2.26, 1.7-2.7):
-#   290 us for 128x256x56^2, 0.7 TB/s where a streaming read would take 70 us;
-# - transform_input and backward_elemt: 0.77 of streaming bandwidth (least squares 0.73 and 0.81);
-# - backward_reduce: 0.65 of streaming bandwidth plus ~4.4 us beyond the ramp for its grid-wide
-#   two-pass reduction (least squares over the 53 layers: 5.9 us fixed, 0.65).
+# takes torch's native kernels, which are much slower than streaming. Their times follow the
+# curves fitted to the H100 kernel sweep (sweep_fit.py, classes bn_nchw_* and bn_nhwc_*: six
+# shapes from 64x32x112^2 to 64x960x7^2, each layout): time = ramp + bytes x (1 / (e x HBM rate) +
+# 1 / (C x b x one SM's rate)) + C x c / SMs. NCHW: one block per channel, so few channels are
+# slow (statistics b = 0.10, backward 0.15 of an SM's rate per channel). Channels_last: near
+# streaming for the elementwise kernels, the Welford statistics at ~0.23 of bandwidth.
+# (The earlier constants, from the ResNet-50 bf16 profile in shared/groundtruth, agree with the
+# channels_last fits at its sizes: Welford statistics 0.7 TB/s, elementwise 0.77 of streaming.)
 # The fp16 cuDNN path keeps the streaming model: examples/cnn_train.py's cudnn_batch_norm at
 # 128x64x128^2 fp16 takes 283 us for 805 MB (2.8 TB/s; tests/cost/test_conv_profile.py).
-WELFORD_ELEMENTS_PER_NS_PER_SM = 2.3
-CHANNELS_LAST_BN_BANDWIDTH_FRACTION = 0.77
-CHANNELS_LAST_BN_REDUCE_BANDWIDTH_FRACTION = 0.65
-CHANNELS_LAST_BN_REDUCE_EXTRA_NS = 4_400
 
 
 def _batch_norm_uses_cudnn(x: TensorMeta, weight: TensorMeta | None) -> bool:
@@ -122,56 +117,77 @@ def _native_channels_last(x: TensorMeta, sig: OpSignature) -> bool:
     return _is_channels_last(x) and not _batch_norm_uses_cudnn(x, weight)
 
 
-def _welford_kernel(name: str, x: TensorMeta, ctx: CostContext) -> Kernel:
-    gpu = ctx.gpu
-    compute = x.numel / (WELFORD_ELEMENTS_PER_NS_PER_SM * gpu.sm_count)
-    memory = memory_ns(footprint_bytes(x), gpu) - gpu.kernel_ramp_ns
-    return Kernel(name, gpu.kernel_ramp_ns + max(compute, memory), 3.0 * x.numel, footprint_bytes(x))
+def _native_nchw(x: TensorMeta, sig: OpSignature) -> bool:
+    """torch's own NCHW kernels (batch_norm_collect_statistics_kernel, ...): not cuDNN's."""
+    if sig.short_name.startswith("cudnn_") or len(x.shape) < 3 or _is_channels_last(x):
+        return False
+    weight = sig.args[1] if len(sig.args) > 1 and isinstance(sig.args[1], TensorMeta) else None
+    return not _batch_norm_uses_cudnn(x, weight)
+
+
+def _native_bn_kernel(cls: str, name: str, nbytes: float, x: TensorMeta, flops: float, ctx: CostContext) -> Kernel:
+    """One of torch's native BatchNorm kernels, timed by its curve fitted to the H100 sweep
+    (fitted.py; sweep_fit.py's bn_* classes: time against bytes and channels)."""
+    channels = x.shape[1] if len(x.shape) > 1 else 1
+    return Kernel(name, kernel_ns(cls, nbytes, channels, ctx.gpu), flops, nbytes)
 
 
 def batch_norm(sig: OpSignature, ctx: CostContext) -> OpCost:
     """native_batch_norm / _native_batch_norm_legit* / cudnn_batch_norm / _batch_norm_with_update.
 
     Training: a per-channel statistics kernel reading x, then an elementwise kernel reading x
-    and writing y. Inference: only the elementwise kernel.
+    and writing y. Inference: only the elementwise kernel. torch's native kernels (bf16 input, or
+    fp16 with fp16 weights) follow the curves fitted to the H100 sweep, NCHW and channels_last
+    apart: the NCHW ones give each channel one block, so few channels run far below bandwidth
+    (64x32x112^2 bf16: statistics 679 us, 0.08 TB/s); cuDNN's (fp32, fp16 autocast) stream.
     """
     x = sig.args[0]
     y = sig.tensors_out()[0]
     kernels = []
+    xb, yb = footprint_bytes(x), footprint_bytes(y)
     if _native_channels_last(x, sig):
         if _batch_norm_training(sig):
-            kernels.append(_welford_kernel("batch_norm_collect_statistics_channels_last_kernel", x, ctx))
+            kernels.append(_native_bn_kernel("bn_nhwc_stats", "batch_norm_collect_statistics_channels_last_kernel",
+                                             xb, x, 3.0 * x.numel, ctx))
             running = sig.args[3] if len(sig.args) > 3 and isinstance(sig.args[3], TensorMeta) else None
             if running is not None:  # running mean/var update: its own small elementwise kernel
                 kernels.append(streaming_kernel("unrolled_elementwise_kernel_for_multi_outputs", ctx.gpu,
                                                 4.0 * footprint_bytes(running)))
-        kernels.append(streaming_kernel("batch_norm_transform_input_channels_last_kernel", ctx.gpu,
-                                        footprint_bytes(x) + footprint_bytes(y), 2.0 * x.numel,
-                                        efficiency=CHANNELS_LAST_BN_BANDWIDTH_FRACTION))
+        kernels.append(_native_bn_kernel("bn_nhwc_transform", "batch_norm_transform_input_channels_last_kernel",
+                                         xb + yb, x, 2.0 * x.numel, ctx))
+        return OpCost(tuple(kernels))
+    if _native_nchw(x, sig):
+        if _batch_norm_training(sig):
+            kernels.append(_native_bn_kernel("bn_nchw_stats", "batch_norm_collect_statistics_kernel", xb, x,
+                                             3.0 * x.numel, ctx))
+        kernels.append(_native_bn_kernel("bn_nchw_transform", "batch_norm_transform_input_kernel", xb + yb, x,
+                                         2.0 * x.numel, ctx))
         return OpCost(tuple(kernels))
     if _batch_norm_training(sig):
-        kernels.append(streaming_kernel("batch_norm_collect_statistics_kernel", ctx.gpu, footprint_bytes(x),
-                                        3.0 * x.numel))
-    kernels.append(streaming_kernel("batch_norm_transform_input_kernel", ctx.gpu,
-                                    footprint_bytes(x) + footprint_bytes(y), 2.0 * x.numel))
+        kernels.append(streaming_kernel("batch_norm_collect_statistics_kernel", ctx.gpu, xb, 3.0 * x.numel))
+    kernels.append(streaming_kernel("batch_norm_transform_input_kernel", ctx.gpu, xb + yb, 2.0 * x.numel))
     return OpCost(tuple(kernels))
 
 
 def batch_norm_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
     """native_batch_norm_backward / cudnn_batch_norm_backward / batch_norm_backward: a
-    per-channel reduction over (dy, x), then dx elementwise over (dy, x)."""
+    per-channel reduction over (dy, x), then dx elementwise over (dy, x). torch's native NCHW
+    backward is one kernel doing both (one block per channel: the slowest BatchNorm kernel in the
+    H100 sweep, 1384 us for 64x32x112^2 bf16 where streaming its 77 MB takes 26 us)."""
     dy, x = sig.args[0], sig.args[1]
     dy_x = footprint_bytes(dy) + footprint_bytes(x)
     elemt_bytes = footprint_bytes(dy) + 2 * footprint_bytes(x)
     weight = sig.args[2] if len(sig.args) > 2 and isinstance(sig.args[2], TensorMeta) else None
-    if (not sig.short_name.startswith("cudnn_") and _is_channels_last(x)
-            and not _batch_norm_uses_cudnn(x, weight)):
-        reduce = streaming_kernel("batch_norm_backward_reduce_channels_last_kernel", ctx.gpu, dy_x, 4.0 * x.numel,
-                                  efficiency=CHANNELS_LAST_BN_REDUCE_BANDWIDTH_FRACTION,
-                                  extra_ns=CHANNELS_LAST_BN_REDUCE_EXTRA_NS)
-        elemt = streaming_kernel("batch_norm_backward_elemt_channels_last_kernel", ctx.gpu, elemt_bytes,
-                                 4.0 * x.numel, efficiency=CHANNELS_LAST_BN_BANDWIDTH_FRACTION)
+    native = not sig.short_name.startswith("cudnn_") and not _batch_norm_uses_cudnn(x, weight)
+    if native and _is_channels_last(x):
+        reduce = _native_bn_kernel("bn_nhwc_bwd_reduce", "batch_norm_backward_reduce_channels_last_kernel", dy_x,
+                                   x, 4.0 * x.numel, ctx)
+        elemt = _native_bn_kernel("bn_nhwc_bwd_elemt", "batch_norm_backward_elemt_channels_last_kernel",
+                                  elemt_bytes, x, 4.0 * x.numel, ctx)
         return OpCost((reduce, elemt))
+    if native and len(x.shape) >= 3:
+        return OpCost((_native_bn_kernel("bn_nchw_backward", "batch_norm_backward_kernel", elemt_bytes, x,
+                                         8.0 * x.numel, ctx),))
     reduce = streaming_kernel("batch_norm_backward_reduce_kernel", ctx.gpu, dy_x, 4.0 * x.numel)
     elemt = streaming_kernel("batch_norm_backward_elemt_kernel", ctx.gpu, elemt_bytes, 4.0 * x.numel)
     return OpCost((reduce, elemt))

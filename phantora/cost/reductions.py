@@ -9,6 +9,7 @@ write of (key, index) pairs per 8-bit digit.
 
 from __future__ import annotations
 
+from phantora.cost.fitted import kernel_ns
 from phantora.cost.roofline import (
     CostContext,
     Kernel,
@@ -35,6 +36,9 @@ COLUMN_REDUCTION_EFFICIENCY = 0.5
 SEGMENT_SORT_MAX = 4096
 RADIX_BITS_PER_PASS = 8
 INDEX_BYTES = 8  # sort/topk return int64 indices
+# topk over rows this short runs sbtopk's per-row kernels (the H100 sweep's MoE routing shapes,
+# 8-128 experts; fitted there as class "topk"); longer rows the radix select below.
+TOPK_SHORT_ROW = 1024
 
 
 def _biggest_input(sig: OpSignature) -> TensorMeta | None:
@@ -100,10 +104,20 @@ def sort_kernels(x: TensorMeta, segment: int, ctx: CostContext) -> tuple[Kernel,
 
 
 def sort(sig: OpSignature, ctx: CostContext) -> OpCost:
-    """sort(self, dim, descending) / sort.stable(self, *, stable, dim, descending), argsort."""
+    """sort(self, dim, descending) / sort.stable(self, *, stable, dim, descending), argsort.
+
+    A sort of one long segment (MoE routing's argsort of expert ids) is cub's onesweep radix
+    sort: histogram, scan, one pass per digit and a memset, whose time the H100 sweep shows is
+    mostly fixed (argsort of 16k to 262k int64: 67-83 us; sweep_fit.py class "sort").
+    """
     x = sig.args[0]
     dim = sig.args[2] if sig.overload in ("stable", "values_stable") else (sig.args[1] if len(sig.args) > 1 else -1)
-    return OpCost(sort_kernels(x, _dim_size(x, dim), ctx))
+    segment = _dim_size(x, dim)
+    if segment == x.numel and segment > SEGMENT_SORT_MAX:
+        nbytes = float(footprint_bytes(x))
+        return single(Kernel("DeviceRadixSortOnesweepKernel (+histogram, scan, memset)",
+                             kernel_ns("sort", nbytes, 1, ctx.gpu), 0.0, nbytes))
+    return OpCost(sort_kernels(x, segment, ctx))
 
 
 def topk(sig: OpSignature, ctx: CostContext) -> OpCost:
@@ -111,6 +125,13 @@ def topk(sig: OpSignature, ctx: CostContext) -> OpCost:
     gather the k winners and sort them."""
     x, k = sig.args[0], sig.args[1]
     dim = sig.args[2] if len(sig.args) > 2 else -1
+    if _dim_size(x, dim) <= TOPK_SHORT_ROW:
+        # many short rows (MoE routing: top-k of 8-128 expert scores per token): sbtopk's
+        # gatherTopK and a bitonic sort per row; H100 sweep, class "topk" (24 us for 8k x 8, 218
+        # for 32k x 128 fp32: ~0.03 of streaming bandwidth beyond a fixed 21 us)
+        nbytes = float(footprint_bytes(x))
+        return OpCost((Kernel("gatherTopK", kernel_ns("topk", nbytes, 1, ctx.gpu) / 2, 0.0, nbytes),
+                       Kernel("bitonicSortKVInPlace", kernel_ns("topk", nbytes, 1, ctx.gpu) / 2, 0.0, 0.0)))
     passes = _radix_passes(x.itemsize)
     select = tuple(
         streaming_kernel("radixFindKthValues", ctx.gpu, footprint_bytes(x), float(x.numel)) for _ in range(passes)
@@ -145,7 +166,17 @@ def unique(sig: OpSignature, ctx: CostContext) -> OpCost:
 
 
 def histogram(sig: OpSignature, ctx: CostContext) -> OpCost:
-    """bincount, histc, histogram, _histogramdd_*: zero the bins, then atomics over the input."""
+    """bincount, histc, histogram, _histogramdd_*: zero the bins, then atomics over the input.
+
+    bincount and histc follow the H100 sweep (sweep_fit.py classes "bincount", "histc"): mostly
+    fixed time (bincount also reduces its input's min and max and copies them to the host:
+    16-22 us for 16k-262k ids; histc 6.5-7.6 us).
+    """
+    if sig.short_name.rstrip("_") in ("bincount", "histc"):
+        nbytes = float(bytes_read(sig))
+        total = kernel_ns(sig.short_name.rstrip("_"), nbytes, 1, ctx.gpu)
+        return OpCost((Kernel("FillFunctor", ctx.gpu.min_kernel_ns, 0.0, float(bytes_written(sig))),
+                       Kernel("kernelHistogram1D", max(total - ctx.gpu.min_kernel_ns, 0.0), 0.0, nbytes)))
     zero = streaming_kernel("FillFunctor", ctx.gpu, bytes_written(sig))
     count = streaming_kernel("kernelHistogram1D", ctx.gpu, bytes_read(sig) + bytes_written(sig))
     return OpCost((zero, count))
@@ -158,6 +189,12 @@ def nonzero(sig: OpSignature, ctx: CostContext) -> OpCost:
     business (it sees the op name), not part of this GPU time.
     """
     x = _biggest_input(sig)
+    if sig.short_name in ("nonzero", "nonzero_static", "argwhere"):
+        # cub's select: reduce, scan, compact (H100 sweep, class "nonzero": 7.7-7.9 us for 8k-32k)
+        nbytes = float(bytes_read(sig))
+        total = kernel_ns("nonzero", nbytes, 1, ctx.gpu)
+        return OpCost((Kernel("DeviceReduceKernel", total / 2, float(x.numel if x else 0), nbytes),
+                       Kernel("DeviceSelectSweepKernel", total / 2, 0.0, float(bytes_written(sig)))))
     count = streaming_kernel("DeviceReduceKernel", ctx.gpu, bytes_read(sig), float(x.numel if x else 0))
     write = streaming_kernel("write_indices", ctx.gpu, bytes_read(sig) + bytes_written(sig))
     return OpCost((count, write))

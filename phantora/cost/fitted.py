@@ -1,0 +1,94 @@
+"""The efficiency curves fitted to the H100 kernel sweep, as the family models use them.
+
+sweep_fit.py fits them (`python -m phantora.cost.sweep_fit`; its docstring says what each form
+means and how the curves carry over to other GPUs) and writes data/h100_sweep_fit.json; this
+module reads that file once and times a kernel of one class:
+
+    kernel_ns("bn_nchw_backward", nbytes, channels, gpu)
+
+Every parameter is a fraction of one of the GPU's peaks (achieved HBM bandwidth, one SM's streaming
+rate, the fp32 SIMT rate) or a fixed time, so the same curve serves H100, H200 and B200.
+`using(classes)` swaps the parameters for a block (leave-one-out in benchmarks/bench_sweep_fit.py).
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+FIT_FILE = Path(__file__).with_name("data") / "h100_sweep_fit.json"
+
+# Each form's parameters; a class fits the ones it names in CLASSES, the rest keep DEFAULTS
+# (ramp: the GPU's kernel_ramp_ns; no per-channel limit; no per-channel fixed cost).
+FORMS = {"stream": ("ramp_ns", "e"), "stream_l2": ("ramp_ns", "e", "h"), "channel": ("ramp_ns", "e", "b", "c_ns"),
+         "simt": ("ramp_ns", "e", "c_ns"), "fixed": ("fixed_ns", "e")}
+DEFAULTS = {"b": 1e9, "c_ns": 0.0, "h": 0.0}
+
+
+def param(p: dict, name: str, gpu) -> float:
+    if name in p:
+        return p[name]
+    if name == "ramp_ns":
+        return float(gpu.kernel_ramp_ns)
+    return DEFAULTS[name]
+
+
+def curve_ns(form: str, p: dict, size: float, channels: int, gpu) -> float:
+    """The time a class's curve gives for a kernel of `size` (bytes; FLOPs for "simt") over
+    `channels` on `gpu`."""
+    bw = gpu.achieved_memory_bandwidth
+    ramp = param(p, "ramp_ns", gpu)
+    if form == "stream":
+        return ramp + size / (bw * p["e"]) * 1e9
+    if form == "stream_l2":
+        # a working set well inside L2 is partly served from it (the sweep's back-to-back
+        # elementwise kernels read what the previous one wrote): up to a fraction h of the bytes
+        # move at no HBM cost, less as the set grows past the L2
+        l2 = float(gpu.l2_cache_bytes)
+        return ramp + size * (1 - min(param(p, "h", gpu), 0.95) * l2 / (l2 + size)) / (bw * p["e"]) * 1e9
+    if form == "fixed":
+        return p["fixed_ns"] + size / (bw * p["e"]) * 1e9
+    c = max(channels, 1)
+    per_channel = c * param(p, "c_ns", gpu) / gpu.sm_count
+    if form == "channel":
+        per_sm = gpu.sm_stream_bandwidth / gpu.sm_count
+        return ramp + size * (1 / (bw * p["e"]) + 1 / (c * param(p, "b", gpu) * per_sm)) * 1e9 + per_channel
+    if form == "simt":
+        return ramp + size / (gpu.peak_flops.get("fp32", 1e12) * p["e"]) * 1e9 + per_channel
+    raise ValueError(form)
+
+
+
+_classes: dict[str, dict] | None = None
+
+
+def classes() -> dict[str, dict]:
+    global _classes
+    if _classes is None:
+        _classes = json.loads(FIT_FILE.read_text())["classes"]
+    return _classes
+
+
+def kernel_ns(cls: str, size: float, channels: int, gpu) -> float:
+    """Time of one kernel of class `cls` (size: bytes read + written, FLOPs for "simt" classes)."""
+    p = classes()[cls]
+    return curve_ns(p["form"], p, size, channels, gpu)
+
+
+def efficiency(cls: str) -> float:
+    """A class's fitted fraction `e` (of the GPU's streaming bandwidth, or fp32 rate for "simt")."""
+    return classes()[cls]["e"]
+
+
+@contextmanager
+def using(fitted: dict[str, dict]) -> Iterator[None]:
+    """Use these fitted classes (over the shipped ones) inside the block."""
+    global _classes
+    before = classes()
+    _classes = {**before, **fitted}
+    try:
+        yield
+    finally:
+        _classes = before
