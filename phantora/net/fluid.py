@@ -28,6 +28,7 @@ import heapq
 import math
 
 import numpy as np
+from sortedcontainers import SortedList
 
 from phantora.net.maxmin import max_min_rates
 
@@ -99,6 +100,11 @@ class FlowSimulator:
         self._on_link: dict[int, set[int]] = {}  # link -> active flows
         self._flows_on_link = np.zeros(len(capacity), dtype=np.int32)
         self._link_seen = np.zeros(len(capacity), dtype=bool)
+        # What a rollback to t can touch: the flows not done yet, and the done ones by the time
+        # they finished (rollback.py finds the flows with events at or after t from these two
+        # instead of scanning every flow of the island's history).
+        self.live: set[int] = set()
+        self.done_by_time = SortedList()  # (done_t, fid)
         self.batches = 0
         self.solves = 0
 
@@ -139,6 +145,7 @@ class FlowSimulator:
         self._link_island[links] = island.iid
         for f in flows:
             self.flows[f.fid] = f
+            self.live.add(f.fid)
             f.island = island.iid
             island.fids.add(f.fid)
             heapq.heappush(island.arrivals, (f.start, f.fid))
@@ -211,6 +218,7 @@ class FlowSimulator:
         """Forget a finished flow (pruning)."""
         assert f.state == DONE
         del self.flows[f.fid]
+        self.done_by_time.discard((f.done_t, f.fid))
         island = self.islands.get(f.island)
         if island is not None:
             island.fids.discard(f.fid)
@@ -271,6 +279,8 @@ class FlowSimulator:
             f.done_t = t
             f.version += 1
             self.deactivate(f)
+            self.live.discard(f.fid)
+            self.done_by_time.add((t, f.fid))
         for f in drained:
             for link in f.link_list:
                 s = self._on_link.get(link)

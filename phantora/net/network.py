@@ -31,7 +31,7 @@ from phantora.net.cluster import Cluster
 from phantora.net.fluid import ACTIVE, DONE, PENDING, Flow, FlowSimulator
 from phantora.net.records import (OPS, CollectiveInfo, CollectiveSpec, Correction, FlowRecord,
                                   LinkInfo, LinkSegment, NetworkStats, RollbackRecord)
-from phantora.net.rollback import prune_history, roll_back
+from phantora.net.rollback import prune_history, roll_back, rollback_scope
 from phantora.net.topology import Topology
 from phantora.net.tuning import (P2P, NcclConstants, collective_latency_us, default_algorithms,
                                  parse_override, predicted_time_us, ring_plateau_applies,
@@ -133,19 +133,19 @@ class Network:
         would roll back and re-simulate once per collective (the ranks mirrored from one
         representative start theirs together: phantora/engine/mirrors.py)."""
         made = [self._create(spec, start) for spec, start in collectives]
-        late: dict[int, _Collective] = {}
         for c in made:
             if c.flows:
                 self._sim.attach(c.flows)
+        late: dict[int, list[_Collective]] = {}  # island -> its late newcomers
         for c in made:
             if c.flows:
                 island = self._sim.island_of(c.flows[0])
-                if c.start <= island.processed_until and (island.iid not in late or c.start < late[island.iid].start):
-                    late[island.iid] = c
-        for iid, c in late.items():
+                if c.start <= island.processed_until:
+                    late.setdefault(island.iid, []).append(c)
+        for iid, cs in late.items():
             if self.config.mode == "conservative":  # cannot happen: nothing runs past the horizon
                 raise AssertionError("conservative network simulated past its horizon")
-            self._roll_back(c, self._sim.island_of(c.flows[0]))
+            self._roll_back(cs, self._sim.islands[iid])
         return [c.handle for c in made]
 
     def _create(self, spec: CollectiveSpec, start_ns: int) -> "_Collective":
@@ -386,10 +386,16 @@ class Network:
         c.end = max([c.pruned_end] + [f.end_ns() for f in c.flows])
         return c.end
 
-    def _roll_back(self, late: _Collective, island) -> None:
+    def _roll_back(self, late: list[_Collective], island) -> None:
+        """Late newcomers of one island: rewind what they can change (rollback.py) to the
+        earliest one's start, and correct the ends already reported."""
+        first = min(late, key=lambda c: (c.start, c.handle))
+        scope = rollback_scope(self._sim, [f for c in late for f in c.flows], first.start)
+        affected = roll_back(self._sim, scope, first.start)
+        if not affected:
+            return  # nothing had simulated past the newcomers' start on their links
         network_time = max(i.processed_until for i in self._sim.islands.values())
         from_ns = island.processed_until
-        affected = roll_back(self._sim, island, late.start)
         handles = sorted({f.handle for f in affected})
         for h in handles:
             self._collectives[h].end = None
@@ -404,8 +410,8 @@ class Network:
                 c.reported = new
         self._corrections.extend(corrections)
         self._rollbacks.append(RollbackRecord(
-            seq=self._rollback_count, handle=late.handle, label=late.spec.label,
-            network_time_ns=network_time, from_ns=from_ns, to_ns=late.start,
+            seq=self._rollback_count, handle=first.handle, label=first.spec.label,
+            network_time_ns=network_time, from_ns=from_ns, to_ns=first.start,
             flows_rolled_back=len(affected), corrections=tuple(corrections)))
         self._rollback_count += 1
 

@@ -150,6 +150,25 @@ def test_a_late_arrival_rolls_back_only_the_part_of_the_network_it_touches():
     assert net.finish_time(node0) == t0 and net.finish_time(node1) > t1
 
 
+def test_a_late_arrival_on_links_idle_since_its_start_rewinds_nothing():
+    """Its island (flows that ever shared links: A, X and C through GPUs 1 and 2) was simulated
+    past the late one's start, but no flow with an event after that start shares its links."""
+    net = Network(load_cluster("dgx-h100", nodes=1))
+    a = net.submit(CollectiveSpec("all_reduce", 1 << 16, (0, 1)), 0)
+    x = net.submit(CollectiveSpec("all_reduce", 1 << 16, (1, 2)), 0)
+    c = net.submit(CollectiveSpec("all_reduce", 1 << 30, (2, 3)), 0)
+    t_c = net.finish_time(c)
+    late_start = max(net.finish_time(a), net.finish_time(x)) + 1_000
+    assert late_start < t_c - net.collective_info(c).latency_ns  # C's flow was simulated past it
+    late = net.submit(CollectiveSpec("all_reduce", 1 << 20, (0, 1)), late_start)
+    assert net.take_rollbacks() == [] and net.take_corrections() == []
+    assert net.finish_time(c) == t_c
+    fresh = Network(load_cluster("dgx-h100", nodes=1))
+    handles = [fresh.submit(CollectiveSpec("all_reduce", n, r), s) for n, r, s in
+               [(1 << 16, (0, 1), 0), (1 << 16, (1, 2), 0), (1 << 30, (2, 3), 0), (1 << 20, (0, 1), late_start)]]
+    assert [fresh.finish_time(h) for h in handles] == [net.finish_time(h) for h in (a, x, c, late)]
+
+
 def test_same_inputs_same_outputs(small_cluster):
     def run():
         net = Network(small_cluster)
