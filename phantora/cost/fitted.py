@@ -14,6 +14,7 @@ rate, the fp32 SIMT rate) or a fixed time, so the same curve serves H100, H200 a
 from __future__ import annotations
 
 import json
+import math
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -44,10 +45,10 @@ def curve_ns(form: str, p: dict, size: float, channels: int, gpu) -> float:
         return ramp + size / (bw * p["e"]) * 1e9
     if form == "stream_l2":
         # a working set well inside L2 is partly served from it (the sweep's back-to-back
-        # elementwise kernels read what the previous one wrote): up to a fraction h of the bytes
-        # move at no HBM cost, less as the set grows past the L2
+        # elementwise kernels read what the previous one wrote): a fraction h of the bytes of a
+        # small set move at no HBM cost, fading as exp(-bytes / L2 size) as the set outgrows L2
         l2 = float(gpu.l2_cache_bytes)
-        return ramp + size * (1 - min(param(p, "h", gpu), 0.95) * l2 / (l2 + size)) / (bw * p["e"]) * 1e9
+        return ramp + size * (1 - min(param(p, "h", gpu), 0.95) * math.exp(-size / l2)) / (bw * p["e"]) * 1e9
     if form == "fixed":
         return p["fixed_ns"] + size / (bw * p["e"]) * 1e9
     c = max(channels, 1)

@@ -4,8 +4,9 @@ elements processed, the aten ops fused in, Inductor's kernel kind).
 
 A fused pointwise, reduction or normalization kernel streams the buffers that enter and leave it
 once through HBM (what it fused stays in registers) and does one FLOP per element per fused op:
-the same memory and SIMT rooflines, ramp and efficiency as the eager pointwise and reduction
-kernels it replaces (roofline.streaming_kernel). Inductor templates (a GEMM with its epilogue
+timed by the same bandwidth-by-size curve as the eager elementwise kernels it replaces
+(roofline.elementwise_kernel: the curve fitted to the H100 kernel sweep's 120 elementwise
+kernels, with its L2 term for small working sets), or the SIMT roofline where slower. Inductor templates (a GEMM with its epilogue
 under max-autotune) are not modelled apart yet: they are timed as streaming kernels. The
 flex-attention template is timed by the flex-attention model (attention.flex_template_kernel)
 over the blocks its BlockMask visits.
@@ -18,7 +19,8 @@ their tensor arguments, no FLOPs.
 from __future__ import annotations
 
 from phantora.cost import attention
-from phantora.cost.roofline import CostContext, OpCost, footprint_bytes, single, streaming_kernel
+from phantora.cost.roofline import (CostContext, OpCost, elementwise_kernel, footprint_bytes, single,
+                                    streaming_kernel)
 from phantora.ops import OpSignature, TensorMeta
 
 
@@ -53,8 +55,8 @@ def triton_kernel(sig: OpSignature, ctx: CostContext) -> OpCost:
         q, k, v, counts, kv_block, visited, backward = sig.args[5]
         return single(attention.flex_template_kernel(name, q, k, v, counts, kv_block, visited,
                                                      float(fused_bytes(sig)), bool(backward), ctx))
-    return single(streaming_kernel(name, ctx.gpu, float(fused_bytes(sig)), fused_flops(sig),
-                                   compute_type=_compute_type(sig)))
+    return single(elementwise_kernel(name, ctx.gpu, float(fused_bytes(sig)), fused_flops(sig),
+                                     compute_type=_compute_type(sig)))
 
 
 def user_triton_kernel(sig: OpSignature, ctx: CostContext) -> OpCost:

@@ -2,7 +2,9 @@
 
 All of these stream their operands once through HBM: time is the memory roofline of bytes read
 plus bytes written (broadcast inputs counted once), with a SIMT compute roofline that only
-matters for fp64 or very arithmetic-heavy functions.
+matters for fp64 or very arithmetic-heavy functions. Pointwise ops and fills follow the
+elementwise curve fitted to the H100 kernel sweep (roofline.elementwise_kernel: small working
+sets are partly served from L2).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from phantora.cost.roofline import (
     OpCost,
     bytes_read,
     bytes_written,
+    elementwise_kernel,
     footprint_bytes,
     input_tensors,
     largest_tensor,
@@ -70,12 +73,19 @@ def elementwise_kernel_name(sig: OpSignature) -> str:
     return "vectorized_elementwise_kernel" if _is_vectorizable(sig) else "elementwise_kernel"
 
 
+def _is_16bit_gelu(sig: OpSignature) -> bool:
+    """GELU and its backward on bf16/fp16: slower than plain streaming (H100 sweep, class "gelu")."""
+    outs = sig.tensors_out()
+    return sig.short_name in ("gelu", "gelu_", "gelu_backward") and bool(outs) and outs[0].itemsize == 2
+
+
 def pointwise(sig: OpSignature, ctx: CostContext) -> OpCost:
     """Ops tagged `pointwise` (add, mul, gelu, where, *_backward of activations, ...)."""
     n = _elements(sig)
     nbytes = bytes_read(sig) + bytes_written(sig)
-    k = streaming_kernel(elementwise_kernel_name(sig), ctx.gpu, nbytes, FLOPS_PER_ELEMENT * n,
-                         compute_type=_compute_type(sig))
+    k = elementwise_kernel(elementwise_kernel_name(sig), ctx.gpu, nbytes, FLOPS_PER_ELEMENT * n,
+                           compute_type=_compute_type(sig),
+                           curve="gelu" if _is_16bit_gelu(sig) else "elementwise")
     return single(k)
 
 
@@ -88,7 +98,7 @@ def fill(sig: OpSignature, ctx: CostContext) -> OpCost:
     if not sig.tensors_out():  # e.g. an in-place op returning nothing: the first arg is written
         ts = sig.tensors_in()
         nbytes = footprint_bytes(ts[0]) if ts else 0
-    return single(streaming_kernel("vectorized_elementwise_kernel<FillFunctor>", ctx.gpu, nbytes))
+    return single(elementwise_kernel("vectorized_elementwise_kernel<FillFunctor>", ctx.gpu, nbytes))
 
 
 def rng(sig: OpSignature, ctx: CostContext) -> OpCost:

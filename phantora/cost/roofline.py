@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from phantora.cost.estimate import COMPUTE
+from phantora.cost.fitted import kernel_ns
 from phantora.hardware import GPUSpec
 from phantora.ops import OpSignature, TensorMeta
 
@@ -165,6 +166,18 @@ def streaming_kernel(
     """A memory-bound kernel: the slower of its memory and (SIMT) compute rooflines."""
     ns = max(memory_ns(nbytes, gpu, efficiency), gpu.kernel_ramp_ns + simt_ns(flops, gpu, compute_type))
     return Kernel(name, ns + extra_ns, flops, nbytes)
+
+
+def elementwise_kernel(name: str, gpu: GPUSpec, nbytes: float, flops: float = 0.0,
+                       compute_type: str = "fp32", curve: str = "elementwise") -> Kernel:
+    """A bandwidth-bound elementwise kernel (torch's eager pointwise ops and fills, Inductor's fused
+    kernels) on the elementwise curve fitted to the H100 kernel sweep (fitted.py, class
+    "elementwise": ramp + bytes x (1 - h exp(-bytes / L2 size)) / (e x achieved HBM bandwidth), 120
+    fill/add/activation kernels from 6 MB to 400 MB; a set well inside L2 moves up to ~half its
+    bytes without HBM traffic), or its SIMT roofline where that is slower. `curve` "gelu": the same
+    curve at GELU's lower rate (its erf runs in fp32)."""
+    ns = max(kernel_ns(curve, nbytes, 1, gpu), gpu.kernel_ramp_ns + simt_ns(flops, gpu, compute_type))
+    return Kernel(name, ns, flops, nbytes)
 
 
 def clamp_to_min(k: Kernel, gpu: GPUSpec) -> Kernel:

@@ -14,10 +14,12 @@ peaks, and they are used for every shape, not only the swept ones.
 Curves (ns; `bytes` counts what the kernel reads plus writes, `C` the channels):
 
     stream    t = ramp + bytes / (B * e)
+    stream_l2 t = ramp + bytes * (1 - h * exp(-bytes / L2)) / (B * e)
     channel   t = ramp + bytes * (1 / (B * e) + 1 / (C * b * S))    + C * c / SMs
     fixed     t = fixed + bytes / (B * e)
 
-where B = GPUSpec.achieved_memory_bandwidth (large streaming kernels; H100 3.0 TB/s), S =
+where B = GPUSpec.achieved_memory_bandwidth (large streaming kernels; H100 3.0 TB/s), L2 the
+GPU's L2 size (a working set inside it is partly served from L2: the elementwise curve), S =
 sm_stream_bandwidth / sm_count (what one SM streams), SMs = sm_count. `e` is a fraction of the
 GPU's streaming bandwidth; `b`, of one SM's streaming rate, is what one channel's block reaches in
 kernels that give each channel one block (torch's NCHW BatchNorm: its time falls as 1/C until DRAM
@@ -130,9 +132,12 @@ CLASSES: list[tuple[str, str, tuple[str, ...], str, str, Callable[[dict], float]
     ("nhwc_to_nchw", "stream", ("e",), "conv2d_fwd_bwd", r"nhwcToNchwKernel",
      lambda r: 2 * 2 * (_n(r) + _conv_out(r))),
     # elementwise (the generic streaming curve; bf16 and fp32)
-    ("elementwise", "stream_l2", ("ramp_ns", "e", "h"), "relu6_fwd_bwd gelu_fwd_bwd silu_fwd_bwd dropout_fwd_bwd",
+    ("elementwise", "stream_l2", ("e", "h"), "relu6_fwd_bwd gelu_fwd_bwd silu_fwd_bwd dropout_fwd_bwd",
      r"FillFunctor<(c10::BFloat16|float)>|CUDAFunctor_add<(c10::BFloat16|float)>|hardtanh_backward|"
      r"launch_clamp_scalar|silu_kernel|silu_backward_kernel|masked_scale_kernel", None),
+    # GELU on 16-bit tensors (~0.9 of a plain elementwise kernel's rate; fp32 GELU streams like
+    # any elementwise kernel); ramp and L2 term: elementwise's
+    ("gelu", "stream_l2", ("e",), "gelu_fwd_bwd:bf16", r"GeluCUDAKernelImpl|GeluBackwardCUDAKernelImpl", None),
     # MoE routing and scatter ops
     ("topk", "fixed", ("fixed_ns", "e"), "topk", r"gatherTopK|bitonicSort", lambda r: 4 * r["tokens"] * r["experts"]),
     ("sort", "fixed", ("fixed_ns", "e"), "argsort", r".", lambda r: 8 * r["n"]),
@@ -144,6 +149,8 @@ CLASSES: list[tuple[str, str, tuple[str, ...], str, str, Callable[[dict], float]
      lambda r: 2 * 3 * r["rows"] * r["dim"]),
 ]
 FORM_OF = {c: f for c, f, *_ in CLASSES}
+# Classes that take the parameters they do not fit from another class's fit.
+SHARED = {"gelu": "elementwise"}
 FREE = {c: free for c, _, free, *_ in CLASSES}
 
 
@@ -153,7 +160,7 @@ def _elementwise_bytes(r: dict, name: str) -> float:
         return n * b
     if "masked_scale" in name:
         return n * (2 * b + 1)
-    if "CUDAFunctor_add" in name or "backward" in name:
+    if "CUDAFunctor_add" in name or "backward" in name.lower():
         return 3 * n * b
     return 2 * n * b
 
@@ -163,14 +170,16 @@ def observations(rows: list[dict]) -> list[Obs]:
     out = []
     for i, r in enumerate(rows):
         for cls, form, _, ops, pattern, nbytes in CLASSES:
-            if r["op"] not in ops.split():
+            # "op:dtype" restricts a class to one dtype's cases
+            if not any(r["op"] == o.split(":")[0] and (":" not in o or r.get("dtype") == o.split(":")[1])
+                       for o in ops.split()):
                 continue
             ch = r.get("C", 1)
             if pattern == ".":  # the whole op: all its kernels
                 out.append(Obs(cls, i, float(nbytes(r)), ch, r["total_us"]))
                 continue
             us = sum(k["us"] for k in r["kernels"] if re.search(pattern, k["name"]))
-            if cls == "elementwise":
+            if nbytes is None:  # elementwise kernels: each its own observation
                 for k in r["kernels"]:
                     if re.search(pattern, k["name"]):
                         out.append(Obs(cls, i, float(_elementwise_bytes(r, k["name"])), ch, k["us"]))
@@ -219,16 +228,18 @@ def _nelder_mead(f: Callable[[list[float]], float], x0: list[float], iters: int 
     return pts[min(range(n + 1), key=lambda i: vals[i])]
 
 
-def fit_class(cls: str, obs: Iterable[Obs], gpu) -> dict:
-    """Least squares on log(time) of one class's kernels; parameters kept positive (log space)."""
+def fit_class(cls: str, obs: Iterable[Obs], gpu, base: dict | None = None) -> dict:
+    """Least squares on log(time) of one class's kernels; parameters kept positive (log space).
+    Parameters the class does not fit come from `base` (its SHARED class's fit), if any."""
     form = FORM_OF[cls]
     names = FREE[cls]
+    fixed = {k: v for k, v in (base or {}).items() if k in FORMS[form] and k not in names}
     data = [o for o in obs if o.cls == cls]
     if not data:
         raise ValueError(f"no sweep kernels for class {cls}")
 
     def loss(x: list[float]) -> float:
-        p = {k: math.exp(min(max(v, -25.0), 25.0)) for k, v in zip(names, x)}
+        p = {**fixed, **{k: math.exp(min(max(v, -25.0), 25.0)) for k, v in zip(names, x)}}
         return sum((math.log(curve_ns(form, p, o.nbytes, o.channels, gpu)) - math.log(o.us * 1e3)) ** 2
                    for o in data)
 
@@ -238,7 +249,7 @@ def fit_class(cls: str, obs: Iterable[Obs], gpu) -> dict:
         x = _nelder_mead(loss, x)
         if best is None or loss(x) < loss(best):
             best = x
-    p = {k: float(f"{math.exp(min(max(v, -25.0), 25.0)):.4g}") for k, v in zip(names, best)}
+    p = {**fixed, **{k: float(f"{math.exp(min(max(v, -25.0), 25.0)):.4g}") for k, v in zip(names, best)}}
     res = [curve_ns(form, p, o.nbytes, o.channels, gpu) / (o.us * 1e3) - 1 for o in data]
     return {"form": form, **p, "kernels": len(data), "max_abs_err": round(max(abs(e) for e in res), 3)}
 
@@ -249,7 +260,11 @@ def fit_all(rows: list[dict], exclude_case: int | None = None, only: Iterable[st
     gpu = lookup_gpu(SWEEP_GPU)
     obs = [o for o in observations(rows) if o.case != exclude_case]
     classes = list(only) if only is not None else [c for c, *_ in CLASSES]
-    return {c: fit_class(c, obs, gpu) for c in classes if any(o.cls == c for o in obs)}
+    out: dict[str, dict] = {}
+    for c in [c for c, *_ in CLASSES if c in classes or c in {SHARED.get(x) for x in classes}]:
+        if any(o.cls == c for o in obs):
+            out[c] = fit_class(c, obs, gpu, out.get(SHARED.get(c, "")))
+    return {c: p for c, p in out.items() if c in classes}
 
 
 def classes_of_case(rows: list[dict], case: int) -> set[str]:

@@ -146,13 +146,15 @@ def test_minimum_kernel_duration(estimator, h100):
 
 
 def test_bandwidth_curve_by_size(estimator):
-    """Achieved bandwidth rises with size toward ~90% of HBM (3.0 TB/s measured)."""
+    """Achieved bandwidth rises with size toward ~90% of HBM (3.0 TB/s measured); a working set
+    inside L2 beats it (H100 kernel sweep, back-to-back adds: 3.9 TB/s at 38 MB, 3.3 at 75 MB,
+    3.0 at 400 MB)."""
     def bandwidth(n):
         x = tensor((n,))
         e = estimator.estimate(sig("add", (x, x, 1), (x,), ("pointwise",), "Tensor"))
         return e.bytes / e.duration_ns
     small, mid, large = bandwidth(1 << 16), bandwidth(1 << 22), bandwidth(1 << 28)
-    assert small < 0.3 * large and mid < large
+    assert small < 0.3 * large and large < mid < 1.4 * large  # mid: 50 MB
     assert large == pytest.approx(3000, rel=0.05)  # bytes/ns = GB/s: 3.0 TB/s measured
 
 
