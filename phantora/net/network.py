@@ -21,6 +21,8 @@ optimistic mode, after corrections) and whatever was queried in between.
 
 from __future__ import annotations
 
+import functools
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
@@ -95,6 +97,24 @@ class _Collective:
         self.pruned_records: list[FlowRecord] = []
 
 
+def _timed(method):
+    """Adds the wall time of an engine-facing call to Network.wall_s (once, if calls nest): the
+    simulator's share of a run's wall time, which docs/scale.md reports per layout."""
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        if self._in_call:
+            return method(self, *args, **kwargs)
+        self._in_call = True
+        started = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.wall_s += time.perf_counter() - started
+            self._in_call = False
+
+    return timed
+
+
 class Network:
     def __init__(self, cluster: Cluster, config: NetworkConfig | None = None):
         self.cluster = cluster
@@ -118,6 +138,8 @@ class Network:
         self._communicators: OrderedDict[tuple, coll.Communicator] = OrderedDict()
         self.flows_submitted = 0
         self.transfers_submitted = 0
+        self.wall_s = 0.0  # wall time spent answering the engine (_timed)
+        self._in_call = False
 
     # ---- the engine's interface ------------------------------------------------------------
 
@@ -127,6 +149,7 @@ class Network:
         back (optimistic mode); corrections are then waiting in take_corrections()."""
         return self.submit_many([(spec, start_ns)])[0]
 
+    @_timed
     def submit_many(self, collectives: list[tuple[CollectiveSpec, int]]) -> list[int]:
         """submit() for several collectives at once (one handle each, in order): the network
         rolls back at most once per island, to the earliest of them, where one submit() each
@@ -200,6 +223,7 @@ class Network:
             c.end = start + latency
         return c
 
+    @_timed
     def finish_time(self, handle: int) -> int | None:
         """Completion time (ns) of a collective. Optimistic: simulates as far as needed.
         Conservative: None until no submission allowed by the horizon can change it."""
@@ -209,6 +233,7 @@ class Network:
             c.reported = end
         return end
 
+    @_timed
     def provisional_end(self, handle: int) -> int | None:
         """finish_time without reporting it: a later correction to this value is not a
         correction to an answer the caller used (take_corrections leaves it out)."""
@@ -218,6 +243,7 @@ class Network:
         """Promise: no future submit() starts before t_ns."""
         self._horizon = max(self._horizon, int(t_ns))
 
+    @_timed
     def run_before(self, t_ns: int) -> None:
         """Simulate every event before t_ns (what link_utilization reads up to t_ns is then
         settled unless a submission starts before t_ns)."""
@@ -232,6 +258,7 @@ class Network:
         out, self._rollbacks = self._rollbacks, []
         return out
 
+    @_timed
     def prune(self, horizon_ns: int) -> list[CollectiveInfo]:
         """Every participant's clock is past horizon_ns (so is every future start): simulate
         up to it, forget history before it, and retire the collectives that finished before
@@ -265,6 +292,7 @@ class Network:
 
     # ---- information for the trace -----------------------------------------------------------
 
+    @_timed
     def collective_info(self, handle: int) -> CollectiveInfo:
         """Algorithm, protocol, channels, bandwidths of a live collective (end_ns -1 while
         unknown in conservative mode)."""
@@ -279,6 +307,7 @@ class Network:
     def links(self) -> list[LinkInfo]:
         return self.topology.link_infos()
 
+    @_timed
     def link_utilization(self, start_ns: int, end_ns: int,
                          links: list[int] | None = None) -> list[LinkSegment]:
         """Load on each link as piecewise-constant segments within [start_ns, end_ns), from
