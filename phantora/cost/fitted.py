@@ -6,8 +6,19 @@ module reads that file once and times a kernel of one class:
 
     kernel_ns("bn_nchw_backward", nbytes, channels, gpu)
 
-Every parameter is a fraction of one of the GPU's peaks (achieved HBM bandwidth, one SM's streaming
-rate, the fp32 SIMT rate) or a fixed time, so the same curve serves H100, H200 and B200.
+Every parameter is a fraction of one of the GPU's peaks or a fixed time, so the same curves serve
+every GPU in phantora/hardware.py. How they scale from the H100 they were fitted on:
+- `e` (stream, stream_l2, fixed, channel forms): a fraction of the GPU's achieved HBM bandwidth
+  (GPUSpec.achieved_memory_bandwidth = datasheet HBM x memory_efficiency); where e < SM_BOUND_BELOW
+  the kernel did not saturate the H100's DRAM, so it is a fraction of the SMs' streaming rate
+  instead (sm_stream_bandwidth = SMs x boost clock x bytes/clk/SM): H200 (same 132 SMs and clock,
+  4.8 TB/s) runs the bandwidth-bound kernels ~1.4x faster and the SM-bound ones (depthwise NHWC,
+  BatchNorm statistics, index_add) at the H100's speed; B200 (148 SMs, ~2x the SM streaming rate,
+  8 TB/s) speeds both up;
+- `b` (channel form): a fraction of one SM's streaming rate per channel block;
+- "simt" `e`: a fraction of the fp32 SIMT peak (SMs x clock x 256 FLOP/clk for Hopper);
+- ramps, fixed costs and per-channel block costs (`c_ns` / SMs) in ns, the L2 term by the GPU's
+  L2 size. Nothing here is measured on an H200 or B200: the scaling is the model's assumption.
 `using(classes)` swaps the parameters for a block (leave-one-out in benchmarks/bench_sweep_fit.py).
 """
 
@@ -20,6 +31,19 @@ from pathlib import Path
 from typing import Iterator
 
 FIT_FILE = Path(__file__).with_name("data") / "h100_sweep_fit.json"
+
+# A kernel fitted at less than this fraction of the streaming rate does not saturate DRAM on the
+# GPU it was fitted on (the H100): its limit is on the SM side, so its rate is that fraction of
+# the SMs' streaming rate (GPUSpec.sm_stream_bandwidth), which more HBM bandwidth does not raise.
+# (roofline.memory_ns applies the same rule to the hand-set efficiencies.)
+SM_BOUND_BELOW = 0.8
+
+
+def streaming_rate(gpu, e: float) -> float:
+    """Bytes/s of a kernel fitted at fraction `e` of the H100's streaming rate, on `gpu`."""
+    if e < SM_BOUND_BELOW:
+        return min(gpu.achieved_memory_bandwidth, gpu.sm_stream_bandwidth * e)
+    return gpu.achieved_memory_bandwidth * e
 
 # Each form's parameters; a class fits the ones it names in CLASSES, the rest keep DEFAULTS
 # (ramp: the GPU's kernel_ramp_ns; no per-channel limit; no per-channel fixed cost).
@@ -39,23 +63,23 @@ def param(p: dict, name: str, gpu) -> float:
 def curve_ns(form: str, p: dict, size: float, channels: int, gpu) -> float:
     """The time a class's curve gives for a kernel of `size` (bytes; FLOPs for "simt") over
     `channels` on `gpu`."""
-    bw = gpu.achieved_memory_bandwidth
+    rate = streaming_rate(gpu, p["e"])
     ramp = param(p, "ramp_ns", gpu)
     if form == "stream":
-        return ramp + size / (bw * p["e"]) * 1e9
+        return ramp + size / rate * 1e9
     if form == "stream_l2":
         # a working set well inside L2 is partly served from it (the sweep's back-to-back
         # elementwise kernels read what the previous one wrote): a fraction h of the bytes of a
         # small set move at no HBM cost, fading as exp(-bytes / L2 size) as the set outgrows L2
         l2 = float(gpu.l2_cache_bytes)
-        return ramp + size * (1 - min(param(p, "h", gpu), 0.95) * math.exp(-size / l2)) / (bw * p["e"]) * 1e9
+        return ramp + size * (1 - min(param(p, "h", gpu), 0.95) * math.exp(-size / l2)) / rate * 1e9
     if form == "fixed":
-        return p["fixed_ns"] + size / (bw * p["e"]) * 1e9
+        return p["fixed_ns"] + size / rate * 1e9
     c = max(channels, 1)
     per_channel = c * param(p, "c_ns", gpu) / gpu.sm_count
     if form == "channel":
         per_sm = gpu.sm_stream_bandwidth / gpu.sm_count
-        return ramp + size * (1 / (bw * p["e"]) + 1 / (c * param(p, "b", gpu) * per_sm)) * 1e9 + per_channel
+        return ramp + size * (1 / rate + 1 / (c * param(p, "b", gpu) * per_sm)) * 1e9 + per_channel
     if form == "simt":
         return ramp + size / (gpu.peak_flops.get("fp32", 1e12) * p["e"]) * 1e9 + per_channel
     raise ValueError(form)

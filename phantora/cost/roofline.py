@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from phantora.cost.estimate import COMPUTE
-from phantora.cost.fitted import kernel_ns
+from phantora.cost.fitted import SM_BOUND_BELOW, kernel_ns
 from phantora.hardware import GPUSpec
 from phantora.ops import OpSignature, TensorMeta
 
@@ -134,10 +134,9 @@ def largest_tensor(tensors: list[TensorMeta]) -> TensorMeta | None:
 
 # --- time ----------------------------------------------------------------------------------
 
-# A kernel fitted at less than this fraction of the streaming rate does not saturate DRAM on the
-# GPU it was fitted on (the H100): its limit is on the SM side, so its rate is that fraction of
-# the SMs' streaming rate (GPUSpec.sm_stream_bandwidth), which more HBM bandwidth does not raise.
-SM_BOUND_BELOW = 0.8
+# SM_BOUND_BELOW (fitted.py): a kernel fitted at less than that fraction of the streaming rate
+# does not saturate DRAM on the GPU it was fitted on (the H100): its limit is on the SM side, so
+# its rate is that fraction of the SMs' streaming rate (GPUSpec.sm_stream_bandwidth).
 
 
 def memory_ns(nbytes: float, gpu: GPUSpec, efficiency: float = 1.0) -> float:

@@ -237,3 +237,23 @@ def signatures(r: dict) -> list[OpSignature]:
         sigs = [s for s in sigs if s.name != "aten::_local_scalar_dense" and
                 not all(t.shape == () for t in s.tensors_in())]
     return sigs
+
+
+def predict_ns(est, sigs) -> float:
+    """An estimator's total kernel time for a case's signatures (no launch gaps: as total_us)."""
+    return float(sum(est.estimate(s).duration_ns for s in sigs))
+
+
+def loo_errors(est, rows, sigs_by_case):
+    """Leave-one-out: each case predicted with the curves of its kernel classes refitted without
+    it (phantora/cost/sweep_fit.py); cases no fitted class covers are predicted as they are."""
+    from phantora.cost import fitted, sweep_fit
+
+    out = []
+    for i, (r, sigs) in enumerate(zip(rows, sigs_by_case)):
+        classes = sweep_fit.classes_of_case(rows, i)
+        refit = sweep_fit.fit_all(rows, exclude_case=i, only=classes) if classes else {}
+        with fitted.using(refit):
+            p = predict_ns(est, sigs) / 1e3
+        out.append((r, p, p / r["total_us"] - 1))
+    return out
