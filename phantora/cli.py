@@ -424,10 +424,19 @@ def diff(trace_a: str, trace_b: str, as_json: bool, top: int, whole_run: bool, e
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True, path_type=Path),
               help="Calibration table to write (.jsonl: one measurement per line, plus a device row).")
 @click.option("--quick", is_flag=True, help="A coarse grid (about 100 shapes) instead of the full one (about 1,300).")
+@click.option("--grid", type=click.Choice(["full", "quick", "tiny", "sweep"]), default=None,
+              help="What to measure. full / quick / tiny: op shapes timed with CUDA events into the table "
+                   "`--calibration` reads (default: full; quick as --quick; tiny on --device cpu). sweep: the "
+                   "152 op cases of the H100 kernel sweep (convolutions, norms, activations, embedding, loss, "
+                   "MoE routing, grouped/odd GEMMs, attention, optimizers), every kernel of each case timed with "
+                   "torch.profiler, written in the sweep's format (phantora/cost/data/h100_sxm_sweep.jsonl) for "
+                   "the per-family fit (a few minutes on a GPU, estimated).")
+@click.option("--only", "only", default=None, metavar="OP[,OP...]",
+              help="--grid sweep: only the cases of these ops (e.g. mm,sdpa_fwd_bwd,adamw_foreach).")
 @click.option("--device", default="cuda", show_default=True,
               help="Where to time the kernels: cuda, cuda:N, or cpu (a tiny grid that checks the pipeline; "
                    "the times then describe this CPU, not a GPU).")
-def calibrate(output: Path, quick: bool, device: str) -> None:
+def calibrate(output: Path, quick: bool, grid: str | None, only: str | None, device: str) -> None:
     """Measure kernel times on this machine's GPU and write a calibration table.
 
     Times the op families and shapes of phantora's H100 table (GEMMs in bf16 and fp32,
@@ -435,24 +444,39 @@ def calibrate(output: Path, quick: bool, device: str) -> None:
     on the local GPU, each after warm-up with CUDA events, and writes them in the same format.
     Simulate that GPU with the table: `phantora trace --calibration FILE ...`.
 
+    `--grid sweep` instead runs the cases of the H100 kernel sweep on the local GPU and writes
+    every kernel each case launches (the input of the per-family efficiency fit, not of
+    `--calibration`).
+
     \b
     Examples:
       phantora calibrate -o a100.jsonl
       phantora trace --gpu a100 --calibration a100.jsonl -o run.json -- python train.py
+      phantora calibrate --grid sweep -o a100_sweep.jsonl
     """
     from phantora.cost.calibrate import RowResult, write_calibration
     from phantora.cost.measured import LocalDeviceError, visible_cuda_device
 
     if device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", device):
         raise click.BadParameter(f"{device!r}: use cuda, cuda:N or cpu", param_hint="'--device'")
+    if quick and grid not in (None, "quick"):
+        raise click.UsageError(f"--quick is --grid quick; it cannot go with --grid {grid}")
+    if grid is None:
+        grid = "tiny" if device == "cpu" else "quick" if quick else "full"
+    if device == "cpu" and grid in ("full", "quick"):
+        raise click.UsageError(f"--grid {grid} times a GPU's shapes; on --device cpu use --grid tiny or sweep")
+    if only is not None and grid != "sweep":
+        raise click.UsageError("--only selects cases of --grid sweep")
     if device.startswith("cuda"):
         name = visible_cuda_device()
         if name is None:
             raise click.UsageError("phantora calibrate times kernels on a CUDA GPU and none is visible "
                                    "(torch.cuda.is_available() is False); run it on the GPU to calibrate, or pass "
                                    "--device cpu to check the pipeline on this CPU")
-        click.echo(f"calibrating {name} into {output}", err=True)
-    grid = "tiny" if device == "cpu" else "quick" if quick else "full"
+        click.echo(f"calibrating {name} into {output}" + (" (kernel sweep)" if grid == "sweep" else ""), err=True)
+    if grid == "sweep":
+        _calibrate_sweep(output, device, only)
+        return
     if device == "cpu":
         click.echo(f"--device cpu: timing a tiny grid on this CPU into {output} (CPU times, not a GPU's)", err=True)
 
@@ -471,6 +495,34 @@ def calibrate(output: Path, quick: bool, device: str) -> None:
         sys.exit(1)
     timed = sum(1 for r in results if r.error is None)
     click.echo(f"wrote {timed} measurements ({len(results) - timed} skipped) to {output}", err=True)
+
+
+def _calibrate_sweep(output: Path, device: str, only: str | None) -> None:
+    """`phantora calibrate --grid sweep`: the kernel sweep's cases on `device`, in the sweep's format."""
+    from phantora.cost.kernel_sweep import run_sweep, select, sweep_cases
+
+    try:
+        cases = select(sweep_cases(device), [o.strip() for o in only.split(",") if o.strip()] if only else None)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'--only'") from None
+    if device == "cpu":
+        click.echo(f"--device cpu: the sweep's CPU variant ({len(cases)} cases, sizes / 16) into {output}; its "
+                   "'kernels' are CPU self times per profiler event, a pipeline check, not a GPU's kernels", err=True)
+
+    def progress(i: int, n: int, line: dict) -> None:
+        what = " ".join(f"{k}={v}" for k, v in line.items() if k not in ("op", "kernels", "total_us", "error"))
+        result = (f"{line['total_us']:.1f} us in {len(line['kernels'])} kernels" if "error" not in line
+                  else f"error: {line['error']}")
+        click.echo(f"  [{i}/{n}] {line['op']} {what}: {result}", err=True)
+
+    try:
+        with open(output, "w") as out:
+            lines = list(run_sweep(cases, device, out, progress))
+    except OSError as e:
+        raise click.BadParameter(f"cannot write {output}: {e.strerror}", param_hint="'-o' / '--output'") from None
+    failed = sum(1 for line in lines if "error" in line)
+    click.echo(f"wrote {len(lines) - failed} cases ({failed} failed, written with 'error') and a device row "
+               f"to {output}", err=True)
 
 
 if __name__ == "__main__":

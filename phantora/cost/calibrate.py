@@ -15,6 +15,9 @@ octave apart, so that every shape inside the grid has a measured neighbour withi
 calibrated estimator's one-octave radius) and common model widths (768, 3072); "quick" a
 coarse subset (a few minutes on a GPU); "tiny" a handful of small shapes that a CPU times in
 seconds (`--device cpu`, for checking the pipeline: those times describe the CPU).
+
+`--grid sweep` is not a table of this format: kernel_sweep.py runs the H100 kernel sweep's op cases
+(every kernel each launches, torch.profiler) for the per-family fit.
 """
 
 from __future__ import annotations
