@@ -92,7 +92,7 @@ def replay(log_path: Path, profile: bool) -> int:
     differing: dict[str, int] = {}
     recorded_rollbacks = 0
     prof = cProfile.Profile() if profile else None
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     if prof:
         prof.enable()
     for entry in entries:
@@ -110,9 +110,9 @@ def replay(log_path: Path, profile: bool) -> int:
                 print(f"MISMATCH {name}{args[:1]}: recorded {str(want)[:200]} replayed {str(got)[:200]}")
     if prof:
         prof.disable()
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     print(f"{sum(counts.values())} calls ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})")
-    print(f"replayed in {wall:.2f} s; rollbacks {net.rollback_count} (recorded {recorded_rollbacks}); "
+    print(f"replayed in {wall:.2f} s ({cpu:.2f} s of CPU); rollbacks {net.rollback_count} (recorded {recorded_rollbacks}); "
           f"flows submitted {net.flows_submitted}; differing answers {sum(differing.values())} {differing or ''}")
     if prof:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(30)

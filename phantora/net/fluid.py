@@ -132,9 +132,9 @@ class FlowSimulator:
         """Put new (pending) flows into the island their links lead to, merging islands they
         connect. Returns the island; its processed_until is what the newcomers must beat to
         avoid a rollback (the caller decides)."""
-        links = np.unique(np.concatenate([f.links for f in flows]))
+        links = flows[0].links if len(flows) == 1 else np.unique(np.concatenate([f.links for f in flows]))
         ids = self._link_island[links]
-        roots = sorted({self._find(int(i)) for i in np.unique(ids[ids >= 0])})
+        roots = sorted({self._find(i) for i in set(ids[ids >= 0].tolist())})
         if not roots:
             island = self._new_island()
         else:

@@ -41,6 +41,7 @@ from phantora.net.tuning import (P2P, NcclConstants, collective_latency_us, defa
 
 MODES = ("optimistic", "conservative")
 _CACHE_SIZE = 1024  # communicators (and their algorithm candidates) remembered
+_CHOSEN_SIZE = 65_536  # (op, ranks, bytes) -> the algorithm and protocol chosen for them
 _CACHE_LINK_ENTRIES = 8_000_000  # routed plans are kept up to this many (link, load) pairs
 _LOAD_UNITS = 1e6  # link_utilization sums loads in integer micro-GB/s
 
@@ -135,6 +136,7 @@ class Network:
         self._plans: OrderedDict[tuple, _Choice] = OrderedDict()  # LRU of routed plans
         self._plan_entries = 0
         self._candidates: OrderedDict[tuple, list[tuple[str, str]]] = OrderedDict()
+        self._chosen: OrderedDict[tuple, tuple[str, str]] = OrderedDict()  # (op, ranks, nbytes) -> algorithm, protocol
         self._communicators: OrderedDict[tuple, coll.Communicator] = OrderedDict()
         self.flows_submitted = 0
         self.transfers_submitted = 0
@@ -452,12 +454,14 @@ class Network:
         if isinstance(spec.nbytes, bool) or not isinstance(spec.nbytes, (int, np.integer)) \
                 or spec.nbytes < 0:
             raise ValueError(f"nbytes: must be an integer >= 0, got {spec.nbytes!r}")
-        ranks = tuple(int(r) for r in spec.ranks)
+        ranks = spec.ranks
+        if type(ranks) is not tuple or not all(type(r) is int for r in ranks):
+            ranks = tuple(int(r) for r in ranks)
         n = self.topology.num_gpus
         if not ranks:
             raise ValueError("ranks: empty")
-        bad = [r for r in ranks if not 0 <= r < n]
-        if bad:
+        if min(ranks) < 0 or max(ranks) >= n:
+            bad = [r for r in ranks if not 0 <= r < n]
             raise ValueError(f"ranks: GPU {bad[0]} does not exist (cluster has GPUs 0..{n - 1})")
         if len(set(ranks)) != len(ranks):
             raise ValueError(f"ranks: a GPU appears twice in {ranks}")
@@ -476,6 +480,8 @@ class Network:
                     or any(x < 0 for row in split for x in row):
                 raise ValueError(f"split_bytes: must be a {len(ranks)}x{len(ranks)} matrix of "
                                  "byte counts >= 0")
+        if ranks is spec.ranks and type(spec.nbytes) is int and split is None:
+            return spec  # already plain ints: the engine's specs are
         return replace(spec, ranks=ranks, nbytes=int(spec.nbytes), split_bytes=split)
 
     def _choose(self, spec: CollectiveSpec) -> _Choice:
@@ -483,6 +489,12 @@ class Network:
         predicts (tuning.predicted_time_us)."""
         if spec.op in ("send_recv", "all_to_all"):
             return self._routed(spec, P2P, "")
+        # A run repeats the same collectives every step, and mirrored ranks repeat each one on
+        # their own groups: the choice depends on nothing else than this key.
+        chosen_key = (spec.op, spec.ranks, spec.nbytes)
+        best = self._chosen.get(chosen_key)
+        if best is not None:
+            return self._routed(spec, *best)
         comm = self._communicator(spec.ranks)
         key = (spec.op, spec.ranks)
         candidates = self._candidates.get(key)
@@ -499,6 +511,9 @@ class Network:
                                   latency, const, cc)
             if best_time is None or t < best_time:
                 best, best_time = (algorithm, protocol), t
+        self._chosen[chosen_key] = best
+        if len(self._chosen) > _CHOSEN_SIZE:
+            self._chosen.popitem(last=False)
         return self._routed(spec, *best)
 
     def _communicator(self, ranks: tuple[int, ...]) -> coll.Communicator:
