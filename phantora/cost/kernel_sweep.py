@@ -332,7 +332,14 @@ def device_row(device: str) -> dict:
     from phantora.cost.measured import local_device_info
 
     cuda = device.startswith("cuda")
-    return {"op": "device", **local_device_info(device), "grid": "sweep",
+    extra: dict[str, Any] = {}
+    if cuda:  # what a GPUSpec for a new kind of GPU starts from (phantora/hardware.py)
+        import torch
+
+        props = torch.cuda.get_device_properties(torch.device(device))
+        extra = {"capability": f"{props.major}.{props.minor}", "memory_bytes": props.total_memory,
+                 "l2_bytes": getattr(props, "L2_cache_size", None)}
+    return {"op": "device", **local_device_info(device), **extra, "grid": "sweep",
             "kernels_are": "cuda kernels (torch.profiler CUDA activity)" if cuda else
             "cpu self time per profiler event (a pipeline check: no GPU kernels, not for fitting)",
             "method": f"kernel_sweep.py's cases; {WARMUP} warm-up calls, then {REPS} calls under torch.profiler, "

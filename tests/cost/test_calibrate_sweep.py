@@ -134,6 +134,7 @@ def test_sweep_on_a_real_gpu(tmp_path):
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0]["op"] == "device" and rows[0]["name"] == torch.cuda.get_device_name() and rows[0]["sms"] > 0
+    assert rows[0]["memory_bytes"] == torch.cuda.get_device_properties(0).total_memory and rows[0]["capability"]
     for line in rows[1:]:
         assert "error" not in line, line
         assert not any(k["name"].startswith("aten::") for k in line["kernels"])  # kernels, not CPU ops
