@@ -9,9 +9,8 @@ indices first.
 
 from __future__ import annotations
 
-import math
 
-from phantora.cost.reductions import sort_kernels
+from phantora.cost.reductions import onesweep_sort_kernels, sort_kernels
 from phantora.cost.fitted import kernel_ns
 from phantora.cost.roofline import (
     CostContext,
@@ -20,6 +19,7 @@ from phantora.cost.roofline import (
     bytes_read,
     bytes_written,
     ceil_div,
+    elementwise_kernel,
     footprint_bytes,
     input_tensors,
     single,
@@ -28,8 +28,13 @@ from phantora.cost.roofline import (
 from phantora.ops import OpSignature, TensorMeta
 
 INDEX_BYTES = 8
-EMBEDDING_BACKWARD_PIPELINE_NS = 45_000
-EMBEDDING_BACKWARD_NS_PER_WEIGHT = 2.1
+# embedding_dense_backward_cuda takes a sort-free kernel up to this many indices (ATen source,
+# Embedding.cu: num_indices <= 3072 and not scale_grad_by_freq).
+EMBEDDING_DIRECT_MAX_INDICES = 3072
+# The small kernels of the embedding backward's segment pipeline (H100 sweep kernel lists).
+EMBEDDING_PIPELINE_KERNELS = ("arange_cuda_out", "DeviceCompactInitKernel", "DeviceUniqueByKeySweepKernel",
+                              "DeviceScanInitKernel", "DeviceScanKernel", "krn_partials_per_segment",
+                              "compute_num_of_partial_segments", "krn_partial_segment_offset")
 # torch's CatArrayBatchedCopy copies up to this many inputs per launch.
 CAT_INPUTS_PER_KERNEL = 128
 
@@ -69,34 +74,43 @@ def embedding_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
     """embedding_dense_backward(grad_out, indices, num_weights, padding_idx, scale_by_freq) and
     the _embedding_bag backward ops.
 
-    torch's deterministic path: zero the weight gradient, radix-sort the indices (only the bits
-    that num_weights needs), find segment boundaries, sum each segment's gradient rows into
-    partials, and add the partials into the weight gradient. The sort and segment kernels run
-    few blocks with serial loops, so their time barely depends on bytes: a fixed pipeline cost
-    plus a little per weight row, fitted to H100 profiles (8192 indices into 50304x768 fp32:
-    248 us, zero fill ~50 us of it; into 8192x1024 and 1024x1024: 231 us together).
+    torch's deterministic path: zero the weight gradient, radix-sort the indices, find segment
+    boundaries (a handful of small cub and segment kernels), sum each segment's gradient rows into
+    partials (compute_grad_weight) and add them into the weight gradient (sum_and_scatter). Timed by
+    the H100 sweep's curves (sweep_fit.py; 8192 ids into 32000x2048 .. 128256x4096 fp32): the sort
+    as class "sort" (cub's onesweep: ~65 us whatever the size), the small kernels as
+    "embedding_pipeline" (~15 us), the two segment kernels as "embedding_segments" (their time
+    follows the gradient's bytes at ~0.27 TB/s together, not the number of weight rows). A
+    gradient with broadcast strides (the backward of a `.sum()`) is made contiguous first. Up to
+    3072 indices torch skips the sort (embedding_backward_feature_kernel). Held out: an H100 profile
+    of 8192 ids into 50304x768 fp32 (tests/data/groundtruth/h100_kernel_profile.json) took 248.5 us,
+    modelled 250.5; the GPT examples' real profiles (tests/data/groundtruth/examples, self time, so
+    without the zero fill): token embeddings of 8192 ids 199-213 us (modelled +0..+7%; the model
+    before the sweep -2..-3%), of 4096 ids 106-131 us (+19..+33%; before +36, -21%), position
+    embeddings of 512-1024 ids 14.5-29 us (+47..+135%; before +117..+300%).
     """
     grad_out = sig.args[0]
     indices = next(t for t in sig.tensors_in()[1:] if _is_index(t))
     grad_weight = sig.tensors_out()[0]
-    num_weights = grad_weight.shape[0] if grad_weight.shape else 1
     n = indices.numel
-    bits = max(1, math.ceil(math.log2(max(num_weights, 2))))
-    sort_names = ["DeviceRadixSortHistogramKernel"] + ["DeviceRadixSortOnesweepKernel"] * ceil_div(bits, 8)
-    segment_names = ["krn_partials_per_segment", "krn_partial_segment_offset", "compute_grad_weight",
-                     "sum_and_scatter"]
-    pipeline_ns = EMBEDDING_BACKWARD_PIPELINE_NS / (len(sort_names) + len(segment_names))
-    zero = streaming_kernel("FillFunctor", ctx.gpu, footprint_bytes(grad_weight))
-    sort = tuple(streaming_kernel(name, ctx.gpu, 2 * n * 2 * INDEX_BYTES, extra_ns=pipeline_ns)
-                 for name in sort_names)
-    grad_bytes = footprint_bytes(grad_out)
-    segments = tuple(
-        streaming_kernel(name, ctx.gpu, 2 * grad_bytes if "grad" in name or "scatter" in name else 2 * n * INDEX_BYTES,
-                         extra_ns=pipeline_ns + (EMBEDDING_BACKWARD_NS_PER_WEIGHT * num_weights
-                                                 if name == "krn_partial_segment_offset" else 0.0))
-        for name in segment_names
-    )
-    return OpCost((zero,) + sort + segments)
+    dense_grad = float(grad_out.numel * grad_out.itemsize)
+    kernels = [elementwise_kernel("FillFunctor", ctx.gpu, float(footprint_bytes(grad_weight)))]
+    if footprint_bytes(grad_out) < dense_grad:  # broadcast: contiguous() writes it out
+        kernels.append(elementwise_kernel("elementwise_kernel<direct_copy>", ctx.gpu, 2 * dense_grad))
+    if n <= EMBEDDING_DIRECT_MAX_INDICES:
+        # torch's embedding_backward_feature_kernel: no sort, each block walks the indices and adds
+        # their gradient rows: the per-row accumulation of the segment kernels, timed by their curve
+        kernels.append(Kernel("embedding_backward_feature_kernel", kernel_ns("embedding_segments", dense_grad, 1, ctx.gpu),
+                              float(grad_out.numel), dense_grad))
+        return OpCost(tuple(kernels))
+    index_bytes = float(n * INDEX_BYTES)
+    kernels += onesweep_sort_kernels(index_bytes, ctx)
+    pipeline = kernel_ns("embedding_pipeline", index_bytes, 1, ctx.gpu)
+    kernels += [Kernel(name, pipeline / len(EMBEDDING_PIPELINE_KERNELS), 0.0, 0.0) for name in EMBEDDING_PIPELINE_KERNELS]
+    segments = kernel_ns("embedding_segments", dense_grad, 1, ctx.gpu)
+    kernels.append(Kernel("compute_grad_weight", segments / 2, float(grad_out.numel), dense_grad))
+    kernels.append(Kernel("sum_and_scatter", segments / 2, float(grad_out.numel), dense_grad))
+    return OpCost(tuple(kernels))
 
 
 # --- scatters -------------------------------------------------------------------------------

@@ -138,6 +138,13 @@ CLASSES: list[tuple[str, str, tuple[str, ...], str, str, Callable[[dict], float]
     # GELU on 16-bit tensors (~0.9 of a plain elementwise kernel's rate; fp32 GELU streams like
     # any elementwise kernel); ramp and L2 term: elementwise's
     ("gelu", "stream_l2", ("e",), "gelu_fwd_bwd:bf16", r"GeluCUDAKernelImpl|GeluBackwardCUDAKernelImpl", None),
+    # embedding backward (fp32, 8192 ids): the per-segment kernels scale with the gradient's bytes;
+    # the small cub/segment kernels around the sort are a fixed pipeline
+    ("embedding_segments", "stream", ("ramp_ns", "e"), "embedding_fwd_bwd", r"compute_grad_weight|sum_and_scatter",
+     lambda r: 4 * r["tokens"] * r["dim"]),
+    ("embedding_pipeline", "fixed", ("fixed_ns", "e"), "embedding_fwd_bwd",
+     r"UniqueByKey|DeviceScan|DeviceCompactInit|krn_partial|compute_num_of_partial|arange_cuda_out",
+     lambda r: 8 * r["tokens"]),
     # MoE routing and scatter ops
     ("topk", "fixed", ("fixed_ns", "e"), "topk", r"gatherTopK|bitonicSort", lambda r: 4 * r["tokens"] * r["experts"]),
     ("sort", "fixed", ("fixed_ns", "e"), "argsort", r".", lambda r: 8 * r["n"]),
