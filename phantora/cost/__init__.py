@@ -18,7 +18,9 @@ estimator for what it cannot run).
 Where each op family is modelled (analytical estimator): analytical.py (the estimator),
 families.py (op -> family table), roofline.py (shared pieces), gemm.py, conv.py,
 attention.py, pointwise.py, normalization.py, reductions.py, indexing.py, movement.py,
-losses.py, optimizers.py, copies.py, spectral.py, recurrent.py, host.py (host-side cost).
+losses.py, optimizers.py, copies.py, spectral.py, recurrent.py, host.py (host-side cost);
+fitted.py (the per-family efficiency curves the models read, fitted by sweep_fit.py to the H100
+kernel sweep in data/h100_sxm_sweep.jsonl, parameters in data/h100_sweep_fit.json).
 
 The simulator calls `estimate` once per distinct op signature and caches the result, so an
 estimator may be slow-ish (tens of microseconds) but must be deterministic.
