@@ -766,9 +766,15 @@ def note_result(func: Any, args: tuple, kwargs: dict, out: Any, exact: ExactInpu
     elif isinstance(out, (tuple, list)):
         if getattr(func, "is_view", False):  # unbind, split, chunk: views of the input's memory
             src = _first_tensor(args)
+            if src is None:
+                return
+            # src's value is read once: each output views its memory and takes the value that
+            # memory holds, which leaves it unchanged (FSDP2 chunks every parameter into
+            # world-size views). Its exactness is read per output: a partial view can clear it.
+            v = value_of(src)
             for o in out:
-                if isinstance(o, torch.Tensor) and is_virtual(o) and src is not None:
-                    set_value(o, value_of(src), exact.has(src))
+                if isinstance(o, torch.Tensor) and is_virtual(o):
+                    set_value(o, v, exact.has(src))
             return
         first = True
         for o in out:
