@@ -176,6 +176,8 @@ def observations(rows: list[dict]) -> list[Obs]:
     """Every sweep kernel that belongs to a class, with its size."""
     out = []
     for i, r in enumerate(rows):
+        if "kernels" not in r:  # a device row, or a case that failed ("error")
+            continue
         for cls, form, _, ops, pattern, nbytes in CLASSES:
             # "op:dtype" restricts a class to one dtype's cases
             if not any(r["op"] == o.split(":")[0] and (":" not in o or r.get("dtype") == o.split(":")[1])
