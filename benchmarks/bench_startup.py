@@ -1,6 +1,16 @@
 """Start-up cost per rank with and without the fork server (issue 17, item 6).
 
     python benchmarks/bench_startup.py [--ranks 1,8,16,32] [--what startup,fsdp]
+    python benchmarks/bench_startup.py --what matching [--ranks 1024,4096]
+
+`matching` times the simulator alone (no processes): one collective of an N-rank world group as
+`--ranks auto` joins it, the representative's call (its group parsed from the wire, as
+CollectiveCall.from_wire makes it) then N - 1 mirrored calls (their groups from
+mirrors.GroupFamilies), each matched by CollectiveMatcher.join and looked up by key once more as
+collective_lifecycle's _work_for does. A collective's key holds its group, so each join hashed and
+compared an N-tuple: the matching grew with GPUs x GPUs (issue 29, item 4). "interned" also
+gives the representative's call the shared group object (what CollectiveCall.from_wire would
+do with phantora.roles.rank_group).
 
 For each rank count, `phantora trace` runs twice per workload: with the ranks started by Popen
 (PHANTORA_FORK_SERVER=0) and forked from the fork server (the default). Workloads:
@@ -82,11 +92,39 @@ def run(ranks: int, workload: str, fork_server: bool, out: Path) -> Run:
     return Run(wall, usage.ru_utime + usage.ru_stime, peak[0])
 
 
+def matching(gpus: int, interned: bool, collectives: int = 5) -> float:
+    """Seconds per collective of matching its `gpus` members' calls (see the module docstring)."""
+    sys.path.insert(0, str(ROOT))
+    from phantora.engine.collectives import CollectiveCall, CollectiveMatcher
+    from phantora.engine.mirrors import GroupFamilies
+    from phantora.roles import rank_group
+
+    families = GroupFamilies()
+    families.add("0", tuple(range(gpus)))
+    matcher, works = CollectiveMatcher(), {}
+    t0 = time.perf_counter()
+    for seq in range(collectives):
+        wire = tuple(int(r) for r in range(gpus))
+        rep = CollectiveCall(0, "all_gather", rank_group(wire) if interned else wire, seq, 1 << 20, group_name="0")
+        for rank in range(gpus):
+            call = rep if rank == 0 else CollectiveCall(rank, "all_gather", families.counterpart("0", rank, 0)[1], seq,
+                                                       1 << 20, group_name="0", mirrored=True)
+            p = matcher.join(call)
+            works.setdefault(call.key, p)
+    return (time.perf_counter() - t0) / collectives
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="1,8,16,32")
-    ap.add_argument("--what", default="startup,fsdp", help="workloads: " + ", ".join(WORKLOADS))
+    ap.add_argument("--what", default="startup,fsdp", help="workloads: " + ", ".join(WORKLOADS) + ", or matching")
     args = ap.parse_args()
+    if args.what == "matching":
+        print(f"{'GPUs':>5} {'ms per collective':>18} {'interned':>9}")
+        for n in (int(x) for x in args.ranks.split(",")):
+            for interned in (False, True):
+                print(f"{n:>5} {matching(n, interned) * 1e3:>18.1f} {'yes' if interned else 'no':>9}", flush=True)
+        return
     print(f"{'workload':>8} {'ranks':>5} | {'Popen wall s':>12} {'CPU/rank s':>10} {'PSS/rank MiB':>12} | "
           f"{'fork wall s':>11} {'CPU/rank s':>10} {'PSS/rank MiB':>12} | {'wall x':>6} {'CPU x':>6}")
     with tempfile.TemporaryDirectory() as tmp:

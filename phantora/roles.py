@@ -33,6 +33,43 @@ from dataclasses import dataclass
 ENV = "PHANTORA_REPRESENTATIVES"  # comma-separated ranks that run as processes; unset: all ranks do
 
 
+class RankGroup(tuple):
+    """A process group's global ranks, in group order: a tuple that computes its hash once and
+    answers `rank in group` from a set. Collectives are matched by a key holding their group
+    (phantora/engine/collectives.py): with 1,000 mirrored ranks joining each collective of a
+    1,000-rank group, hashing the key and testing membership at every join made the matching
+    grow with GPUs x GPUs. Equal to, and hashed as, the plain tuple of the same ranks; build
+    one with rank_group(), which hands out one object per distinct group, so that keys also
+    compare by identity."""
+
+    def __new__(cls, ranks: tuple[int, ...]) -> "RankGroup":
+        self = super().__new__(cls, ranks)
+        self._hash = tuple.__hash__(self)
+        self._set = frozenset(self)
+        return self
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __contains__(self, rank: object) -> bool:
+        return rank in self._set
+
+    def __reduce__(self) -> tuple:
+        return rank_group, (tuple(self),)
+
+
+_GROUPS: dict[tuple[int, ...], RankGroup] = {}
+
+
+def rank_group(ranks: "tuple[int, ...] | list[int]") -> RankGroup:
+    """The one RankGroup of these ranks (in this order)."""
+    key = tuple(ranks)
+    group = _GROUPS.get(key)
+    if group is None:
+        group = _GROUPS[key] = RankGroup(key)
+    return group
+
+
 class RanksChoiceError(ValueError):
     """--ranks names ranks that cannot stand for the world (the message says what to pass)."""
 

@@ -27,7 +27,7 @@ from typing import Callable
 from phantora.engine.collectives import P2P_OPS, CollectiveCall, CollectiveMismatch
 from phantora.engine.ranks import CallError
 from phantora.engine.trace_events import TraceEvents
-from phantora.roles import RankRoles
+from phantora.roles import RankRoles, rank_group
 
 MIRROR_COLLECTIVES_TRACK = 3  # a mirrored rank's trace process: its collectives (steps on the step track)
 
@@ -141,7 +141,7 @@ class GroupFamilies:
             fam = self._last = GroupFamily(shape)
         for m in members:
             fam.by_rank[m] = name
-        self.members[name] = members
+        self.members[name] = rank_group(members)  # the group of every mirrored call on it (counterpart)
         self.family[name] = fam
 
     def outermost(self, world_size: int) -> tuple[int, ...] | None:

@@ -4,6 +4,9 @@ ranks that run."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 
 from phantora import protocol as P
@@ -12,7 +15,7 @@ from phantora.engine.mirrors import GroupFamilies, RanksDiverged, RolesRefuted
 from phantora.hardware import lookup_gpu
 from phantora.net.cluster import load_cluster
 from phantora.net.network import Network
-from phantora.roles import RankRoles, RanksChoiceError
+from phantora.roles import RankGroup, RankRoles, RanksChoiceError, rank_group
 
 from engine.test_collectives import TIMING, SliceRecorder, kernel  # noqa: E402
 from engine.test_engine import FixedEstimator  # noqa: E402
@@ -29,6 +32,19 @@ def test_ranks_choice_parses_all_auto_and_lists():
     stages = RankRoles.parse("0,8,16,24", 32)
     assert [stages.representative(r) for r in (0, 7, 8, 15, 16, 31)] == [0, 0, 8, 8, 16, 24]
     assert list(stages.mirrors_of(8)) == list(range(9, 16)) and stages.runs(16) and not stages.runs(17)
+
+
+def test_a_rank_group_is_its_tuple_shared_and_answers_membership():
+    g = rank_group([4, 0, 2])
+    assert isinstance(g, RankGroup) and g == (4, 0, 2) and hash(g) == hash((4, 0, 2))
+    assert 0 in g and 2 in g and 1 not in g and g.index(2) == 2 and list(g) == [4, 0, 2]
+    assert rank_group((4, 0, 2)) is g and rank_group((0, 2, 4)) is not g  # one object per group, order kept
+    assert {(("pg", (4, 0, 2), 7)): "work"}[("pg", g, 7)] == "work"  # finds keys made with plain tuples
+    assert pickle.loads(pickle.dumps(g)) is g and copy.deepcopy(g) is g
+    families = GroupFamilies()
+    families.add("tp1", (4, 5))
+    families.add("tp0", (0, 1))
+    assert families.counterpart("tp0", 5, 1) == ("tp1", (4, 5)) and families.counterpart("tp0", 5, 1)[1] is rank_group((4, 5))
 
 
 @pytest.mark.parametrize("text, says", [("8,16", "rank 0 must be a representative"),
