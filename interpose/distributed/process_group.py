@@ -696,10 +696,29 @@ def _report_groups() -> None:
                                   store: Any, group_name: str, *args: Any, **kwargs: Any) -> Any:
         ranks = list(global_ranks_in_group) or list(range(group_size))
         _rt.client.note_record([P.R_GROUP, str(group_name), ranks])
+        if str(backend).lower() == "gloo":
+            _refuse_gloo_with_mirrored_members(ranks, group_name)
         return original(group_size, group_rank, global_ranks_in_group, backend, store, group_name, *args, **kwargs)
 
     _new_process_group_helper.__wrapped__ = original  # type: ignore[attr-defined]
     c10d._new_process_group_helper = _new_process_group_helper
+
+
+def _refuse_gloo_with_mirrored_members(ranks: list[int], group_name: Any) -> None:
+    """A gloo group connects every member to every other through the store when it is created;
+    a mirrored rank has no process to connect, so the creation would wait out gloo's timeout
+    (30 minutes). Fail now instead, saying what to change."""
+    from phantora.roles import RankRoles
+
+    running = set(RankRoles.from_env(dist.get_world_size()).representatives)
+    absent = [r for r in ranks if r not in running]
+    if absent:
+        raise RuntimeError(
+            f"rank {dist.get_rank()}: new_group(backend='gloo') over ranks {ranks[:8]}{' ...' if len(ranks) > 8 else ''} "
+            f"(group {group_name}) includes rank {absent[0]}, which phantora mirrors (--ranks) and runs no process for; "
+            "gloo connects every member's process when the group is created. Run every rank (--ranks all), or do not "
+            "create gloo groups (Megatron: --disable-gloo-process-groups, i.e. "
+            "initialize_model_parallel(create_gloo_process_groups=False))")
 
 
 def _identify_at_init() -> None:
