@@ -696,29 +696,35 @@ def _report_groups() -> None:
                                   store: Any, group_name: str, *args: Any, **kwargs: Any) -> Any:
         ranks = list(global_ranks_in_group) or list(range(group_size))
         _rt.client.note_record([P.R_GROUP, str(group_name), ranks])
-        if str(backend).lower() == "gloo":
-            _refuse_gloo_with_mirrored_members(ranks, group_name)
+        if str(backend).lower() == "gloo" and _has_mirrored_member(ranks):
+            _warn_gloo_simulated(ranks, group_name)
+            backend = "nccl"  # phantora's simulated backend (SimProcessGroup), which mirrors ranks
         return original(group_size, group_rank, global_ranks_in_group, backend, store, group_name, *args, **kwargs)
 
     _new_process_group_helper.__wrapped__ = original  # type: ignore[attr-defined]
     c10d._new_process_group_helper = _new_process_group_helper
 
 
-def _refuse_gloo_with_mirrored_members(ranks: list[int], group_name: Any) -> None:
-    """A gloo group connects every member to every other through the store when it is created;
-    a mirrored rank has no process to connect, so the creation would wait out gloo's timeout
-    (30 minutes). Fail now instead, saying what to change."""
+def _has_mirrored_member(ranks: list[int]) -> bool:
     from phantora.roles import RankRoles
 
     running = set(RankRoles.from_env(dist.get_world_size()).representatives)
-    absent = [r for r in ranks if r not in running]
-    if absent:
-        raise RuntimeError(
-            f"rank {dist.get_rank()}: new_group(backend='gloo') over ranks {ranks[:8]}{' ...' if len(ranks) > 8 else ''} "
-            f"(group {group_name}) includes rank {absent[0]}, which phantora mirrors (--ranks) and runs no process for; "
-            "gloo connects every member's process when the group is created. Run every rank (--ranks all), or do not "
-            "create gloo groups (Megatron: --disable-gloo-process-groups, i.e. "
-            "initialize_model_parallel(create_gloo_process_groups=False))")
+    return any(r not in running for r in ranks)
+
+
+def _warn_gloo_simulated(ranks: list[int], group_name: Any) -> None:
+    """A gloo group connects every member's process to every other through the store when it
+    is created; a mirrored rank has no process, so creating one would wait out gloo's 30-minute
+    timeout. Megatron-Core's distributed optimizer needs its gloo data-parallel groups to exist
+    (for checkpointing), so such a group is made by phantora's simulated backend instead, as an
+    NCCL group is, and the user is told once."""
+    if getattr(_warn_gloo_simulated, "told", False):
+        return
+    _warn_gloo_simulated.told = True  # type: ignore[attr-defined]
+    print(f"phantora: rank {dist.get_rank()}: new_group(backend='gloo') over ranks {ranks[:8]}"
+          f"{' ...' if len(ranks) > 8 else ''} (group {group_name}) includes ranks phantora mirrors (--ranks), which "
+          "have no process for gloo to connect: such groups are simulated by phantora's NCCL stand-in (their "
+          "collectives timed as NCCL's); --ranks all runs gloo itself", file=sys.stderr, flush=True)
 
 
 def _identify_at_init() -> None:

@@ -56,8 +56,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-microbatches", type=int, default=4)
     p.add_argument("--train-iters", type=int, default=5)
     p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--disable-gloo-process-groups", dest="gloo_groups", action="store_false",
-                   help="as Megatron-LM's flag: no gloo groups beside the NCCL ones (they serve checkpointing only)")
     p.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false")
     p.add_argument("--no-overlap-param-gather", dest="overlap_param_gather", action="store_false")
     p.add_argument("--no-check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad",
@@ -75,16 +73,14 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def initialize_distributed(tp: int, pp: int, vp: int | None, ep: int = 1, etp: int | None = None,
-                           gloo_groups: bool = True) -> None:
+def initialize_distributed(tp: int, pp: int, vp: int | None, ep: int = 1, etp: int | None = None) -> None:
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
     torch.distributed.init_process_group(backend="nccl", rank=int(os.environ["RANK"]),
                                          world_size=int(os.environ["WORLD_SIZE"]))
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                              virtual_pipeline_model_parallel_size=vp, expert_model_parallel_size=ep,
-                                             expert_tensor_parallel_size=etp,
-                                             create_gloo_process_groups=gloo_groups)
+                                             expert_tensor_parallel_size=etp)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
 
 
@@ -183,7 +179,7 @@ def num_floating_point_operations(args: argparse.Namespace, batch_size: int) -> 
 
 def main() -> None:
     args = parse_args()
-    initialize_distributed(args.tp, args.pp, args.vp, args.ep, args.etp, args.gloo_groups)
+    initialize_distributed(args.tp, args.pp, args.vp, args.ep, args.etp)
     rank = torch.distributed.get_rank()
     world = torch.distributed.get_world_size()
     dp = parallel_state.get_data_parallel_world_size()
