@@ -37,7 +37,7 @@ R_OOM = 13  # [R_OOM, device, requested_bytes, message]: an allocation failed in
 R_HOST = 14  # [R_HOST, kind, count]: Python-level work with modelled host time (cost/host.py)
 R_WORK_WAIT = 15  # [R_WORK_WAIT, work_id, device, stream_id, host_blocks]: Work.wait() on a collective
 R_STEP = 16  # [R_STEP]: the script's (first) optimizer finished a step: a training-step marker
-R_GROUP = 17  # [R_GROUP, group name, global ranks]: a process group was created (sent with --ranks, phantora/roles.py)
+R_GROUP = 17  # [R_GROUP, group name, global ranks, backend]: a process group was created (sent with --ranks, phantora/roles.py)
 # [R_ROUTING, layer, sub, label, experts, k, counts]: a MoE router's decision (interpose/values/routing.py), sent when
 # the counts of (layer, sub, experts) change: tokens routed to each expert, top-k
 R_ROUTING = 18

@@ -695,7 +695,7 @@ def _report_groups() -> None:
     def _new_process_group_helper(group_size: int, group_rank: int, global_ranks_in_group: list[int], backend: Any,
                                   store: Any, group_name: str, *args: Any, **kwargs: Any) -> Any:
         ranks = list(global_ranks_in_group) or list(range(group_size))
-        _rt.client.note_record([P.R_GROUP, str(group_name), ranks])
+        _rt.client.note_record([P.R_GROUP, str(group_name), ranks, str(backend).lower()])
         if str(backend).lower() == "gloo" and _has_mirrored_member(ranks):
             _warn_gloo_simulated(ranks, group_name)
             backend = "nccl"  # phantora's simulated backend (SimProcessGroup), which mirrors ranks

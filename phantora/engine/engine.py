@@ -249,7 +249,7 @@ class Engine:
                     self.mirrors.witness.step(rank, st.ops, self._warn_once)
             elif kind == P.R_GROUP:
                 if self.mirrors is not None:
-                    self.mirrors.groups.add(str(rec[1]), tuple(int(r) for r in rec[2]))
+                    self.mirrors.groups.add(str(rec[1]), tuple(int(r) for r in rec[2]), str(rec[3]) if len(rec) > 3 else "")
             elif kind == P.R_HOST:
                 host.host_event(st, str(rec[1]), int(rec[2]))
             elif kind == P.R_WORK_WAIT:

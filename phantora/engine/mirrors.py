@@ -130,15 +130,17 @@ class GroupFamilies:
     def __init__(self) -> None:
         self.members: dict[str, tuple[int, ...]] = {}
         self.family: dict[str, GroupFamily] = {}
-        self._last: GroupFamily | None = None
+        self._last: dict[str, GroupFamily] = {}  # per backend: the family the last group joined
 
-    def add(self, name: str, members: tuple[int, ...]) -> None:
+    def add(self, name: str, members: tuple[int, ...], backend: str = "") -> None:
+        """`backend` keeps interleaved loops apart: Megatron-Core creates each data-parallel
+        group's gloo twin right after it (same ranks), which would otherwise end the family."""
         if name in self.members or not members:
             return
         shape = tuple(m - members[0] for m in members)
-        fam = self._last
+        fam = self._last.get(backend)
         if fam is None or fam.shape != shape or any(m in fam.by_rank for m in members):
-            fam = self._last = GroupFamily(shape)
+            fam = self._last[backend] = GroupFamily(shape)
         for m in members:
             fam.by_rank[m] = name
         self.members[name] = rank_group(members)  # the group of every mirrored call on it (counterpart)

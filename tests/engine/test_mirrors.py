@@ -72,6 +72,16 @@ def test_a_mirrored_rank_uses_the_group_of_the_same_family_that_contains_it():
     assert g.counterpart("0", 5, 0) == ("0", tuple(range(8)))
 
 
+def test_gloo_twins_created_between_the_nccl_groups_of_a_loop_keep_both_families():
+    """Megatron-Core creates each data-parallel group's gloo twin (same ranks) right after it."""
+    g = GroupFamilies()
+    for i, members in enumerate([(0, 4), (1, 5), (2, 6), (3, 7)]):
+        g.add(f"dp{i}", members, "nccl")
+        g.add(f"dp{i}_gloo", members, "gloo")
+    assert g.counterpart("dp0", 5, 0) == ("dp1", (1, 5))
+    assert g.counterpart("dp0_gloo", 7, 0) == ("dp3_gloo", (3, 7))
+
+
 def mirrored_engine(world: int, roles: str, sink=None) -> Engine:
     net = Network(load_cluster("dgx-h100", nodes=1))
     e = Engine(lookup_gpu("h100"), FixedEstimator(), sink or SliceRecorder(), TIMING, network=net)
