@@ -44,6 +44,17 @@ BLACKWELL_SM = {"fp64": 128, "fp32": 256, "tf32": 4096, "bf16": 8192, "fp16": 81
 # fp64 on Hopper / Ampere runs on the tensor cores (DMMA) but is stated at the SIMT boost clock in
 # the datasheets (H100 SXM 66.9 TFLOP/s = 132 x 256 x 1.98 GHz), so it is not in TENSOR_TYPES.
 
+# Bytes per clock per SM that the H100 sweep's kernels are measured against: on the H100 the SMs
+# and DRAM stream at the same ~3.0 TB/s (3.015e12 / (132 x 1.98 GHz) = 11.54 B/clk/SM). A kernel
+# that reached under fitted.SM_BOUND_BELOW of that rate did not wait on DRAM but on its SMs
+# (issue, atomics, one block per channel, latency with little parallelism), so on another GPU it
+# runs at the same fraction of SMs x clock x this figure: one fact of the SM, not of the memory.
+# The same Hopper SM streams more when the DRAM allows (a d2d copy moves ~4.3 TB/s on the lent
+# H200, 16.5 B/clk/SM), so this is the normalizer of the SM-bound rule, not the SM's ceiling.
+# Blackwell (B200) takes it too, for want of a measurement: its SM-bound kernels then scale with
+# SMs x clock, 148 / 132 of the H100's.
+SM_BOUND_BYTES_PER_CLK = 11.54
+
 
 @dataclass(frozen=True)
 class GPUSpec:
@@ -76,11 +87,12 @@ class GPUSpec:
     # Fraction of hbm_bandwidth that large streaming kernels (copy, add) sustain, counting bytes
     # read plus bytes written.
     memory_efficiency: float = 0.90
-    # Bytes per clock per SM that the SMs move for a streaming kernel at the boost clock. Kernels
-    # that reach well under the streaming rate (BatchNorm's channels_last passes, column
-    # reductions, unaligned convolutions: phantora/cost/roofline.py SM_BOUND_BELOW) are limited
-    # on the SM side, not by DRAM, so they run at a fraction of this rate whatever the HBM.
-    sm_stream_bytes_per_clk: float = 11.54
+    # Bytes per clock per SM of the SM-bound rule (SM_BOUND_BYTES_PER_CLK above). Kernels that
+    # reach well under the streaming rate (BatchNorm's channels_last passes, column reductions,
+    # unaligned convolutions: phantora/cost/fitted.py SM_BOUND_BELOW, streaming_rate) are limited
+    # on the SM side, not by DRAM, so they run at a fraction of SMs x boost clock x this,
+    # whatever the HBM.
+    sm_stream_bytes_per_clk: float = SM_BOUND_BYTES_PER_CLK
     # Fraction of the bf16/fp16 dense peak that the main loop of each fused SDPA backend
     # sustains at head dim 128 on long sequences ("cudnn", "flash" = FlashAttention-2 kernels
     # bundled with torch, "efficient" = the CUTLASS memory-efficient kernels).
@@ -124,7 +136,7 @@ class GPUSpec:
 
     @property
     def sm_stream_bandwidth(self) -> float:
-        """Bytes/s the SMs move for a streaming kernel: SMs x boost clock x bytes/clk/SM."""
+        """Bytes/s of the SM-bound rule (fitted.streaming_rate): SMs x boost clock x bytes/clk/SM."""
         return self.sm_count * self.boost_clock_mhz * 1e6 * self.sm_stream_bytes_per_clk
 
 
@@ -153,10 +165,7 @@ H100_SXM_80GB = GPUSpec(
     # 4096x8192x8192 ~795; fp32 4096^3 ~51 of 67 TFLOP/s. 0.78 fits the large shapes.
     gemm_efficiency=0.78,
     memory_efficiency=0.90,  # measured: add/copy on 2^28 elements ~3.0 TB/s of 3.35
-    # The Hopper SM's streaming rate: on this H100 the SMs and DRAM sustain the same ~3.0 TB/s
-    # (3.015e12 / (132 x 1.98 GHz) = 11.54 B/clk/SM), which is what the H100-fitted fractions of
-    # streaming bandwidth below it were measured against.
-    sm_stream_bytes_per_clk=11.54,
+    sm_stream_bytes_per_clk=SM_BOUND_BYTES_PER_CLK,  # defined by this GPU's streaming rate (above)
     # Fitted with phantora/cost/attention.py's constants to the calibration SDPA points
     # (cuDNN, the backend torch 2.11 picked on this H100) and to torch.profiler kernel
     # times of each backend (tests/data/groundtruth/h100_kernel_profile.json): cuDNN 146 us, FA2 273 us,
@@ -190,7 +199,7 @@ H200_SXM_141GB = GPUSpec(
     # the datasheet peak; the H100's large-shape fit is kept where no H200 shape table exists.
     gemm_efficiency=0.79,
     memory_efficiency=0.90,  # seen on the lent H200: a d2d copy moved ~4.3 TB/s of 4.8
-    sm_stream_bytes_per_clk=11.54,  # the H100's SM at the H100's clock: SM-bound kernels run as fast as there
+    sm_stream_bytes_per_clk=SM_BOUND_BYTES_PER_CLK,  # the H100's SM at the H100's clock: SM-bound kernels run as fast as there
     attention_efficiency={"cudnn": 0.84, "flash": 0.57, "efficient": 0.29},  # estimate: as H100 (same SM)
     pinned_copy_bandwidth=55e9,  # estimate: same PCIe gen5 host link as the H100
     pageable_copy_bandwidth=25e9,
@@ -252,7 +261,9 @@ B200_SXM_180GB = GPUSpec(
     # kernels in torch are sm80 code without Blackwell tensor-core instructions.
     gemm_efficiency=0.72,
     memory_efficiency=0.85,
-    sm_stream_bytes_per_clk=23.2,  # estimate: SM side matched to its DRAM, as measured on the H100
+    # SM-bound kernels scale with SMs x clock (SM_BOUND_BYTES_PER_CLK); was 23.2 ("SM side matched
+    # to its DRAM"), which the H200's 16.5 B/clk/SM copy shows is not how the Hopper SM is sized
+    sm_stream_bytes_per_clk=SM_BOUND_BYTES_PER_CLK,
     attention_efficiency={"cudnn": 0.80, "flash": 0.30, "efficient": 0.20},
     exp_cost_flops=512.0,
     pinned_copy_bandwidth=55e9,

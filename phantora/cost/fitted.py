@@ -11,14 +11,29 @@ every GPU in phantora/hardware.py. How they scale from the H100 they were fitted
 - `e` (stream, stream_l2, fixed, channel forms): a fraction of the GPU's achieved HBM bandwidth
   (GPUSpec.achieved_memory_bandwidth = datasheet HBM x memory_efficiency); where e < SM_BOUND_BELOW
   the kernel did not saturate the H100's DRAM, so it is a fraction of the SMs' streaming rate
-  instead (sm_stream_bandwidth = SMs x boost clock x bytes/clk/SM): H200 (same 132 SMs and clock,
-  4.8 TB/s) runs the bandwidth-bound kernels ~1.4x faster and the SM-bound ones (depthwise NHWC,
-  BatchNorm statistics, index_add) at the H100's speed; B200 (148 SMs, ~2x the SM streaming rate,
-  8 TB/s) speeds both up;
+  instead (sm_stream_bandwidth = SMs x boost clock x hardware.SM_BOUND_BYTES_PER_CLK): H200 (same
+  132 SMs and clock, 4.8 TB/s) runs the bandwidth-bound kernels 1.43x faster (4.32 / 3.015 TB/s
+  achieved: the same 0.90 of the datasheet, each measured with a large copy) and the SM-bound
+  ones (depthwise NHWC, BatchNorm statistics, index_add) at the H100's speed; B200 (148 SMs,
+  8 TB/s) runs the bandwidth-bound ones 2.26x faster and the SM-bound ones 148/132 = 1.12x;
 - `b` (channel form): a fraction of one SM's streaming rate per channel block;
 - "simt" `e`: a fraction of the fp32 SIMT peak (SMs x clock x 256 FLOP/clk for Hopper);
 - ramps, fixed costs and per-channel block costs (`c_ns` / SMs) in ns, the L2 term by the GPU's
   L2 size. Nothing here is measured on an H200 or B200: the scaling is the model's assumption.
+The hand-set efficiencies of the other families go through the same rule (roofline.memory_ns
+calls streaming_rate), and per-SM rates measured in items per ns are stated per clock
+(roofline.sm_rate_per_ns). Which side of SM_BOUND_BELOW the families with the most bytes fall on,
+from the sweep (tests/cost/test_sweep_fit.py checks it):
+- multi-tensor-apply optimizers (optimizers.py): foreach AdamW over 148 x 1M and 30 x 16M fp32
+  tensors ran 4,560 and 14,683 us against 4,420 and 14,311 at the full streaming rate (0.97 of
+  it), fused AdamW 0.88 (FUSED_OPTIMIZER_EFFICIENCY), SGD 0.93: DRAM-bound, so they scale with HBM.
+  Many tensors cost launches (launch_element_counts), not SM-bound bandwidth;
+- casts and copies (copies.py, pointwise.cast, movement.py): the RMSNorm cases' four _to_copy
+  casts ran at or above the full rate (211 us against 273 for 8192 x 4096: L2 reuse); DRAM-bound;
+- from the fit (data/h100_sweep_fit.json): the elementwise curve (e 0.99), GELU, BatchNorm's NCHW
+  backward and NHWC elementwise passes, histc are DRAM-bound; BatchNorm's NCHW statistics and
+  transform and NHWC statistics and backward reduction, depthwise NHWC, cuDNN's layout
+  conversions, index_add, scatter_add, the embedding segments and MoE routing are SM-bound.
 `using(classes)` swaps the parameters for a block (leave-one-out in benchmarks/bench_sweep_fit.py).
 """
 
@@ -35,7 +50,7 @@ FIT_FILE = Path(__file__).with_name("data") / "h100_sweep_fit.json"
 # A kernel fitted at less than this fraction of the streaming rate does not saturate DRAM on the
 # GPU it was fitted on (the H100): its limit is on the SM side, so its rate is that fraction of
 # the SMs' streaming rate (GPUSpec.sm_stream_bandwidth), which more HBM bandwidth does not raise.
-# (roofline.memory_ns applies the same rule to the hand-set efficiencies.)
+# (roofline.memory_ns calls streaming_rate: the same rule for the hand-set efficiencies.)
 SM_BOUND_BELOW = 0.8
 
 

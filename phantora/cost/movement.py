@@ -17,6 +17,7 @@ from phantora.cost.roofline import (
     footprint_bytes,
     input_tensors,
     single,
+    sm_rate_per_ns,
     streaming_kernel,
 )
 from phantora.ops import OpSignature, TensorMeta
@@ -64,9 +65,10 @@ def pool_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
 # h100_resnet50_b128: 128x64x112^2 bf16 channels_last, 3x3/2 -> 56^2, 231M taps):
 # max_pool_forward_nhwc 433 us (4.05 taps/ns per SM; streaming its 462 MB would take 155 us),
 # max_pool_backward_nhwc 913 us (1.92 taps/ns per SM) after a 63 us zero fill. One point each:
-# fitted, not validated; the NCHW kernels are assumed to walk the same taps.
-MAX_POOL_FORWARD_TAPS_PER_NS_PER_SM = 4.05
-MAX_POOL_BACKWARD_TAPS_PER_NS_PER_SM = 1.92
+# fitted, not validated; the NCHW kernels are assumed to walk the same taps. Stated per clock
+# (the H100's boost clock is 1.98 GHz) so that they carry to another GPU by SMs x clock.
+MAX_POOL_FORWARD_TAPS_PER_CLK_PER_SM = 4.05 / 1.98
+MAX_POOL_BACKWARD_TAPS_PER_CLK_PER_SM = 1.92 / 1.98
 
 
 def _window_taps(out: TensorMeta, sig: OpSignature, at: int) -> float:
@@ -79,9 +81,9 @@ def _window_taps(out: TensorMeta, sig: OpSignature, at: int) -> float:
     return float(out.numel * kvol)
 
 
-def _tap_bound(name: str, ctx: CostContext, nbytes: float, taps: float, taps_per_ns_per_sm: float) -> Kernel:
+def _tap_bound(name: str, ctx: CostContext, nbytes: float, taps: float, taps_per_clk_per_sm: float) -> Kernel:
     k = streaming_kernel(name, ctx.gpu, nbytes)
-    tap_ns = ctx.gpu.kernel_ramp_ns + taps / (taps_per_ns_per_sm * ctx.gpu.sm_count)
+    tap_ns = ctx.gpu.kernel_ramp_ns + taps / sm_rate_per_ns(ctx.gpu, taps_per_clk_per_sm)
     return Kernel(name, max(k.duration_ns, tap_ns), 0.0, nbytes)
 
 
@@ -90,7 +92,7 @@ def max_pool(sig: OpSignature, ctx: CostContext) -> OpCost:
     out = sig.tensors_out()[0]
     nbytes = float(bytes_read(sig) + bytes_written(sig))
     return single(_tap_bound("max_pool_forward_kernel", ctx, nbytes, _window_taps(out, sig, 1),
-                             MAX_POOL_FORWARD_TAPS_PER_NS_PER_SM))
+                             MAX_POOL_FORWARD_TAPS_PER_CLK_PER_SM))
 
 
 def max_pool_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
@@ -100,7 +102,7 @@ def max_pool_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
     written = bytes_written(sig)
     zero = streaming_kernel("FillFunctor", ctx.gpu, written)
     scatter = _tap_bound("max_pool_backward_kernel", ctx, float(bytes_read(sig) + written),
-                         _window_taps(grad_out, sig, 2), MAX_POOL_BACKWARD_TAPS_PER_NS_PER_SM)
+                         _window_taps(grad_out, sig, 2), MAX_POOL_BACKWARD_TAPS_PER_CLK_PER_SM)
     return OpCost((zero, scatter))
 
 

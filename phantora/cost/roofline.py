@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from phantora.cost.estimate import COMPUTE
-from phantora.cost.fitted import SM_BOUND_BELOW, kernel_ns
+from phantora.cost.fitted import kernel_ns, streaming_rate
 from phantora.hardware import GPUSpec
 from phantora.ops import OpSignature, TensorMeta
 
@@ -134,17 +134,20 @@ def largest_tensor(tensors: list[TensorMeta]) -> TensorMeta | None:
 
 # --- time ----------------------------------------------------------------------------------
 
-# SM_BOUND_BELOW (fitted.py): a kernel fitted at less than that fraction of the streaming rate
-# does not saturate DRAM on the GPU it was fitted on (the H100): its limit is on the SM side, so
-# its rate is that fraction of the SMs' streaming rate (GPUSpec.sm_stream_bandwidth).
-
-
 def memory_ns(nbytes: float, gpu: GPUSpec, efficiency: float = 1.0) -> float:
-    """Time to stream `nbytes` through HBM, ramp included (the achieved-bandwidth curve)."""
-    bandwidth = gpu.achieved_memory_bandwidth * efficiency
-    if efficiency < SM_BOUND_BELOW:
-        bandwidth = min(gpu.achieved_memory_bandwidth, gpu.sm_stream_bandwidth * efficiency)
-    return gpu.kernel_ramp_ns + nbytes / bandwidth * 1e9
+    """Time to stream `nbytes` through HBM, ramp included (the achieved-bandwidth curve).
+    `efficiency` is a fraction of the H100's streaming rate, carried to `gpu` by the one rule of
+    fitted.streaming_rate: of the achieved HBM bandwidth from SM_BOUND_BELOW up, of the SMs'
+    streaming rate below it."""
+    return gpu.kernel_ramp_ns + nbytes / streaming_rate(gpu, efficiency) * 1e9
+
+
+def sm_rate_per_ns(gpu: GPUSpec, per_clk_per_sm: float) -> float:
+    """Items per ns of a kernel bound by its SMs (issue, shared memory, one row or window per
+    thread), at `per_clk_per_sm` items per clock per SM: SMs x boost clock x that. The H100-measured
+    rates of such kernels are stated per clock so that they carry to another GPU by SMs x clock, as
+    the SM-bound rule of fitted.streaming_rate does for bytes."""
+    return per_clk_per_sm * gpu.sm_count * gpu.boost_clock_mhz * 1e-3
 
 
 def simt_ns(flops: float, gpu: GPUSpec, compute_type: str = "fp32", efficiency: float = 0.7) -> float:

@@ -30,9 +30,9 @@ launch and single-block phases.
 How the curves transfer to other GPUs (H200, B200: phantora/hardware.py): `e` scales with the
 GPU's achieved HBM bandwidth, `b` with its per-SM streaming rate (SM clock x bytes per clock),
 `c` is per channel spread over the GPU's SMs; ramps and fixed costs stay in ns. Where a class's
-fitted `e` is under roofline.SM_BOUND_BELOW, memory_ns treats it as SM-bound, so more HBM
+fitted `e` is under fitted.SM_BOUND_BELOW, fitted.streaming_rate treats it as SM-bound, so more HBM
 bandwidth does not speed it up (H200's 4.8 TB/s leaves a 0.07-efficiency depthwise kernel as slow
-as on the H100; B200's twice-as-wide SM side does not).
+as on the H100; B200 speeds it up by its SMs x clock only, 148 / 132).
 
 The fitted parameters live in data/h100_sweep_fit.json (this module writes it; fitted.py reads
 it for the models). Leave-one-out figures: benchmarks/bench_sweep_fit.py --loo.
