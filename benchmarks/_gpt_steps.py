@@ -2,7 +2,9 @@
 
     python benchmarks/_gpt_steps.py --fake-only      # shim + FakeTensorMode alone, no simulator
     phantora trace -o x.json -- python benchmarks/_gpt_steps.py   # the whole pipeline
-Prints one JSON line: {"mode", "steps", "wall_s_per_step", "simulated_s_per_step", "ops_per_step"}.
+Prints one JSON line: {"mode", "steps", "wall_s_per_step", "cpu_s_per_step", "simulated_s_per_step",
+"ops_per_step"}; cpu is this process's CPU time (time.process_time, which phantora leaves real), so
+it leaves out the simulator process, which shares the machine's cores with it.
 
 Real time is read with datetime.now(): under phantora every time.* clock reads the rank's
 simulated host clock, including copies bound before torch was imported (`from time import
@@ -73,7 +75,7 @@ if not args.fake_only:
     from interpose import runtime
 
     ops0 = runtime.get().observer.ops_seen
-t0, sim0 = real_s(), time.perf_counter()
+t0, cpu0, sim0 = real_s(), time.process_time(), time.perf_counter()
 for _ in range(args.steps):
     step()
 if not args.fake_only:
@@ -81,7 +83,8 @@ if not args.fake_only:
 
     runtime.get().client.call(protocol.C_NOW)  # waits until the simulator has processed every op
 wall = (real_s() - t0) / args.steps
+cpu = (time.process_time() - cpu0) / args.steps
 simulated = (time.perf_counter() - sim0) / args.steps
 ops = None if ops0 is None else (runtime.get().observer.ops_seen - ops0) / args.steps
 print(json.dumps({"mode": "fake-only" if args.fake_only else "phantora", "steps": args.steps,
-                  "wall_s_per_step": wall, "simulated_s_per_step": simulated, "ops_per_step": ops}))
+                  "wall_s_per_step": wall, "cpu_s_per_step": cpu, "simulated_s_per_step": simulated, "ops_per_step": ops}))

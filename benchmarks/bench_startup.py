@@ -12,6 +12,13 @@ compared an N-tuple: the matching grew with GPUs x GPUs (issue 29, item 4). "int
 gives the representative's call the shared group object (what CollectiveCall.from_wire would
 do with phantora.roles.rank_group).
 
+matching, 2026-11-27 on the 2-core machine under a load average of 13-18 (one run each, same minute):
+  GPUs | before RankGroup | mirrored groups shared (now) | representative's call interned too
+  1024 |         175.3 ms |                     105.0 ms |                            19.6 ms
+  4096 |       2,830.2 ms |                   1,585.9 ms |                            98.0 ms
+An FSDP2 step has ~100 world-group collectives (196 per rank in the 1-step Llama 8B run of
+bench_scale.py), so at 4,096 GPUs the matching alone was minutes of the run.
+
 For each rank count, `phantora trace` runs twice per workload: with the ranks started by Popen
 (PHANTORA_FORK_SERVER=0) and forked from the fork server (the default). Workloads:
   startup  the FSDP2 example's start alone (benchmarks/_startup_only.py: its imports, joining the
