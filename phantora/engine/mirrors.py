@@ -3,8 +3,12 @@
 With `--ranks` (phantora/roles.py) only representatives run the program. When a representative
 joins a collective, each rank it stands for joins the same collective on *its* group: the group
 of the same family that contains it. A family is one loop of new_group calls (a DeviceMesh
-dimension, one of Megatron's parallel groups): consecutive groups of the same shape that do not
-overlap, e.g. the 128 data-parallel groups of a TP 8 x DP 128 mesh. Every process of a job
+dimension, one of Megatron's parallel groups): groups of the same shape and backend that do not
+overlap, e.g. the 128 data-parallel groups of a TP 8 x DP 128 mesh. A loop may create several
+kinds of group per step (Megatron-Core: each pipeline group, then its embedding groups; each
+data-parallel group, then the same ranks again as its data-parallel-with-context group and its
+gloo twin), so a group joins the oldest family of its shape and backend that holds none of its
+ranks, and starts a new one if every such family does. Every process of a job
 creates every group, so each representative reports them all (R_GROUP).
 
 A mirrored rank reaches its collective when its representative's stream does, so on a network
@@ -130,17 +134,17 @@ class GroupFamilies:
     def __init__(self) -> None:
         self.members: dict[str, tuple[int, ...]] = {}
         self.family: dict[str, GroupFamily] = {}
-        self._last: dict[str, GroupFamily] = {}  # per backend: the family the last group joined
+        self._open: dict[tuple[str, tuple[int, ...]], list[GroupFamily]] = {}  # (backend, shape) -> in creation order
 
     def add(self, name: str, members: tuple[int, ...], backend: str = "") -> None:
-        """`backend` keeps interleaved loops apart: Megatron-Core creates each data-parallel
-        group's gloo twin right after it (same ranks), which would otherwise end the family."""
         if name in self.members or not members:
             return
         shape = tuple(m - members[0] for m in members)
-        fam = self._last.get(backend)
-        if fam is None or fam.shape != shape or any(m in fam.by_rank for m in members):
-            fam = self._last[backend] = GroupFamily(shape)
+        candidates = self._open.setdefault((backend, shape), [])
+        fam = next((f for f in candidates if not any(m in f.by_rank for m in members)), None)
+        if fam is None:
+            fam = GroupFamily(shape)
+            candidates.append(fam)
         for m in members:
             fam.by_rank[m] = name
         self.members[name] = rank_group(members)  # the group of every mirrored call on it (counterpart)

@@ -82,6 +82,24 @@ def test_gloo_twins_created_between_the_nccl_groups_of_a_loop_keep_both_families
     assert g.counterpart("dp0_gloo", 7, 0) == ("dp3_gloo", (3, 7))
 
 
+def test_loops_that_create_several_kinds_of_group_per_step_keep_each_kind_in_its_family():
+    """Megatron-Core at TP 4 x DP 2 x PP 2 (16 ranks): per pipeline group its embedding group;
+    per data-parallel group the same ranks again (data-parallel with context parallelism 1)."""
+    g = GroupFamilies()
+    for i in range(8):
+        g.add(f"pp{i}", (i, i + 8), "nccl")
+        g.add(f"emb{i}", (i, i + 8), "nccl")
+        g.add(f"posemb{i}", (i,), "nccl")
+    for i, members in enumerate([(0, 4), (1, 5), (2, 6), (3, 7), (8, 12), (9, 13), (10, 14), (11, 15)]):
+        g.add(f"dp{i}", members, "nccl")
+        g.add(f"dpcp{i}", members, "nccl")
+    assert g.counterpart("pp0", 9, 0) == ("pp1", (1, 9))
+    assert g.counterpart("emb0", 9, 0) == ("emb1", (1, 9))
+    assert g.counterpart("posemb0", 3, 0) == ("posemb3", (3,))
+    assert g.counterpart("dp0", 13, 0) == ("dp5", (9, 13))
+    assert g.counterpart("dpcp0", 13, 0) == ("dpcp5", (9, 13))
+
+
 def mirrored_engine(world: int, roles: str, sink=None) -> Engine:
     net = Network(load_cluster("dgx-h100", nodes=1))
     e = Engine(lookup_gpu("h100"), FixedEstimator(), sink or SliceRecorder(), TIMING, network=net)
