@@ -78,12 +78,12 @@ CASES: list[Case] = [
           gpu="h100-96gb", note="published: 5,762 tokens/s/GPU, 82.4 GiB", options=("--ranks", "auto")),
     # the same with TorchTitan's torch.compile (model and loss; published Table 1: FSDP + compile)
     _case("Llama 3 8B FSDP, compiled (h100-96gb)", 8, EAGER, "--compile.enable", *LLAMA_8B, config="llama3_8b",
-          gpu="h100-96gb", note="published: 6,667 tokens/s/GPU", options=("--ranks", "auto")),
+          gpu="h100-96gb", note="published: 6,667 tokens/s/GPU, 77.0 GiB", options=("--ranks", "auto")),
     # 16 nodes through TorchTitan's own torchrun line, with representative ranks (docs/scale.md)
     _case("Llama 3 8B FSDP, 16 nodes, --ranks auto (h100-96gb)", 128, EAGER, *LLAMA_8B, config="llama3_8b",
           gpu="h100-96gb", nnodes=16, note="published: 5,605 tokens/s/GPU, 67.0 GiB"),
     _case("Llama 3 8B FSDP, compiled, 16 nodes, --ranks auto (h100-96gb)", 128, EAGER, "--compile.enable", *LLAMA_8B,
-          config="llama3_8b", gpu="h100-96gb", nnodes=16, note="published: 6,514 tokens/s/GPU"),
+          config="llama3_8b", gpu="h100-96gb", nnodes=16, note="published: 6,514 tokens/s/GPU, 62.0 GiB"),
     # Mixture-of-Experts (docs/moe.md): the all-to-all token dispatcher reads split sizes on the host,
     # which TorchTitan's CUDA graphs refuse, so these run eagerly as TorchTitan's error asks
     _case("DeepSeek-V3 debug, EP 8 x FSDP 8", 8, EAGER, "--parallelism.expert_parallel_degree", "8",
