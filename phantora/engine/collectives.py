@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from phantora.net.records import OPS
+from phantora.roles import rank_group
 
 P2P_OPS = ("send", "recv")
 CollectiveKey = tuple
@@ -63,7 +64,7 @@ class CollectiveCall:
         if op not in OPS and op not in P2P_OPS:
             raise ValueError(f"unknown collective op {op!r}")
         root = d.get("root")
-        group = tuple(int(r) for r in d["group"])
+        group = rank_group([int(r) for r in d["group"]])  # shared with the mirrors' calls: hashes once (roles.py)
         send, recv = (tuple(int(x) for x in d.get(k) or ()) for k in ("send_splits", "recv_splits"))
         for name, splits in (("send_splits", send), ("recv_splits", recv)):
             if splits and (len(splits) != len(group) or min(splits) < 0):
