@@ -30,6 +30,7 @@ the size of the Chrome JSON trace of the 2-step run.
 from __future__ import annotations
 
 import argparse
+import resource
 import os
 import re
 import subprocess
@@ -67,23 +68,31 @@ class Run:
     simulated_ms: float
     peak_mib: float
     trace_mib: float
+    network_s: float  # wall time in the network simulator (trace metadata network_wall_seconds)
+    cpu_s: float  # CPU seconds of phantora and every process it started (getrusage of reaped children)
 
 
 def trace(command: list[str], options: list[str], out: Path, cwd: Path, env: dict[str, str] | None = None) -> Run:
-    cmd = [sys.executable, "-m", "phantora.cli", "trace", "--quiet", *options, "-o", str(out), "--", *command]
+    # modelled host time: the simulated step then does not depend on how loaded this machine is
+    cmd = [sys.executable, "-m", "phantora.cli", "trace", "--quiet", "--host-time", "modelled", *options, "-o", str(out),
+           "--", *command]
     t0 = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     sampler = PeakPss(proc.pid)
     sampler.start()
     _, stderr = proc.communicate(timeout=7200)
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     sampler.stop.set()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(options)} failed ({proc.returncode}):\n{stderr[-3000:]}")
     m = re.search(r"simulated (?:\d+ ranks \((\d+) process\(es\)|(\d+) rank\(s\))", stderr)
     processes = int(m.group(1) or m.group(2)) if m else 0
-    simulated_ns = orjson.loads(out.read_bytes())["metadata"]["simulated_ns"]
-    return Run(wall, processes, simulated_ns / 1e6, sampler.peak_kib / 1024, out.stat().st_size / 2**20)
+    metadata = orjson.loads(out.read_bytes())["metadata"]
+    return Run(wall, processes, metadata["simulated_ns"] / 1e6, sampler.peak_kib / 1024, out.stat().st_size / 2**20,
+               metadata.get("network_wall_seconds", 0.0), cpu)
 
 
 def nodes_options(gpus: int) -> list[str]:
@@ -130,6 +139,24 @@ def titan_row(gpus: int, tmp: Path, python: str) -> tuple[str, int, Run, Run, fl
         runs.append(trace(command, ["--ranks", "auto"], workdir / f"run{steps}.json", workdir, env))
     ends = step_ends_us(workdir / "run2.json", 0, 2)
     return "TorchTitan 8B TP8 x PP4 x FSDP", gpus, runs[0], runs[1], (ends[1] - ends[0]) / 1e3
+
+
+MEGATRON_8B = ["--tp", "8", "--pp", "4", "--virtual-pipeline-model-parallel-size", "2", "--num-layers", "32",
+               "--hidden-size", "4096", "--num-attention-heads", "32", "--ffn-hidden-size", "14336",
+               "--seq-length", "4096", "--vocab-size", "128256", "--micro-batch-size", "1", "--num-microbatches", "8"]
+
+
+def megatron_row(gpus: int, tmp: Path, python: str) -> tuple[str, int, Run, Run, float]:
+    """Megatron-Core (tests/frameworks/megatron/pretrain_gpt.py, public megatron.core APIs) with TP 8 x PP 4
+    (interleaved, 2 model chunks per rank) x DP, distributed optimizer; the simulated step is the
+    difference of the 1- and 2-iteration runs' simulated time."""
+    script = ROOT / "tests/frameworks/megatron/pretrain_gpt.py"
+    runs = []
+    for iters in (1, 2):
+        command = [str(Path(python).parent / "torchrun"), "--nnodes", str(gpus // 8), "--nproc-per-node", "8",
+                   str(script), *MEGATRON_8B, "--train-iters", str(iters)]
+        runs.append(trace(command, ["--ranks", "auto"], tmp / f"megatron{gpus}-{iters}.json", ROOT))
+    return "Megatron 8B TP8 x PP4 (VP 2) x DP", gpus, runs[0], runs[1], runs[1].simulated_ms - runs[0].simulated_ms
 
 
 EXAMPLES = {  # small models: the point is the comparison, and --ranks all at 64 ranks
@@ -182,7 +209,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", default="8,64,128,1024,4096", help="GPU counts of the FSDP2 rows")
     ap.add_argument("--titan", default="256,1024", help="GPU counts of the TorchTitan TP x PP x FSDP rows")
-    ap.add_argument("--only", choices=("fsdp", "titan"), default=None)
+    ap.add_argument("--megatron", default="64,256,1024", help="GPU counts of the Megatron-Core TP x PP x DP rows")
+    ap.add_argument("--only", choices=("fsdp", "titan", "megatron"), default=None)
     ap.add_argument("--equivalence", action="store_true", help="compare --ranks auto with --ranks all instead")
     ap.add_argument("--equivalence-gpus", default="8,16,32,64")
     ap.add_argument("--examples", default=",".join(EXAMPLES), help="which examples --equivalence runs")
@@ -191,24 +219,28 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp_dir:
             equivalence([int(g) for g in args.equivalence_gpus.split(",")], Path(tmp_dir), args.examples.split(","))
         return
-    print(f"{'config':<32} {'GPUs':>5} {'processes':>9} {'wall 1 step s':>13} {'wall/step s':>11} "
-          f"{'sim step ms':>11} {'peak PSS MiB':>12} {'trace MiB':>9}", flush=True)
+    print(f"{'config':<34} {'GPUs':>5} {'processes':>9} {'wall 1 step s':>13} {'wall/step s':>11} "
+          f"{'CPU/step s':>10} {'network/step s':>14} {'sim step ms':>11} {'peak PSS MiB':>12} {'trace MiB':>9}",
+          flush=True)
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         rows = []
-        if args.only != "titan":
+        if args.only in (None, "fsdp"):
             rows += [(fsdp_row, int(g)) for g in args.gpus.split(",") if g]
         python = _titan_python() if args.only != "fsdp" else None
         if args.only != "fsdp" and python is None:
-            print("TorchTitan rows skipped: no torchtitan in the CUDA-build environment (run "
+            print("TorchTitan and Megatron-Core rows skipped: no torchtitan in the CUDA-build environment (run "
                   "tests/frameworks/test_torchtitan.py once, or set PHANTORA_CUDA_TORCH_PYTHON)")
         elif python is not None:
-            rows += [(lambda g, t, p=python: titan_row(g, t, p), int(g)) for g in args.titan.split(",") if g]
+            if args.only in (None, "titan"):
+                rows += [(lambda g, t, p=python: titan_row(g, t, p), int(g)) for g in args.titan.split(",") if g]
+            if args.only in (None, "megatron"):
+                rows += [(lambda g, t, p=python: megatron_row(g, t, p), int(g)) for g in args.megatron.split(",") if g]
         for make, gpus in rows:
             name, gpus, one, two, step_ms = make(gpus, tmp)
             step = f"{step_ms:11.1f}"
-            print(f"{name:<32} {gpus:>5} {two.processes:>9} {one.wall_s:>13.1f} {two.wall_s - one.wall_s:>11.1f} "
-                  f"{step} {two.peak_mib:>12.0f} {two.trace_mib:>9.1f}", flush=True)
+            print(f"{name:<34} {gpus:>5} {two.processes:>9} {one.wall_s:>13.1f} {two.wall_s - one.wall_s:>11.1f} "
+                  f"{two.cpu_s - one.cpu_s:>10.1f} {two.network_s - one.network_s:>14.1f} {step} {two.peak_mib:>12.0f} {two.trace_mib:>9.1f}", flush=True)
             for f in tmp.glob("*.json"):
                 f.unlink()
 
