@@ -23,7 +23,7 @@ kernels or memory, which are its representative's).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from collections import deque
 from typing import Callable
@@ -126,6 +126,17 @@ class MirrorRank:
 class GroupFamily:
     shape: tuple[int, ...]  # members minus the first member
     by_rank: dict[int, str] = field(default_factory=dict)  # member -> group name
+
+
+def _mirrored_call(call: CollectiveCall, rank: int, group: tuple[int, ...], root: int | None,
+                   group_name: str) -> CollectiveCall:
+    """`call` as mirrored rank `rank` makes it on its own group. The constructor, not
+    dataclasses.replace (twice as slow): at 4,096 GPUs each call is copied for 1,023 mirrors, and
+    replace() was a fifth of the simulator's time."""
+    return CollectiveCall(rank=rank, op=call.op, group=group, seq=call.seq, nbytes=call.nbytes, dtype=call.dtype,
+                          reduce_op=call.reduce_op, root=root, device=call.device, stream=call.stream,
+                          site=f"mirrored from rank {call.rank}", group_name=group_name, send_splits=call.send_splits,
+                          recv_splits=call.recv_splits, mirrored=True)
 
 
 class GroupFamilies:
@@ -233,8 +244,7 @@ class Mirrors:
         for m in mirrors:
             name, group = self.groups.counterpart(call.group_name, m, rep)
             root = None if call.root is None else group[call.group.index(call.root)]
-            calls.append(replace(call, rank=m, group=group, root=root, group_name=name, site=f"mirrored from rank {rep}",
-                                 mirrored=True))
+            calls.append(_mirrored_call(call, m, group, root, name))
         return calls
 
     def _p2p_calls(self, call: CollectiveCall, mirrors: list[int]) -> list[CollectiveCall]:
@@ -256,8 +266,7 @@ class Mirrors:
         for m in mirrors:
             name, group = self.groups.counterpart(call.group_name, m, rep)
             pair = (group[positions[0]], group[positions[1]])
-            calls.append(replace(call, rank=m, group=pair, group_name=name, site=f"mirrored from rank {rep}",
-                                 mirrored=True))
+            calls.append(_mirrored_call(call, m, pair, call.root, name))
         return calls
 
     # --- trace --------------------------------------------------------------------------------

@@ -100,6 +100,23 @@ def test_loops_that_create_several_kinds_of_group_per_step_keep_each_kind_in_its
     assert g.counterpart("dpcp0", 13, 0) == ("dpcp5", (9, 13))
 
 
+def test_a_mirrored_call_copies_every_field_of_its_representative_s_call():
+    """Every field given a non-default value: a field added to CollectiveCall and not copied by
+    _mirrored_call fails this (dataclasses.replace is the reference)."""
+    from dataclasses import fields, replace
+
+    from phantora.engine.collectives import CollectiveCall
+    from phantora.engine.mirrors import _mirrored_call
+
+    call = CollectiveCall(rank=0, op="all_to_all", group=(0, 4), seq=7, nbytes=96, dtype="bfloat16", reduce_op="sum",
+                          root=4, device=1, stream=3, site="train.py:12", group_name="g1", send_splits=(32, 64),
+                          recv_splits=(48, 48), mirrored=False)
+    defaults = CollectiveCall(rank=0, op="all_reduce", group=(0,), seq=0, nbytes=0)
+    assert all(getattr(call, f.name) != getattr(defaults, f.name) for f in fields(call) if f.name not in ("rank", "mirrored"))
+    assert _mirrored_call(call, 1, (1, 5), 5, "g2") == replace(
+        call, rank=1, group=(1, 5), root=5, group_name="g2", site="mirrored from rank 0", mirrored=True)
+
+
 def mirrored_engine(world: int, roles: str, sink=None) -> Engine:
     net = Network(load_cluster("dgx-h100", nodes=1))
     e = Engine(lookup_gpu("h100"), FixedEstimator(), sink or SliceRecorder(), TIMING, network=net)
