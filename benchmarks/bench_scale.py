@@ -72,6 +72,20 @@ class Run:
     cpu_s: float  # CPU seconds of phantora and every process it started (getrusage of reaped children)
 
 
+def trace_metadata(path: Path) -> dict:
+    """The trace's metadata object, which phantora writes last: read from the file's tail, since
+    a 4,096-GPU JSON trace (gigabytes) does not fit in memory parsed."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - (1 << 20)))
+        tail = f.read()
+    start = tail.rfind(b'"metadata":')
+    if start < 0:
+        return orjson.loads(path.read_bytes())["metadata"]
+    return orjson.loads(tail[start + len(b'"metadata":'):].rstrip()[:-1])
+
+
 def trace(command: list[str], options: list[str], out: Path, cwd: Path, env: dict[str, str] | None = None) -> Run:
     # modelled host time: the simulated step then does not depend on how loaded this machine is
     cmd = [sys.executable, "-m", "phantora.cli", "trace", "--quiet", "--host-time", "modelled", *options, "-o", str(out),
@@ -90,7 +104,7 @@ def trace(command: list[str], options: list[str], out: Path, cwd: Path, env: dic
         raise RuntimeError(f"{' '.join(options)} failed ({proc.returncode}):\n{stderr[-3000:]}")
     m = re.search(r"simulated (?:\d+ ranks \((\d+) process\(es\)|(\d+) rank\(s\))", stderr)
     processes = int(m.group(1) or m.group(2)) if m else 0
-    metadata = orjson.loads(out.read_bytes())["metadata"]
+    metadata = trace_metadata(out)
     return Run(wall, processes, metadata["simulated_ns"] / 1e6, sampler.peak_kib / 1024, out.stat().st_size / 2**20,
                metadata.get("network_wall_seconds", 0.0), cpu)
 
