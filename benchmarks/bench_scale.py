@@ -151,6 +151,8 @@ def titan_row(gpus: int, tmp: Path, python: str) -> tuple[str, int, Run, Run, fl
                    "--training.local_batch_size", "8", "--training.seq_len", "8192",
                    "--hf_assets_path", "./tests/assets/tokenizer", "--dataloader.dataset", "c4_test"]
         runs.append(trace(command, ["--ranks", "auto"], workdir / f"run{steps}.json", workdir, env))
+    if runs[1].trace_mib > 1024:  # a 4,096-GPU JSON trace does not fit in memory parsed: the runs' difference
+        return "TorchTitan 8B TP8 x PP4 x FSDP (*)", gpus, runs[0], runs[1], runs[1].simulated_ms - runs[0].simulated_ms
     ends = step_ends_us(workdir / "run2.json", 0, 2)
     return "TorchTitan 8B TP8 x PP4 x FSDP", gpus, runs[0], runs[1], (ends[1] - ends[0]) / 1e3
 
