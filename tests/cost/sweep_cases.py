@@ -13,7 +13,6 @@ cannot size its output).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -22,11 +21,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from phantora.cost.measurements import cudnn_attention_signatures
+from phantora.cost.sweep_fit import SWEEP, load_rows
 from phantora.ops import OpSignature
 
 from .workloads import capture_call
 
-SWEEP = Path(__file__).resolve().parents[2] / "phantora" / "cost" / "data" / "h100_sxm_sweep.jsonl"
 BF = torch.bfloat16
 _DT = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # Ops the recorder sees that launch nothing (phantora's estimator says so too); dropped to keep
@@ -38,7 +37,8 @@ _SKIP = {"aten::detach", "aten::view", "aten::expand", "aten::empty", "aten::t",
 
 
 def load_sweep(path: Path = SWEEP) -> list[dict]:
-    return [r for r in (json.loads(l) for l in path.read_text().splitlines() if l.strip()) if "kernels" in r]
+    """The sweep's measured cases (sweep_fit.load_rows, without device rows and failed cases)."""
+    return [r for r in load_rows(path) if "kernels" in r]
 
 
 def family(r: dict) -> str:
