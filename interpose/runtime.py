@@ -29,6 +29,7 @@ from typing import Any
 from interpose.client import SimClient
 from interpose.device.shim_calls import is_pinned_ptr
 from interpose.host.clock import HostThread
+from interpose.host.host_time import DEFAULT_MODE as DEFAULT_HOST_TIME
 from interpose.host.host_time import ENV as HOST_TIME_ENV
 from interpose.host.host_time import PythonTime, exclude_garbage_collection
 from phantora import protocol as P
@@ -176,7 +177,7 @@ class Runtime:
         self.lock = threading.RLock()
         self.host_thread = HostThread(self.lock)  # whose sleeps move the simulated host clock (clock.py)
         # the program's own CPU time between phantora's entries (host_time.py)
-        self.python_time = PythonTime(self.host_thread, os.environ.get(HOST_TIME_ENV, "measured") == "measured")
+        self.python_time = PythonTime(self.host_thread, os.environ.get(HOST_TIME_ENV, DEFAULT_HOST_TIME))
         self.client.python_time = self.python_time
         exclude_garbage_collection(self.python_time)
         # a forked child's thread CPU clock starts again at 0: the parent's marks mean nothing there
@@ -204,7 +205,8 @@ class Runtime:
         process per op (host_time.py), once it is a rank and before its first op is sent."""
         if not self.python_time.enabled:
             return
-        self.client.record([P.R_HOST_SPEED, self.python_time.measure_speed()])
+        if not self.python_time.counted:  # counted work is on the reference host already
+            self.client.record([P.R_HOST_SPEED, self.python_time.measure_speed()])
         if self.observer is None or not self.config.device_count:
             return
         self.python_time.dispatch_floor_ns = self.observer.measure_dispatch_floor(0)

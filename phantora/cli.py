@@ -97,11 +97,13 @@ def main() -> None:
 @click.option("--host", "host", default=None, type=_HostType(),
               help=f"Host CPU the script runs on, which sets its host (launch, Python) time: {_host_help()}. "
                    f"Default: {DEFAULT_HOST}.")
-@click.option("--host-time", "host_time", type=click.Choice(["measured", "modelled"]), default="measured",
+@click.option("--host-time", "host_time", type=click.Choice(["counted", "measured", "modelled"]), default="counted",
               show_default=True, envvar="PHANTORA_HOST_TIME", show_envvar=True,
-              help="measured: the CPU time the script's own Python (and the framework's) spends between GPU calls is "
-                   "measured here and scaled to the simulated host (a fixed benchmark each rank runs as it goes); "
-                   "modelled: a fitted cost per op stands for it, and traces are bit-identical from run to run.")
+              help="counted: the script's own Python (and the framework's) between GPU calls is counted (bytecode "
+                   "instructions and calls) and charged at the simulated host's cost: the same trace under any load; "
+                   "measured: its CPU time is measured here and scaled to the simulated host (also catches time in C "
+                   "extensions such as numpy, but moves with this machine's load); modelled: a fitted cost per op "
+                   "stands for it, nothing of the script is observed (docs/host-time.md).")
 @click.option("--startup-costs/--no-startup-costs", "startup_costs", default=True, show_default=True,
               envvar="PHANTORA_STARTUP_COSTS", show_envvar=True,
               help="Charge a fresh process's one-off costs as on a real GPU host: CUDA context, each kernel's first "

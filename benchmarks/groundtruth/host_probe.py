@@ -30,6 +30,9 @@ from cnn_train import ResNet  # noqa: E402
 from gpt_train import GPT, GPTConfig  # noqa: E402
 
 
+DEVICE = "cuda"  # benchmarks/host/count_probe.py runs the same workloads on "cpu" too
+
+
 class Count(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
@@ -55,16 +58,21 @@ class ModuleCalls:
         self.n += 1
 
 
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def timed(fn, reps: int) -> float:
     for _ in range(5):
         fn()
-    torch.cuda.synchronize()
+    sync()
     samples = []
     for _ in range(reps):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        sync()
         samples.append(time.perf_counter() - t0)
     return statistics.median(samples) * 1e6
 
@@ -73,7 +81,7 @@ def counted(fn) -> dict:
     calls = ModuleCalls()
     with Count() as c:
         fn()
-    torch.cuda.synchronize()
+    sync()
     calls.handle.remove()
     return {"ops": c.ops, "views": c.views, "backward_ops": c.backward, "module_calls": calls.n}
 
@@ -82,13 +90,13 @@ def workload(name: str, model: nn.Module, make_batch, loss_fn, opt, scaler=None,
     x, y = make_batch()
 
     def fwd_nograd():
-        with torch.no_grad(), torch.autocast("cuda", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        with torch.no_grad(), torch.autocast(DEVICE, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             loss_fn(model, x, y)
 
     state = {}
 
     def fwd():
-        with torch.autocast("cuda", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        with torch.autocast(DEVICE, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             state["loss"] = loss_fn(model, x, y)
 
     def bwd():
@@ -129,39 +137,39 @@ def workload(name: str, model: nn.Module, make_batch, loss_fn, opt, scaler=None,
 
 def gpt(layers: int, ckpt: bool) -> dict:
     cfg = GPTConfig(block_size=32, vocab_size=512, n_layer=layers, n_head=4, n_embd=64)
-    model = GPT(cfg, activation_checkpointing=ckpt).cuda()
+    model = GPT(cfg, activation_checkpointing=ckpt).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     return workload(f"gpt_L{layers}{'_ckpt' if ckpt else ''}", model,
-                    lambda: (torch.randint(512, (2, 32), device="cuda"),) * 2,
+                    lambda: (torch.randint(512, (2, 32), device=DEVICE),) * 2,
                     lambda m, x, y: m(x, y), opt, autocast_dtype=torch.bfloat16)
 
 
 def cnn() -> dict:
-    model = ResNet(10, widths=(8, 8, 8, 8)).cuda().to(memory_format=torch.channels_last)
+    model = ResNet(10, widths=(8, 8, 8, 8)).to(DEVICE).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
     return workload("cnn_resnet18_tiny", model,
-                    lambda: (torch.randn(2, 3, 8, 8, device="cuda").to(memory_format=torch.channels_last),
-                             torch.randint(10, (2,), device="cuda")),
-                    lambda m, x, y: F.cross_entropy(m(x), y), opt, scaler=torch.amp.GradScaler("cuda"),
+                    lambda: (torch.randn(2, 3, 8, 8, device=DEVICE).to(memory_format=torch.channels_last),
+                             torch.randint(10, (2,), device=DEVICE)),
+                    lambda m, x, y: F.cross_entropy(m(x), y), opt, scaler=torch.amp.GradScaler(DEVICE),
                     autocast_dtype=torch.float16)
 
 
 def mlp(depth: int) -> dict:
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(depth)]).cuda()
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(depth)]).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-    return workload(f"mlp_{depth}", model, lambda: (torch.randn(4, 32, device="cuda"), None),
+    return workload(f"mlp_{depth}", model, lambda: (torch.randn(4, 32, device=DEVICE), None),
                     lambda m, x, y: m(x).square().mean(), opt)
 
 
 def cnn_allocations() -> dict:
     model = ResNet(100).cuda().to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
-    scaler = torch.amp.GradScaler("cuda")
-    x = torch.randn(64, 3, 64, 64, device="cuda").to(memory_format=torch.channels_last)
-    y = torch.randint(100, (64,), device="cuda")
+    scaler = torch.amp.GradScaler(DEVICE)
+    x = torch.randn(64, 3, 64, 64, device=DEVICE).to(memory_format=torch.channels_last)
+    y = torch.randint(100, (64,), device=DEVICE)
 
     def step():
-        with torch.autocast("cuda", dtype=torch.float16):
+        with torch.autocast(DEVICE, dtype=torch.float16):
             loss = F.cross_entropy(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -186,13 +194,16 @@ def cnn_allocations() -> dict:
     return {"allocated_before_step": base, "peak_during_step": torch.cuda.max_memory_allocated(), "events": events}
 
 
+WORKLOADS = {"mlp_4": lambda: mlp(4), "mlp_16": lambda: mlp(16), "gpt_L2": lambda: gpt(2, False),
+             "gpt_L6": lambda: gpt(6, False), "gpt_L6_ckpt": lambda: gpt(6, True), "cnn_resnet18_tiny": cnn}
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "host_out")
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     results = []
-    for make in (lambda: mlp(4), lambda: mlp(16), lambda: gpt(2, False), lambda: gpt(6, False),
-                 lambda: gpt(6, True), cnn):
+    for make in WORKLOADS.values():
         t0 = time.time()
         r = make()
         results.append(r)

@@ -29,17 +29,31 @@ from typing import Any, Callable
 
 from phantora.cost.host_bench import PROBE_EVERY_NS, python_bench_ms
 
-ENV = "PHANTORA_HOST_TIME"  # measured (default) or modelled (phantora trace --host-time)
+ENV = "PHANTORA_HOST_TIME"  # counted (default), measured or modelled (phantora trace --host-time)
+MODES = ("counted", "measured", "modelled")
+DEFAULT_MODE = "counted"
 
 _thread_ns = time.thread_time_ns  # clock.py leaves thread_time real: it measures the interposer itself
 
 
 class PythonTime:
-    """Per-thread CPU time outside phantora, taken with the records that follow it."""
+    """Per-thread Python time outside phantora, taken with the records that follow it: counted
+    work on the reference host (mode "counted", python_work.py) or this machine's CPU time
+    ("measured")."""
 
-    def __init__(self, host_thread: Any, enabled: bool) -> None:
+    def __init__(self, host_thread: Any, mode: str) -> None:
         self.host_thread = host_thread  # clock.HostThread
-        self.enabled = enabled
+        self.mode = mode
+        self.enabled = mode in ("measured", "counted")
+        self.counted = mode == "counted"
+        self._clock = _thread_ns
+        self._counter: Any = None
+        if self.counted:
+            from interpose.host import python_work
+
+            self._counter = python_work.load()
+            # ps of reference-host work counted on this thread; phantora's own work pauses it
+            self._clock = self._counter.now_ps
         # CPU time of one way into phantora's dispatch and back outside the brackets (the C++
         # dispatcher reaching a Python dispatch mode, torch's wrappers around it): a GPU host
         # pays its own dispatcher instead, which the op cost model has. Measured per process.
@@ -47,6 +61,7 @@ class PythonTime:
         self._probe: list[int] | None = None  # gaps before dispatch entries, while measuring the floor
         self._tls = threading.local()
         self.since_speed_probe_ns = 0  # measured Python handed over since this machine's speed was measured
+        self.charged = 0  # every thread's Python so far, in the clock's unit (ps counted, ns measured): for probes
 
     def enter(self, dispatch: bool = False) -> None:
         """phantora's own work starts on this thread (nested entries are its own work too);
@@ -58,7 +73,9 @@ class PythonTime:
         tls.depth = depth + 1
         if depth:
             return
-        now = _thread_ns()
+        now = self._clock()
+        if self._counter is not None:
+            self._counter.pause()
         mark = getattr(tls, "mark", None)
         if mark is not None:
             gap = now - mark
@@ -67,6 +84,7 @@ class PythonTime:
                     self._probe.append(gap)
                 gap = max(0, gap - self.dispatch_floor_ns)
             tls.pending = getattr(tls, "pending", 0) + gap
+            self.charged += gap
 
     def exit(self) -> None:
         if not self.enabled:
@@ -74,7 +92,9 @@ class PythonTime:
         tls = self._tls
         tls.depth -= 1
         if tls.depth == 0:
-            tls.mark = _thread_ns()
+            if self._counter is not None:
+                self._counter.resume()
+            tls.mark = self._clock()
 
     def take(self) -> int:
         """The program's CPU time on this thread since it last sent some, in ns; 0 for a thread
@@ -83,9 +103,12 @@ class PythonTime:
             return 0
         tls = self._tls
         pending = getattr(tls, "pending", 0)
+        if self.counted:  # ps of counted work: whole ns go now, the rest with the next take
+            pending, tls.pending = divmod(pending, 1000)
+        else:
+            tls.pending = 0
         if not pending:
             return 0
-        tls.pending = 0
         current = threading.current_thread()
         if isinstance(current, threading._DummyThread) or self.host_thread.is_current():
             self.since_speed_probe_ns += pending
@@ -93,8 +116,9 @@ class PythonTime:
         return 0
 
     def speed_probe_due(self) -> bool:
-        """Whether this machine's Python speed should be measured again (cost/host_bench.py)."""
-        return self.enabled and self.since_speed_probe_ns >= PROBE_EVERY_NS
+        """Whether this machine's Python speed should be measured again (cost/host_bench.py);
+        counted work is already on the reference host."""
+        return self.enabled and not self.counted and self.since_speed_probe_ns >= PROBE_EVERY_NS
 
     def measure_speed(self) -> float:
         """The benchmark's CPU time now, in ms; call it inside a bracket (it is phantora's work)."""
@@ -107,7 +131,9 @@ class PythonTime:
         tls = self._tls
         tls.pending = 0
         if getattr(tls, "depth", 0) == 0:
-            tls.mark = _thread_ns()
+            if self._counter is not None:
+                self._counter.resume()
+            tls.mark = self._clock()
 
 
 def measure_dispatch_floor(pt: PythonTime, run_op: Callable[[], Any], ops: int = 400) -> int:
@@ -118,11 +144,15 @@ def measure_dispatch_floor(pt: PythonTime, run_op: Callable[[], Any], ops: int =
     tls = pt._tls
     saved = getattr(tls, "depth", 0), getattr(tls, "mark", None), getattr(tls, "pending", 0)
     pt._probe = probe = []
-    tls.depth, tls.mark = 0, _thread_ns()  # measured from inside phantora's own work (the connect)
+    tls.depth, tls.mark = 0, pt._clock()  # measured from inside phantora's own work (the connect)
+    if pt._counter is not None:
+        pt._counter.resume()
     try:
         for _ in range(ops):
             run_op()
     finally:
+        if pt._counter is not None:
+            pt._counter.pause()
         pt._probe = None
         tls.depth, tls.mark, tls.pending = saved
     probe.sort()

@@ -127,10 +127,14 @@ def install_python_events(rt: Any) -> None:
             return
         _modules.depth = max(0, getattr(_modules, "depth", 0) - 1)
 
-    modules = torch.nn.modules.module
-    own = (modules.register_module_forward_pre_hook(module_pre_hook),
-           modules.register_module_forward_hook(module_post_hook, always_call=True))
-    _hide_own_global_hooks(modules, own)
+    if rt.python_time.mode == "modelled":
+        # Only the modelled host charges module calls. Global hooks send every module call down
+        # nn.Module's slow path (its `inner`, ~450 instructions a call): counted or measured, that
+        # would be phantora's Python charged as the program's.
+        modules = torch.nn.modules.module
+        own = (modules.register_module_forward_pre_hook(module_pre_hook),
+               modules.register_module_forward_hook(module_post_hook, always_call=True))
+        _hide_own_global_hooks(modules, own)
 
     def outside_optimizer(closure: Any) -> Any:
         # optimizer.step(closure) runs the closure (Lightning's forward and backward, LBFGS's

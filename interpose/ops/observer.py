@@ -73,26 +73,22 @@ class OpObserver(TorchDispatchMode):
         self.ops_seen = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if func is _PRIM_DEVICE and len(args) == 1 and isinstance(args[0], FakeTensor):
-            python_time = self.rt.python_time
-            python_time.enter(dispatch=True)
-            try:  # what FakeTensorMode (fake_tensor._device_handler) would answer
-                return _META if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
-            finally:
-                python_time.exit()
-        if _wraps_other_tensors(types):
-            # A tensor subclass that wraps other tensors (DTensor, FSDP2's sharded parameters,
-            # TwoTensor...) decides what runs: its own __torch_dispatch__ turns the op into ops on
-            # its inner (virtual) tensors and into collectives, which come back through this mode.
-            # Those are what the GPU runs, with local shapes; the wrapper op itself launches
-            # nothing. (Reporting the wrapper op timed DTensor work at its global shape.)
-            return NotImplemented
-        # FakeTensorMode is not thread-safe (its in-kernel flag is shared, the matching
-        # dispatch-key state is thread-local), so ops from several threads (pin-memory thread,
-        # user threads, the autograd thread) go through the modes one at a time.
         python_time = self.rt.python_time
         python_time.enter(dispatch=True)  # the GPU side of the op is modelled: its CPU time here is phantora's
         try:
+            if func is _PRIM_DEVICE and len(args) == 1 and isinstance(args[0], FakeTensor):
+                # what FakeTensorMode (fake_tensor._device_handler) would answer
+                return _META if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
+            if _wraps_other_tensors(types):
+                # A tensor subclass that wraps other tensors (DTensor, FSDP2's sharded parameters,
+                # TwoTensor...) decides what runs: its own __torch_dispatch__ turns the op into ops on
+                # its inner (virtual) tensors and into collectives, which come back through this mode.
+                # Those are what the GPU runs, with local shapes; the wrapper op itself launches
+                # nothing. (Reporting the wrapper op timed DTensor work at its global shape.)
+                return NotImplemented
+            # FakeTensorMode is not thread-safe (its in-kernel flag is shared, the matching
+            # dispatch-key state is thread-local), so ops from several threads (pin-memory thread,
+            # user threads, the autograd thread) go through the modes one at a time.
             with self.rt.dispatch_lock:
                 return self._dispatch(func, args, kwargs or {})
         finally:
@@ -175,7 +171,7 @@ class OpObserver(TorchDispatchMode):
             flags = op_flags(args, rt.in_optimizer > 0) if device >= 0 else 0
             if device >= 0 and opens_checkpoint_region():
                 rt.client.record([P.R_HOST, "checkpoint", 1])  # the region's Python runs before its first op
-            if flags & (P.OP_BACKWARD | P.OP_IN_MODULE):
+            if flags & (P.OP_BACKWARD | P.OP_IN_MODULE | P.OP_RECORDS_GRAD):
                 rt.model_work_since_step = True
             if device >= 0 and getattr(_compiled, "depth", 0):
                 flags |= P.OP_COMPILED
@@ -292,6 +288,29 @@ def install_metadata_only_regions() -> None:
 
     disable_proxy_modes_tracing._phantora_not_observed = True  # type: ignore[attr-defined]
     proxy_tensor.disable_proxy_modes_tracing = disable_proxy_modes_tracing
+
+
+def _without_dynamo(dispatch: Any) -> Any:
+    """What torch._disable_dynamo does for a mode's __torch_dispatch__ (TorchDispatchMode.
+    __init_subclass__ wraps it so): no Dynamo frame callback while it runs. Done here, in
+    phantora's own code, because torch's wrappers (torch/_compile.py, torch/_dynamo/eval_frame.py)
+    run ~110 instructions of Python per op that the counted host time would charge to the program."""
+    set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
+
+    def __torch_dispatch__(self: Any, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        prior = set_eval_frame(None)
+        try:
+            return dispatch(self, func, types, args, kwargs)
+        finally:
+            set_eval_frame(prior)
+
+    __torch_dispatch__._torchdynamo_disable = True  # as torch marks its disabled functions
+    return __torch_dispatch__
+
+
+OpObserver.__torch_dispatch__ = _without_dynamo(OpObserver.__dict__["__torch_dispatch__"].__wrapped__
+                                                if hasattr(OpObserver.__dict__["__torch_dispatch__"], "__wrapped__")
+                                                else OpObserver.__dict__["__torch_dispatch__"])
 
 
 def _wraps_other_tensors(types: Any) -> bool:

@@ -120,6 +120,35 @@ def host_event_ns(kind: str, count: int, costs: PythonOverhead = PYTHON_OVERHEAD
     raise ValueError(f"unknown host event {kind!r}")
 
 
+# --- counted Python (the default host time) ---------------------------------------------------
+# `--host-time counted` counts the program's own Python where it runs (interpose/host/python_work.py:
+# bytecode instructions and Python frames entered, outside phantora's own work) and charges it at
+# these costs on the lent H100 VM; what the program runs in C++ around an op that is neither
+# dispatch nor launch (autograd recording a node, the autograd engine running one) is charged per
+# op. Fitted to benchmarks/groundtruth/host_probe.py's phases (tests/data/groundtruth/
+# host_probe.json) with the per-op costs above held fixed: see tests/cost/test_host.py.
+
+@dataclass(frozen=True, slots=True)
+class PythonWork:
+    instruction_ps: int = 7_170  # one bytecode instruction
+    call_ps: int = 60_000  # entering a Python frame (a function, a generator resuming)
+    records_grad_ns: int = 8_600  # a forward op that records an autograd node
+    backward_op_ns: int = 35_600 - 6_400  # the autograd engine running a node that launches work
+    backward_view_ns: int = 7_000 - 1_200
+
+
+PYTHON_WORK = PythonWork()
+
+
+def autograd_ns(flags: int, launches_gpu_work: bool, costs: PythonWork = PYTHON_WORK) -> int:
+    """Host time of autograd's C++ around one op, with the program's Python counted apart."""
+    if flags & (OP_COMPILED | OP_IN_OPTIMIZER):
+        return 0
+    if flags & OP_BACKWARD:
+        return costs.backward_op_ns if launches_gpu_work else costs.backward_view_ns
+    return costs.records_grad_ns if launches_gpu_work and flags & OP_RECORDS_GRAD else 0
+
+
 # --- the simulated host ----------------------------------------------------------------------
 # Every figure above was measured on one host: the lent H100 machine (a Firecracker microVM with
 # 16 vCPUs, torch 2.11.0+cu130, Python 3.12) that ran benchmarks/groundtruth/host_probe.py,

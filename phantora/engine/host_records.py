@@ -17,7 +17,7 @@ import orjson
 from phantora import protocol as P
 from phantora.cost import COPY_D2H, COPY_H2D, NO_GPU_WORK, Estimator, KernelEstimate
 from phantora.cost.copies import copy_endpoints
-from phantora.cost.host import HOST_COSTS, host_event_ns, python_overhead_ns
+from phantora.cost.host import HOST_COSTS, autograd_ns, host_event_ns, python_overhead_ns
 from phantora.cost.startup import (CONV_OPS, CUBLAS_INIT, CUDA_CONTEXT, CUDNN_INIT, GEMM_OPS, KERNEL_MODULE,
                                    SEGMENT_MALLOC, segment_ns)
 from phantora.engine.data_loading import LoaderTimeline
@@ -94,6 +94,11 @@ class HostRecords:
         # the model gives it, before the host's speed; measured: on the simulated host)
         if self.timing.host_time == "measured":
             overhead = took = self.python(st, python_ns, slice_min_ns=PYTHON_SLICE_NS)
+        elif self.timing.host_time == "counted":
+            took = self.python(st, python_ns, slice_min_ns=PYTHON_SLICE_NS)
+            if device is not None:
+                took += tl.charge_host(autograd_ns(flags, est.kernels > 0), "autograd")
+            overhead = took
         else:
             overhead = python_overhead_ns(flags, est.kernels > 0) if device is not None else 0
             took = tl.charge_host(overhead, "python (modelled)")
@@ -278,7 +283,8 @@ class HostRecords:
         took = tl.charge_python(measured_ns)
         if took >= slice_min_ns and took:
             self.trace.host_slice(st.info.trace_pid, "python", begin, tl.host_ns, "python",
-                                  {"measured cpu ns": measured_ns, "scale": round(tl.python_scale, 4)})
+                                  {"counted ns (reference host)": measured_ns} if self.timing.host_time == "counted"
+                                  else {"measured cpu ns": measured_ns, "scale": round(tl.python_scale, 4)})
             return 0
         return took
 
@@ -288,8 +294,8 @@ class HostRecords:
         start = tl.host_ns
         if kind == "compile":  # an assumed figure of its own (cost/host.py), not the fitted host model
             tl.advance_host(host_event_ns(kind, count), "compile")
-        elif self.timing.host_time == "measured":
-            return  # measured with the rest of the program's Python (interpose/host/host_time.py)
+        elif self.timing.host_time in ("measured", "counted"):
+            return  # with the rest of the program's Python (interpose/host/host_time.py)
         else:
             tl.charge_host(host_event_ns(kind, count), "python (modelled)")
         if kind == "compile":  # once per compiled graph: host time, shown as such
@@ -308,8 +314,8 @@ class HostRecords:
 
     def loader_batch(self, st: RankState, loader: int, worker: int, cpu_ns: int) -> None:
         """The loop takes a batch that cost its worker cpu_ns: it waits if the worker is behind."""
-        if self.timing.host_time != "measured":
-            return  # measured CPU time: not part of the bit-identical modelled host
+        if self.timing.host_time == "modelled":
+            return  # the workers' time is not part of the modelled host
         tl = st.timeline
         lt = st.loaders.get(loader)
         if lt is None:  # its iterator started before this process was a rank: every batch was requested then

@@ -121,14 +121,19 @@ class RankTimeline:
     def python_scale(self) -> float:
         """Measured Python here -> on the reference host: the rank's latest benchmark, or the
         configured scale before it sent one."""
+        if self.config.host_time == "counted":
+            return 1.0
         return python_scale(self.speed_probes[-1]) if self.speed_probes else self.config.python_scale
 
-    def charge_python(self, measured_ns: int) -> int:
-        """CPU time the program measured (interpose/host/host_time.py), on the simulated host; the time
-        it took. Nothing in the modelled host-time mode."""
+    def charge_python(self, python_ns: int) -> int:
+        """The program's Python time its process reported (interpose/host/host_time.py), on the simulated
+        host; the time it took. Counted: already on the reference host; measured: CPU time here, scaled;
+        modelled: nothing."""
+        if self.config.host_time == "counted":
+            return self.charge_host(max(0, python_ns), "python")
         if self.config.host_time != "measured":
             return 0
-        return self.charge_host(round(max(0, measured_ns) * self.python_scale), "python")
+        return self.charge_host(round(max(0, python_ns) * self.python_scale), "python")
 
     def wait_host_until(self, t_ns: int, overhead_ns: int = 0, what: str = "wait") -> None:
         """Block the host until t_ns (if later), then pay overhead_ns."""

@@ -78,7 +78,7 @@ class TraceRun:
     ranks: str = "default"  # --ranks: which ranks run as processes (phantora/roles.py)
     witness: bool = False  # also run the last rank as a witness (set when --ranks auto found the stages)
     routing: RoutingModel = field(default_factory=RoutingModel)  # --routing: MoE routers' choices (phantora/routing.py)
-    host_time: str = "measured"  # --host-time: the program's Python measured here, or modelled (timeline.py)
+    host_time: str = "counted"  # --host-time: the program's Python counted, measured here, or modelled (timeline.py)
     startup_costs: bool = True  # --startup-costs: a fresh process's one-off costs (phantora/cost/startup.py)
 
 
@@ -446,6 +446,9 @@ def kernel_times_lines(result: TraceResult, run: TraceRun | None = None) -> list
         elif run.host_time == "measured":
             lines.append("  host time: the program's Python measured here (--host-time measured); no rank measured "
                          "this machine's speed")
+        elif run.host_time == "counted":
+            lines.append("  host time: the program's Python counted (instructions and calls at the reference host's "
+                         "cost; --host-time counted): the same under any load")
         else:
             lines.append("  host time: modelled per op (--host-time modelled; the program's own Python is not measured)")
     by = result.summary.kernels_by_estimator

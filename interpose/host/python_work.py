@@ -1,0 +1,108 @@
+"""The counted Python clock: the program's Python work, counted, at the reference host's cost.
+
+`--host-time counted` (the default) charges the program's own Python by what it executes, not by
+how long this machine took: a C trace function (native/python_work.c) counts the bytecode
+instructions each thread runs and the Python frames it enters, and weighs them by the cost of an
+instruction and of a call on the reference host (phantora/cost/host.py PythonWork). The reading
+is the same whatever this machine's load, however many rank processes share its cores, and from
+run to run. phantora's own code never counts: the brackets of host_time.py pause the clock, and
+code from phantora's own files (and the FakeTensor machinery that stands for the GPU) is skipped
+wherever it runs.
+
+The extension is built once per interpreter with the system's C compiler and cached under
+phantora's cache dir (phantora/cache.py), like the CUDA shim; a file lock makes concurrent first
+runs build it once. It does not import torch.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from phantora.cache import cache_dir
+from phantora.cost.host import PYTHON_WORK, PythonWork
+
+SOURCE = Path(__file__).with_name("native") / "python_work.c"
+MODULE = "_phantora_python_work"
+
+
+class CounterBuildError(RuntimeError):
+    pass
+
+
+def excluded_prefixes() -> tuple[str, ...]:
+    """Source files whose code is phantora's work, not the program's: phantora itself and what it
+    runs in place of a GPU (FakeTensorMode, its fake kernels, the dispatch-mode plumbing).
+    benchmarks/host/count_probe.py compares what is counted with and without phantora."""
+    here = Path(__file__).resolve().parents[2]  # the checkout or site-packages holding interpose/ and phantora/
+    prefixes = [str(here / "interpose") + os.sep, str(here / "phantora") + os.sep]
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.submodule_search_locations:
+        torch_dir = Path(list(spec.submodule_search_locations)[0])
+        # FakeTensorMode and its fake kernels; the rule look-up the C++ dispatcher runs before
+        # entering a dispatch mode (for phantora's own mode on every op)
+        prefixes += [str(torch_dir / "_subclasses") + os.sep, str(torch_dir / "_library" / "simple_registry.py")]
+    return tuple(prefixes)
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
+    if not cc:
+        raise CounterBuildError("phantora needs a C compiler (gcc or clang) to build its Python work counter once; "
+                                "install one (e.g. apt install gcc), set CC, or run with --host-time modelled")
+    return cc
+
+
+def extension_path() -> Path:
+    """The counter built for this interpreter, building it first if it is not cached yet."""
+    include = sysconfig.get_paths()["include"]
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), sys.version.encode(), include.encode(),
+                                     suffix.encode()])).hexdigest()[:16]
+    out_dir = cache_dir() / "python_work"
+    target = out_dir / f"{MODULE}-{key}{suffix}"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            _compile(target, include)
+    return target
+
+
+def _compile(target: Path, include: str) -> None:
+    if not (Path(include) / "Python.h").exists():
+        raise CounterBuildError(f"Python's headers are missing ({include}/Python.h): install them (e.g. apt install "
+                                f"python3-dev) or run with --host-time modelled")
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [_compiler(), "-O2", "-shared", "-fPIC", "-w", f"-I{include}", str(SOURCE), "-o", tmp]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        os.unlink(tmp)
+        raise CounterBuildError(f"compiling phantora's Python work counter failed:\n$ {' '.join(cmd)}\n"
+                                f"{proc.stderr[-4000:]}")
+    os.replace(tmp, target)
+
+
+def load(costs: PythonWork = PYTHON_WORK) -> ModuleType:
+    """The counter module, with the reference host's costs and phantora's files excluded."""
+    path = extension_path()
+    spec = importlib.util.spec_from_file_location(MODULE, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.set_costs(costs.instruction_ps, costs.call_ps)
+    module.exclude(excluded_prefixes())
+    return module
