@@ -31,11 +31,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CUDA_TORCH = "torch==2.14.1"
 
 # The suite runs `phantora trace` with the modelled host and without start-up costs unless a test
-# asks for them: most tests check exact relations between runs or between a program's own timers
-# and the trace (a script's step time is the trace's step; two runs give the same trace; --ranks
-# auto equals --ranks all), which the measured host's run-to-run noise and a first step's one-off
-# costs would blur. The defaults (measured host, start-up costs) are tested where they are the
-# subject: tests/e2e/test_host_time.py, and each framework's measured-host test.
+# asks for them. The default, counted host is deterministic too, but it charges what each rank's
+# own Python runs, and ranks are not symmetric (rank 0 logs, saves, prints): --ranks auto, which
+# mirrors rank 0's records to the ranks it stands for, would then differ from --ranks all by rank
+# 0's extra Python, where many tests compare them exactly. It also costs each traced run the
+# counter's tracing of the program's Python (~15% wall on the GPT example), over a suite that starts
+# hundreds of traced runs. The defaults (counted host, start-up costs) are tested where they are the
+# subject: tests/e2e/test_host_time.py (same trace under load, counted Python against `dis`),
+# tests/host/, and each framework's measured-host test.
 os.environ.setdefault("PHANTORA_HOST_TIME", "modelled")
 os.environ.setdefault("PHANTORA_STARTUP_COSTS", "0")
 MEASURED = ("--host-time", "measured", "--startup-costs")  # the CLI's defaults, for the tests that test them

@@ -45,15 +45,20 @@ def main() -> None:
 
         pt = runtime.get().python_time
 
+    w = PYTHON_WORK
+
     def measure(fn):
         for _ in range(2):
             fn()
         a, ca = counter.all_counts(), pt.charged if pt else 0
         fn()
         b, cb = counter.all_counts(), pt.charged if pt else 0
+        ins, calls, sites = (b[i] - a[i] for i in range(3))
         if pt is None:  # plain: the counts at phantora's costs
-            return [b[0] - a[0], b[1] - a[1], (b[0] - a[0]) * PYTHON_WORK.instruction_ps + (b[1] - a[1]) * PYTHON_WORK.call_ps]
-        return [b[0] - a[0], b[1] - a[1], cb - ca]
+            charged = (ins - sites) * w.instruction_ps + sites * w.call_site_ps + calls * w.call_ps
+        else:
+            charged = cb - ca
+        return [ins, calls, charged, sites]
 
     host_probe.timed = lambda fn, reps: measure(fn)
     host_probe.counted = lambda fn: {}

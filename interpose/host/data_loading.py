@@ -5,9 +5,10 @@ counts like any other Python of the program (host_time.py). With workers, the lo
 queue while worker processes make batches; a blocked thread uses no CPU, so without this module
 loading would be free however slow it is.
 
-Each worker process measures the CPU time of its main thread from one batch it hands over to the
-next (the fetch, the collate, the hand-over itself; its first batch also holds the worker's
-start-up) and appends `idx cpu_ns` to a file of its own, before the batch enters the queue. When
+Each worker process measures the time of its main thread from one batch it hands over to the
+next (the fetch, the collate, the hand-over itself): its Python counted at the reference host's
+cost (--host-time counted, python_work.py), or its CPU time (measured; the first batch then also
+holds the worker's start-up), and appends `idx ns` to a file of its own, before the batch enters the queue. When
 the training loop takes a batch (`_MultiProcessingDataLoaderIter._process_data`), the next line of
 that worker's file is what the batch cost, and the simulator is told (R_LOADER_BATCH): it keeps
 each worker's timeline, as DataLoader runs them (a worker makes its batches in order, a batch's
@@ -23,8 +24,10 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from interpose.host.host_time import DEFAULT_MODE as DEFAULT_HOST_TIME
+from interpose.host.host_time import ENV as HOST_TIME_ENV
 from phantora import protocol as P
 
 _thread_ns = time.thread_time_ns
@@ -37,15 +40,16 @@ def _loader_dir(main_pid: int) -> Path:
 class _TimedQueue:
     """A worker's data queue: notes each batch's CPU time before handing the batch over."""
 
-    def __init__(self, queue: Any, path: Path) -> None:
+    def __init__(self, queue: Any, path: Path, clock: Callable[[], int], mark: int) -> None:
         self._queue = queue
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 - one line per batch, for the worker's life
-        self._mark = 0  # a new process's thread CPU clock starts at 0: the first batch holds the start-up
+        self._clock = clock
+        self._mark = mark
 
     def put(self, item: Any, *args: Any, **kwargs: Any) -> Any:
         from torch.utils.data._utils.worker import _IterableDatasetStopIteration
 
-        now = _thread_ns()
+        now = self._clock()
         if (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], int)
                 and not isinstance(item[1], _IterableDatasetStopIteration)):
             self._file.write(f"{item[0]} {now - self._mark}\n")
@@ -64,11 +68,28 @@ def time_worker_batches(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     except OSError:
         return args, kwargs  # no temporary directory: the batches are not timed
     path = directory / str(os.getpid())
+    clock, mark = _worker_clock()
     if "data_queue" in kwargs:
-        kwargs = {**kwargs, "data_queue": _TimedQueue(kwargs["data_queue"], path)}
+        kwargs = {**kwargs, "data_queue": _TimedQueue(kwargs["data_queue"], path, clock, mark)}
     elif len(args) > 3:
-        args = (*args[:3], _TimedQueue(args[3], path), *args[4:])
+        args = (*args[:3], _TimedQueue(args[3], path, clock, mark), *args[4:])
     return args, kwargs
+
+
+def _worker_clock() -> tuple[Callable[[], int], int]:
+    """How a worker times its batches, in ns on the reference host (counted) or here (measured),
+    and the reading its first batch starts from."""
+    if os.environ.get(HOST_TIME_ENV, DEFAULT_HOST_TIME) == "counted":
+        from interpose.host import python_work
+
+        counter = python_work.load()
+        counter.resume()  # the worker's own thread: its fetches and collates count from here
+
+        def counted_ns() -> int:
+            return counter.now_ps() // 1000
+
+        return counted_ns, counted_ns()
+    return _thread_ns, 0  # a new process's thread CPU clock starts at 0: the first batch holds the start-up
 
 
 class _WorkerTimes:

@@ -16,10 +16,12 @@ runs build it once. It does not import torch.
 
 from __future__ import annotations
 
+import dis
 import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -34,6 +36,9 @@ from phantora.cost.host import PYTHON_WORK, PythonWork
 
 SOURCE = Path(__file__).with_name("native") / "python_work.c"
 MODULE = "_phantora_python_work"
+PROFILE_ENV = "PHANTORA_PROFILE_PYTHON_WORK"
+# Opcodes that call something, across 3.10-3.13 (3.11's PRECALL only prepares its CALL)
+CALL_OPCODES = frozenset({"CALL", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX", "CALL_METHOD", "CALL_KW"})
 
 
 class CounterBuildError(RuntimeError):
@@ -103,6 +108,34 @@ def load(costs: PythonWork = PYTHON_WORK) -> ModuleType:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.set_costs(costs.instruction_ps, costs.call_ps)
+    module.set_costs(costs.instruction_ps, costs.call_site_ps, costs.call_ps)
+    module.set_call_opcodes(bytes(op for name, op in dis.opmap.items() if name in CALL_OPCODES))
     module.exclude(excluded_prefixes())
+    profile = os.environ.get(PROFILE_ENV)
+    if profile and not getattr(module, "_profiling", False):
+        _profile_to(module, Path(profile))
     return module
+
+
+def _profile_to(module: ModuleType, path: Path) -> None:
+    """PHANTORA_PROFILE_PYTHON_WORK=FILE: where the counted instructions went, by function and
+    caller, written as JSON lines (largest first) when the process exits: to find what a program's
+    host time is made of, or what of phantora's own still counts as the program's."""
+    import atexit
+
+    counts: dict = {}
+    module.profile_by_code(counts)
+    module._profiling = True
+
+    def dump() -> None:
+        module.profile_by_code(None)
+        merged: dict[tuple, int] = {}
+        for (file, name, _line, caller_file, caller), n in counts.items():
+            key = (file, name, caller_file, caller)
+            merged[key] = merged.get(key, 0) + n
+        with open(f"{path}.{os.getpid()}", "w") as f:
+            for (file, name, caller_file, caller), n in sorted(merged.items(), key=lambda kv: -kv[1]):
+                f.write(json.dumps({"instructions": n, "file": file, "function": name, "caller_file": caller_file,
+                                    "caller": caller}) + "\n")
+
+    atexit.register(dump)

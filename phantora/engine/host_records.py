@@ -17,7 +17,7 @@ import orjson
 from phantora import protocol as P
 from phantora.cost import COPY_D2H, COPY_H2D, NO_GPU_WORK, Estimator, KernelEstimate
 from phantora.cost.copies import copy_endpoints
-from phantora.cost.host import HOST_COSTS, autograd_ns, host_event_ns, python_overhead_ns
+from phantora.cost.host import HOST_COSTS, PYTHON_WORK, host_event_ns, op_cxx_ns, python_overhead_ns
 from phantora.cost.startup import (CONV_OPS, CUBLAS_INIT, CUDA_CONTEXT, CUDNN_INIT, GEMM_OPS, KERNEL_MODULE,
                                    SEGMENT_MALLOC, segment_ns)
 from phantora.engine.data_loading import LoaderTimeline
@@ -97,7 +97,7 @@ class HostRecords:
         elif self.timing.host_time == "counted":
             took = self.python(st, python_ns, slice_min_ns=PYTHON_SLICE_NS)
             if device is not None:
-                took += tl.charge_host(autograd_ns(flags, est.kernels > 0), "autograd")
+                took += tl.charge_host(op_cxx_ns(flags, est.kernels > 0), "op C++")
             overhead = took
         else:
             overhead = python_overhead_ns(flags, est.kernels > 0) if device is not None else 0
@@ -149,8 +149,11 @@ class HostRecords:
             return  # a cudaMemcpy, no kernel of a module
         ins = sig.tensors_in()
         kernel = (sig.name, est.kernel_name, ins[0].dtype if ins else "")
-        pay_once(st, self.trace, ("kernel", device, *kernel), KERNEL_MODULE, ns=KERNEL_MODULE.ns * est.kernels,
-                 args={"device": device, "op": sig.name, "kernel": est.kernel_name, "kernels": est.kernels})
+        # One load per kernel, not per launch: an op's several launches are mostly the same
+        # function again (a multi-tensor apply's chunks: _fused_adamw_ launches one kernel once per
+        # ~7 chunks) or kernels of the same module, which lazy loading loads together.
+        pay_once(st, self.trace, ("kernel", device, *kernel), KERNEL_MODULE,
+                 args={"device": device, "op": sig.name, "kernel": est.kernel_name, "launches": est.kernels})
 
     def _count_kernels(self, st: RankState, est: KernelEstimate) -> None:
         st.kernels += est.kernels
@@ -294,6 +297,8 @@ class HostRecords:
         start = tl.host_ns
         if kind == "compile":  # an assumed figure of its own (cost/host.py), not the fitted host model
             tl.advance_host(host_event_ns(kind, count), "compile")
+        elif self.timing.host_time == "counted" and kind == "checkpoint":
+            tl.charge_host(PYTHON_WORK.checkpoint_region_ns, "op C++")  # its Python is counted
         elif self.timing.host_time in ("measured", "counted"):
             return  # with the rest of the program's Python (interpose/host/host_time.py)
         else:

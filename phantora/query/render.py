@@ -13,7 +13,7 @@ import orjson
 
 from phantora.query.db import QueryResult
 from phantora.query.diff import TraceDiff
-from phantora.query.summary import HOST_USES, HOST_WAITS, HostTime, TraceSummary
+from phantora.query.summary import HOST_USES, HOST_WAITS, PYTHON_USE, HostTime, TraceSummary
 
 FORMATS = ("table", "csv", "json")
 
@@ -91,12 +91,14 @@ MAX_RANK_ROWS = 16  # above this many ranks, the step table lists the slowest an
 def host_time_lines(h: HostTime) -> list[str]:
     """Where each step's host time goes, and why the first step is long."""
     steps = "the first step" if h.steps == 1 else f"steps 2-{h.steps + 1}"
-    mode = {"measured": "the program's Python measured", "modelled": "host modelled per op"}.get(h.mode or "", "")
+    mode = {"counted": "the program's Python counted", "measured": "the program's Python measured",
+            "modelled": "host modelled per op"}.get(h.mode or "", "")
+    labels = {**HOST_USES, "python": PYTHON_USE.get(h.mode or "", HOST_USES["python"])}
     out = [f"Host time per step (ms) of rank {h.rank}, mean over {steps}" + (f" ({mode})" if mode else "")
            + f": {h.bound}"]
     step = sum(h.per_step_ns.values()) or 1
     rows = [[label, _ms(h.per_step_ns[use]), _pct(h.per_step_ns[use] / step)]
-            for use, label in (*HOST_USES.items(), *HOST_WAITS.items()) if h.per_step_ns.get(use)]
+            for use, label in (*labels.items(), *HOST_WAITS.items()) if h.per_step_ns.get(use)]
     out.append(table(["", "ms", "share"], rows))
     if h.first_step_startup:
         total = sum(d for _, _, d in h.first_step_startup)

@@ -1,9 +1,11 @@
-"""The program's own host time, end to end (docs/host-time.md): measured Python shows on the
-script's clock scaled to the simulated host, a DataLoader whose workers are too slow makes the
-steps wait for them, and a fresh process's first step pays its start-up costs."""
+"""The program's own host time, end to end (docs/host-time.md): counted Python shows on the
+script's clock as its instructions at the simulated host's cost, the same under any load; measured
+Python shows scaled to the simulated host; a DataLoader whose workers are too slow makes the steps
+wait for them; and a fresh process's first step pays its start-up costs."""
 
 from __future__ import annotations
 
+import dis
 import json
 import subprocess
 import sys
@@ -11,15 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from phantora.cost.host import lookup_host
+from phantora.cost.host import PYTHON_WORK, lookup_host
 from phantora.query import load
 from phantora.query.summary import summarize
 from phantora.trace.check import load_chrome_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-# The CLI's defaults, which tests/conftest.py turns off for the rest of the suite
+# The measured host, with start-up costs (the CLI's default), which tests/conftest.py turns off
 MEASURED = ("--host-time", "measured", "--startup-costs")
+COUNTED = ("--host-time", "counted")  # the CLI's default host
 TINY_GPT = ["--layers", "2", "--embd", "64", "--heads", "4", "--seq", "32", "--batch", "2", "--steps", "5"]
 
 
@@ -37,6 +40,42 @@ def host_factor(out: Path) -> float:
     assert meta["mode"] == "measured"
     assert meta["host_speed"] == lookup_host(meta["host"]).speed
     return meta["python_scale"] * meta["host_speed"]
+
+
+def _loop_instructions() -> int:
+    """spin_loop.spin's loop, per iteration, as dis lists it: FOR_ITER up to the jump back."""
+    sys.path.insert(0, str(SCRIPTS))
+    from spin_loop import spin
+
+    ops = [i.opname for i in dis.get_instructions(spin) if i.opname != "CACHE"]
+    return ops.index("JUMP_BACKWARD") - ops.index("FOR_ITER") + 1
+
+
+@pytest.mark.parametrize("host", ["lent-h100", "reference"])
+def test_counted_python_shows_as_its_instructions_at_the_simulated_hosts_cost(tmp_path, host):
+    n = 200_000
+    proc, out = trace(tmp_path, str(SCRIPTS / "python_work.py"), str(n), options=(*COUNTED, "--host", host))
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert load_chrome_trace(out)["metadata"]["host_time"]["mode"] == "counted"
+    expected = n * _loop_instructions() * PYTHON_WORK.instruction_ps / 1e12 * lookup_host(host).speed
+    # the loop's set-up, the call and the clock reads' own modelled cost: a few microseconds
+    assert r["simulated_s"] == pytest.approx(expected, rel=0.01, abs=20e-6)
+
+
+def test_counted_host_gives_the_same_trace_under_load(tmp_path):
+    """Alone, then beside two processes that keep both of this machine's cores busy: the same
+    step times to the nanosecond, which the measured host cannot give (docs/host-time.md)."""
+    _, alone = trace(tmp_path, "examples/gpt_train.py", *TINY_GPT, options=COUNTED, name="alone.json")
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        _, loaded = trace(tmp_path, "examples/gpt_train.py", *TINY_GPT, options=COUNTED, name="loaded.json")
+    finally:
+        for b in burners:
+            b.kill()
+    steps = [summarize(load(str(p))).steps.per_rank[0].durations_ns for p in (alone, loaded)]
+    assert steps[0] == steps[1]
+    host = summarize(load(str(alone))).host
+    assert host is not None and host.per_step_ns.get("python", 0) > 0  # the program's Python was charged
 
 
 def test_20_ms_of_python_shows_as_20_ms_times_the_host_factor(tmp_path):

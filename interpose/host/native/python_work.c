@@ -1,8 +1,8 @@
 /* The Python work a thread executes, counted: phantora's deterministic host clock.
 
    A C trace function (PyEval_SetTrace) counts, per thread, the bytecode instructions the
-   interpreter runs and the Python frames it enters, weighted by a cost per instruction and per
-   call (set by set_costs, in picoseconds of the reference host), so `now()` reads a clock that
+   interpreter runs (those that call something apart) and the Python frames it enters, weighted by
+   a cost for each (set by set_costs, in picoseconds of the reference host), so `now_ps()` reads a clock that
    only the program's own Python advances: the same program gives the same reading whatever
    this machine's load. phantora's own work pauses the clock (pause/resume), so none of it counts.
 
@@ -30,25 +30,30 @@ static int PyFrame_GetLasti(PyFrameObject *frame) { return frame->f_lasti * 2; }
 #endif
 
 static Py_ssize_t extra_index = -1;
-static uint64_t instruction_ps = 0, call_ps = 0;
+static uint64_t instruction_ps = 0, call_site_ps = 0, call_ps = 0;
+static unsigned char call_opcode[256];  /* opcodes that call something (set_call_opcodes) */
 
 typedef struct {
     uint64_t clock_ps;   /* weighted work counted on this thread */
-    uint64_t instructions, calls, lines;
+    uint64_t instructions, call_sites, calls, lines;
     int installed, paused;
 } ThreadWork;
 
 static _Thread_local ThreadWork tw;
 /* every thread's counts together (threads count under the GIL, one at a time): for probes that
    compare a program with and without phantora, whose backward runs on the autograd engine's threads */
-static uint64_t all_instructions, all_calls;
+static uint64_t all_instructions, all_call_sites, all_calls;
 static PyObject *by_code = NULL;  /* when set (profile_by_code): instructions per (file, function, line), to find leaks */
 
 static PyObject *excluded = NULL;  /* tuple of path prefixes whose code is phantora's own */
 
 /* counts[i]: instructions from code unit i up to the next change of line, in code order (a line
-   event can land mid-line: a loop's back edge jumps to its FOR_ITER) */
-typedef struct { Py_ssize_t n; int excluded; uint16_t counts[]; } LineRuns;
+   event can land mid-line: a loop's back edge jumps to its FOR_ITER); calls[i]: how many of them
+   call something (a Python function or a C one: the cost of a call site is mostly its callee's
+   C work, which no instruction count sees). Both arrays follow the struct. */
+typedef struct { Py_ssize_t n; int excluded; uint16_t data[]; } LineRuns;
+#define RUN_COUNTS(r) ((r)->data)
+#define RUN_CALLS(r) ((r)->data + (r)->n)
 
 static void free_runs(void *p) { PyMem_RawFree(p); }
 
@@ -58,7 +63,7 @@ static LineRuns *build_runs(PyCodeObject *code) {
     Py_ssize_t nbytes = PyBytes_GET_SIZE(raw);
     const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(raw);
     Py_ssize_t n = nbytes / 2;
-    LineRuns *r = PyMem_RawCalloc(1, sizeof(LineRuns) + n * sizeof(uint16_t));
+    LineRuns *r = PyMem_RawCalloc(1, sizeof(LineRuns) + 2 * n * sizeof(uint16_t));
     if (r == NULL) { Py_DECREF(raw); return NULL; }
     r->n = n;
     if (excluded != NULL && code->co_filename != NULL) {
@@ -87,11 +92,13 @@ static LineRuns *build_runs(PyCodeObject *code) {
     }
     PyErr_Clear();
     /* CACHE entries (opcode 0) are inline data, not instructions */
-    uint32_t run = 0;
+    uint32_t run = 0, calls = 0;
     for (Py_ssize_t i = n - 1; i >= 0; i--) {
-        if (i + 1 < n && line[i + 1] != line[i]) run = 0;
+        if (i + 1 < n && line[i + 1] != line[i]) run = calls = 0;
         if (b[2 * i] != 0) run++;
-        r->counts[i] = run > 65535 ? 65535 : (uint16_t)run;
+        if (call_opcode[b[2 * i]]) calls++;
+        RUN_COUNTS(r)[i] = run > 65535 ? 65535 : (uint16_t)run;
+        RUN_CALLS(r)[i] = calls > 65535 ? 65535 : (uint16_t)calls;
     }
     PyMem_RawFree(line);
     Py_DECREF(raw);
@@ -118,10 +125,15 @@ static int trace(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg) {
     if (r != NULL && r->excluded) return 0;
     if (what == PyTrace_LINE) {
         int unit = PyFrame_GetLasti(frame) / 2;
-        uint64_t k = 1;
-        if (r != NULL && unit >= 0 && unit < r->n && r->counts[unit]) k = r->counts[unit];
+        uint64_t k = 1, c = 0;
+        if (r != NULL && unit >= 0 && unit < r->n && RUN_COUNTS(r)[unit]) {
+            k = RUN_COUNTS(r)[unit];
+            c = RUN_CALLS(r)[unit];
+        }
         tw.instructions += k;
+        tw.call_sites += c;
         all_instructions += k;
+        all_call_sites += c;
         if (by_code != NULL) {
             PyCodeObject *c = PyFrame_GetCode(frame);
             PyFrameObject *back = PyFrame_GetBack(frame);
@@ -139,7 +151,7 @@ static int trace(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg) {
             PyErr_Clear();
         }
         tw.lines++;
-        tw.clock_ps += k * instruction_ps;
+        tw.clock_ps += (k - c) * instruction_ps + c * call_site_ps;
     } else {
         tw.calls++;
         all_calls++;
@@ -174,12 +186,13 @@ static PyObject *now_ps(PyObject *self, PyObject *unused) {
 }
 
 static PyObject *counts(PyObject *self, PyObject *unused) {
-    return Py_BuildValue("(KKK)", (unsigned long long)tw.instructions, (unsigned long long)tw.calls,
-                         (unsigned long long)tw.lines);
+    return Py_BuildValue("(KKKK)", (unsigned long long)tw.instructions, (unsigned long long)tw.calls,
+                         (unsigned long long)tw.call_sites, (unsigned long long)tw.lines);
 }
 
 static PyObject *all_counts(PyObject *self, PyObject *unused) {
-    return Py_BuildValue("(KK)", (unsigned long long)all_instructions, (unsigned long long)all_calls);
+    return Py_BuildValue("(KKK)", (unsigned long long)all_instructions, (unsigned long long)all_calls,
+                         (unsigned long long)all_call_sites);
 }
 
 static PyObject *profile_by_code(PyObject *self, PyObject *d) {
@@ -188,10 +201,21 @@ static PyObject *profile_by_code(PyObject *self, PyObject *d) {
 }
 
 static PyObject *set_costs(PyObject *self, PyObject *args) {
-    unsigned long long ins, call;
-    if (!PyArg_ParseTuple(args, "KK", &ins, &call)) return NULL;
+    unsigned long long ins, site, call;
+    if (!PyArg_ParseTuple(args, "KKK", &ins, &site, &call)) return NULL;
     instruction_ps = ins;
+    call_site_ps = site;
     call_ps = call;
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_call_opcodes(PyObject *self, PyObject *ops) {
+    if (!PyBytes_Check(ops)) {
+        PyErr_SetString(PyExc_TypeError, "set_call_opcodes() takes bytes");
+        return NULL;
+    }
+    memset(call_opcode, 0, sizeof call_opcode);
+    for (Py_ssize_t i = 0; i < PyBytes_GET_SIZE(ops); i++) call_opcode[(unsigned char)PyBytes_AS_STRING(ops)[i]] = 1;
     Py_RETURN_NONE;
 }
 
@@ -209,10 +233,11 @@ static PyMethodDef methods[] = {
     {"resume", resume, METH_NOARGS, "count this thread's Python from now on (installs the counter)"},
     {"pause", pause_, METH_NOARGS, "stop counting this thread's Python"},
     {"now_ps", now_ps, METH_NOARGS, "this thread's counted work, in ps of the reference host"},
-    {"counts", counts, METH_NOARGS, "(instructions, calls, lines) counted on this thread"},
-    {"all_counts", all_counts, METH_NOARGS, "(instructions, calls) counted on every thread"},
+    {"counts", counts, METH_NOARGS, "(instructions, calls, call sites, lines) counted on this thread"},
+    {"all_counts", all_counts, METH_NOARGS, "(instructions, calls, call sites) counted on every thread"},
     {"profile_by_code", profile_by_code, METH_O, "a dict to add instructions per (file, function, line) to, or None"},
-    {"set_costs", set_costs, METH_VARARGS, "(instruction_ps, call_ps): the weights"},
+    {"set_costs", set_costs, METH_VARARGS, "(instruction_ps, call_site_ps, call_ps): the weights"},
+    {"set_call_opcodes", set_call_opcodes, METH_O, "the opcodes that call something; set before counting"},
     {NULL, NULL, 0, NULL},
 };
 
