@@ -33,9 +33,12 @@ CUDA_CONTEXT = StartupCost(
     "CUDA context creation", 358_796_000, 0, "the process's first GPU work (torch.cuda's lazy init)",
     f"{_PROBE}: cuda_init 358.8 ms")
 KERNEL_MODULE = StartupCost(
-    "kernel module load", 13_700_000, 0,
+    "kernel module load", 11_500_000, 0,
     "each distinct kernel's first launch on a device (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2)",
-    f"{_PROBE}: first launches of 20 distinct elementwise kernels 274.5 ms, second 0.5 ms: 13.7 ms each")
+    "the warm first steps of examples/gpt_train.py on the lent H100 host (examples.json: checkpointed b4 615.5 ms, "
+    "4-layer 553.3 ms, 350M 551.5 ms; 124M 0.55-0.62 s) less what phantora charges them besides module loads (33 "
+    f"kernels each): 12.5, 11.9, 9.0 and 10.7-12.6 ms a kernel. {_PROBE} gives 13.7 ms (first launches of 20 "
+    "distinct elementwise kernels 274.5 ms, second 0.5 ms), taken cold (`import torch` 4.9 s there, ~1 s warm)")
 CUBLAS_INIT = StartupCost(
     "cuBLAS handle and cuBLASLt init", 140_660_000, 0, "the first GEMM on a device",
     f"{_PROBE}: first bf16 1024^3 mm 154.5 ms, second 0.1 ms, less one kernel module load")

@@ -1,5 +1,6 @@
-"""The host's own time in the engine: measured Python (R_PYTHON, an op's fifth field), the
-modelled mode that ignores it, one-off start-up costs (phantora/cost/startup.py), the split each
+"""The host's own time in the engine: counted Python (R_PYTHON, an op's fifth field, already on the
+reference host) with the per-op C++ it leaves out, measured Python (the same records, this
+machine's CPU time), the modelled mode that ignores it, one-off start-up costs (phantora/cost/startup.py), the split each
 step records, and DataLoader workers (engine/data_loading.py). Expected times are computed by
 hand from the harness's fixed costs."""
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from phantora import protocol as P
 from phantora.cost.host import PYTHON_OVERHEAD as PY
+from phantora.cost.host import PYTHON_WORK as PW
 from phantora.cost.startup import CUBLAS_INIT, CUDA_CONTEXT, KERNEL_MODULE, NCCL_COMM_INIT, nccl_init_ns, segment_ns
 from phantora.engine.data_loading import LoaderTimeline
 from phantora.engine.engine import Engine, RankInfo
@@ -21,6 +23,7 @@ from phantora.trace import NullSink
 from tests.engine.test_engine import HOST, TIMING, FixedEstimator, Harness, t
 
 MEASURED = dataclasses.replace(TIMING, host_time="measured", python_scale=1.5, host_speed=0.5)
+COUNTED = dataclasses.replace(TIMING, host_time="counted", python_scale=1.5, host_speed=0.5)
 
 
 def harness(timing=TIMING) -> Harness:
@@ -62,6 +65,36 @@ def test_measured_mode_drops_the_modelled_python_and_host_events():
     assert h.tl.host_ns == 0  # the measured Python holds them
     h.kernel(5_000, flags=P.OP_IN_MODULE | P.OP_RECORDS_GRAD)  # no fifth field: no Python measured
     assert h.tl.host_ns == HOST * 0.5
+
+
+def test_counted_python_is_on_the_reference_host_and_only_the_hosts_speed_scales_it():
+    h = harness(COUNTED)
+    h.rec([P.R_HOST_SPEED, 2 * 73.178], [P.R_PYTHON, 20_000_000])  # no machine speed applies to counts
+    assert h.tl.host_ns == 20_000_000 * 0.5
+    assert h.tl.spent["python"] == 10_000_000
+
+
+def test_a_counted_op_pays_its_python_then_its_cxx_then_its_launch():
+    h = harness(COUNTED)
+    sid = h.sig(OpSignature("aten::k", "5000", (t([4]),), (t([4]),)))
+    h.rec([P.R_OP, sid, 0, P.OP_RECORDS_GRAD, 4_000])
+    half = lambda ns: round(ns * 0.5)  # noqa: E731 - each charge is scaled to the host and rounded
+    cxx = PW.forward_op_ns + PW.records_grad_ns  # the binding's work and the autograd node
+    launched = half(4_000) + half(cxx)
+    assert h.tl.host_ns == launched + half(HOST)
+    assert h.tail() == launched + 2_000 + 5_000  # the launch call starts after its Python and C++
+    h.rec([P.R_OP, sid, 0, P.OP_BACKWARD, 0])  # run by the autograd engine
+    assert h.tl.host_ns == launched + half(HOST) + half(PW.backward_op_ns) + half(HOST)
+    h.rec([P.R_OP, sid, 0, P.OP_IN_OPTIMIZER, 0])  # the optimizer's: its Python holds the rest
+    assert h.tl.host_ns == launched + half(PW.backward_op_ns) + 3 * half(HOST)
+
+
+def test_counted_mode_charges_checkpoint_regions_and_nothing_for_module_calls_or_optimizer_steps():
+    h = harness(COUNTED)
+    h.rec([P.R_HOST, "module_call", 3], [P.R_HOST, "optimizer_step", 10])
+    assert h.tl.host_ns == 0  # their Python is counted
+    h.rec([P.R_HOST, "checkpoint", 1])
+    assert h.tl.host_ns == round(PW.checkpoint_region_ns * 0.5)
 
 
 def test_modelled_mode_ignores_what_was_measured():

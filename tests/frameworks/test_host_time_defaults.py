@@ -1,7 +1,7 @@
-"""The stacks under phantora's defaults: the measured host and a fresh process's start-up costs
-(tests/conftest.py runs the rest of the suite with the modelled host and without them, for its
-exact comparisons). Each run checks what the defaults add and that the stack's own figures show
-it: the program's measured Python in every step, the start-up costs in the first step (and
+"""The stacks under phantora's defaults: the counted host and a fresh process's start-up costs
+(tests/conftest.py runs the rest of the suite with the modelled host and without them). Each run
+checks what the defaults add and that the stack's own figures show it: the program's counted Python
+(the framework's loop, hooks, logging) in every step, the start-up costs in the first step (and
 NCCL's communicators where there are collectives), the framework's own first step or runtime long
 accordingly (docs/host-time.md)."""
 
@@ -22,7 +22,7 @@ from tests.frameworks.torchtitan.run import torchtitan
 
 @pytest.fixture
 def defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PHANTORA_HOST_TIME", "measured")
+    monkeypatch.setenv("PHANTORA_HOST_TIME", "counted")
     monkeypatch.setenv("PHANTORA_STARTUP_COSTS", "1")
 
 
@@ -37,7 +37,7 @@ def startup_slices(trace_path: Path) -> dict[str, int]:
 def check_host(trace_path: Path) -> None:
     with load(trace_path, engine="builtin") as db:
         s = summarize(db)
-    assert s.host is not None and s.host.mode == "measured"
+    assert s.host is not None and s.host.mode == "counted"
     assert s.host.per_step_ns.get("python", 0) > 0
     first = {name for name, _, _ in s.host.first_step_startup}
     assert {"CUDA context creation", "kernel module load"} <= first
