@@ -173,6 +173,10 @@ CLASSES: list[tuple[str, str, tuple[str, ...], str, str, Callable[[dict], float]
     # casts (x.float() and the gradient of .type_as), 6 bytes per element each.
     ("unrolled_cast", "stream", ("e",), "rms_norm_fwd_bwd:bf16", r"unrolled_elementwise_kernel<at::native::direct_copy",
      lambda r: (6 * r["rows"] * r["cols"], 2)),
+    # cuDNN's attention backward preprocessing, rowsum(dO * O) per query row (bf16 dO and O read,
+    # an fp32 value written per row): about half the streaming rate in all three SDPA cases
+    ("cudnn_dot_do_o", "stream", ("e",), "sdpa_fwd_bwd", r"compute_dot_do_o",
+     lambda r: r["B"] * r["H"] * r["S"] * (2 * 2 * r["D"] + 4)),
 ]
 FORM_OF = {c: f for c, f, *_ in CLASSES}  # a class may have several entries (kernel patterns)
 # Classes that take the parameters they do not fit from another class's fit.

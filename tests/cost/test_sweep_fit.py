@@ -182,3 +182,24 @@ def test_sm_bound_per_sm_rates_carry_by_sms_times_clock():
     t = {g: AnalyticalEstimator(lookup_gpu(g)).estimate(pool).duration_ns for g in ("h100", "h200", "a100")}
     assert t["h200"] == pytest.approx(t["h100"], rel=0.01)  # same SMs and clock: tap-bound, not HBM-bound
     assert t["a100"] / t["h100"] == pytest.approx((132 * 1980) / (108 * 1410), rel=0.03)
+
+
+def test_cudnn_attention_backward_preprocessing_runs_at_half_the_streaming_rate(sweep):
+    """cuDNN's rowsum(dO * O) kernel (compute_dot_do_o) took 1.85-2.03x the streaming time of its
+    bytes in all three SDPA cases of the sweep (fitted: class cudnn_dot_do_o; the streaming model
+    read -46..-51%); below SM_BOUND_BELOW, so an H200 runs it in the H100's time."""
+    rows, sigs = sweep
+    h100, h200 = (AnalyticalEstimator(lookup_gpu(g)) for g in ("h100", "h200"))
+    cases = 0
+    for r, ss in zip(rows, sigs):
+        if r["op"] != "sdpa_fwd_bwd":
+            continue
+        (measured,) = [k["us"] for k in r["kernels"] if "compute_dot_do_o" in k["name"]]
+        (bwd,) = [s for s in ss if s.short_name == "_scaled_dot_product_cudnn_attention_backward"]
+        pre = lambda est: est.kernels(bwd).kernels[0]  # noqa: E731
+        assert pre(h100).name == "cudnn_bwd_dot_do_o_kernel"
+        assert pre(h100).duration_ns / 1e3 / measured - 1 == pytest.approx(0, abs=0.05), r
+        assert pre(h200).duration_ns == pytest.approx(pre(h100).duration_ns, rel=0.01)
+        cases += 1
+    assert cases == 3
+    assert fitted.efficiency("cudnn_dot_do_o") < fitted.SM_BOUND_BELOW
