@@ -2,7 +2,7 @@
 SwiGLU MLP, untied output head) trained on random tokens, eagerly or with torch.compile of each
 block as TorchTitan does. Plain PyTorch (runs unchanged on a GPU); used by bench_compile.py.
 
-    python benchmarks/_llama_steps.py [--compile] [--layers 8] [--dim 2048] ...
+    python benchmarks/_llama_steps.py [--compile] [--checkpoint] [--accum 2] [--layers 8] [--dim 2048] ...
 Prints per-step times and `mean step time (after the first): X ms`.
 """
 
@@ -13,6 +13,7 @@ import time
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 
@@ -72,10 +73,13 @@ class Llama(nn.Module):
         self.register_buffer("cos", angles.cos()[None, :, None, :], persistent=False)
         self.register_buffer("sin", angles.sin()[None, :, None, :], persistent=False)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor, checkpoint: bool = False) -> torch.Tensor:
         x = self.tok(idx)
         for layer in self.layers:
-            x = layer(x, self.cos, self.sin)
+            if checkpoint:
+                x = torch.utils.checkpoint.checkpoint(layer, x, self.cos, self.sin, use_reentrant=False)
+            else:
+                x = layer(x, self.cos, self.sin)
         logits = self.out(self.norm(x))
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
@@ -92,6 +96,9 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--compile", action="store_true", help="torch.compile each block (TorchTitan's way)")
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="recompute each block in backward (activation checkpointing)")
+    ap.add_argument("--accum", type=int, default=1, help="micro-batches of --batch accumulated per optimizer step")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -103,14 +110,18 @@ def main() -> None:
             model.layers[i] = torch.compile(layer, fullgraph=True)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     n = sum(p.numel() for p in model.parameters())
-    print(f"Llama-style: {n / 1e6:.0f}M parameters, batch {args.batch} x {args.seq}, compile={args.compile}")
+    print(f"Llama-style: {n / 1e6:.0f}M parameters, batch {args.batch} x {args.seq}, compile={args.compile}, "
+          f"checkpoint={args.checkpoint}, accum={args.accum}")
     times = []
     for step in range(args.steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        x = torch.randint(args.vocab, (args.batch, args.seq), device="cuda")
-        loss = model(x, x)
-        loss.backward()
+        for _ in range(args.accum):
+            x = torch.randint(args.vocab, (args.batch, args.seq), device="cuda")
+            loss = model(x, x, args.checkpoint)
+            if args.accum > 1:
+                loss = loss / args.accum
+            loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()

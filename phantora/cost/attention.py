@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from phantora.cost.fitted import kernel_ns
 from phantora.cost.roofline import (
     CostContext,
     Kernel,
@@ -328,6 +329,9 @@ def _fused_attention_cost(call: AttentionCall, ctx: CostContext, fwd_name: str,
     q_elems = shape.query_rows()
     o_bytes = q_elems * shape.head_dim_v * 2.0
     preprocess = streaming_kernel(bwd_names[0], gpu, 2 * o_bytes + q_elems * 4)
+    if call.backend == "cudnn":  # cuDNN's own kernel: about half the streaming rate (H100 sweep, sweep_fit.py)
+        nbytes = 2 * o_bytes + q_elems * 4
+        preprocess = Kernel(bwd_names[0], kernel_ns("cudnn_dot_do_o", nbytes, 1, gpu), 0.0, nbytes)
     main = Kernel(bwd_names[1], main_ns, 2.5 * shape.forward_flops(), io_bytes)
     dq_elems = q_elems * shape.head_dim
     convert = streaming_kernel(bwd_names[2], gpu, dq_elems * 6.0)

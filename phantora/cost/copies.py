@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from phantora.cost.estimate import COMPUTE, COPY_D2D, COPY_D2H, COPY_H2D
-from phantora.cost.pointwise import cast
+from phantora.cost.fitted import kernel_ns
+from phantora.cost.pointwise import FLOATING, cast, is_dense, operand_bytes
 from phantora.cost.roofline import (
     CostContext,
     Kernel,
@@ -58,6 +59,17 @@ def copy_endpoints(sig: OpSignature) -> CopyEndpoints | None:
     return None
 
 
+# Conversions torch's copy kernel runs vectorized (Copy.cu: float -> bfloat16 / half have kernels of
+# their own); every other dtype change takes the dynamic-casting unrolled kernel (the H100 sweep's
+# RMSNorm cases: bf16 -> fp32 at 0.66 of the streaming rate, fp32 -> bf16 at the full rate).
+VECTORIZED_CASTS = {("float32", "bfloat16"), ("float32", "float16")}
+
+
+def _dense_alike(e: CopyEndpoints) -> bool:
+    """Source and destination dense with the same strides (no broadcast, no transpose)."""
+    return e.src.shape == e.dst.shape and e.src.stride == e.dst.stride and is_dense(e.src)
+
+
 def _same_layout(e: CopyEndpoints) -> bool:
     return (e.src.dtype == e.dst.dtype and e.src.shape == e.dst.shape and e.src.stride == e.dst.stride
             and e.src.is_contiguous())
@@ -94,7 +106,17 @@ def copy(sig: OpSignature, ctx: CostContext) -> OpCost:
             return OpCost((memcpy,), COPY_D2D)
         name = "unrolled_elementwise_kernel<direct_copy>" if e.src.dtype != e.dst.dtype else "elementwise_kernel<copy>"
         nbytes = float(footprint_bytes(e.src) + footprint_bytes(e.dst))
-        return OpCost((streaming_kernel(name, ctx.gpu, nbytes),), COMPUTE)
+        k = streaming_kernel(name, ctx.gpu, nbytes)
+        slow = 0.0
+        if e.dst.dtype not in FLOATING or e.src.dtype not in FLOATING:
+            pass  # the slow paths are measured on floating copies only
+        elif not _dense_alike(e):  # torch's generic elementwise_kernel: every element through the offset calculator
+            slow = kernel_ns("elementwise_strided", operand_bytes([e.src, e.dst], e.dst.numel), 1, ctx.gpu)
+        elif e.src.dtype != e.dst.dtype and (e.src.dtype, e.dst.dtype) not in VECTORIZED_CASTS:
+            slow = kernel_ns("unrolled_cast", nbytes, 1, ctx.gpu)  # dynamic casting, scalar loads
+        if slow > k.duration_ns:
+            k = Kernel(name, slow, k.flops, k.bytes)
+        return OpCost((k,), COMPUTE)
     if e.dst.is_cuda:  # host -> device; a dtype change is converted on the device afterwards
         nbytes = float(footprint_bytes(e.src))
         kernels = [Kernel(f"Memcpy HtoD ({'Pinned' if e.src.pinned else 'Pageable'} -> Device)",

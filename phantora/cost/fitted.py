@@ -18,6 +18,9 @@ every GPU in phantora/hardware.py. How they scale from the H100 they were fitted
   8 TB/s) runs the bandwidth-bound ones 2.26x faster and the SM-bound ones 148/132 = 1.12x;
 - `b` (channel form): a fraction of one SM's streaming rate per channel block;
 - "simt" `e`: a fraction of the fp32 SIMT peak (SMs x clock x 256 FLOP/clk for Hopper);
+- "sm" `e`: a fraction of the SMs' streaming rate (sm_stream_bandwidth) whatever its value: for
+  sizes that count operand bytes the SMs load (broadcast operands at the output's size), not
+  DRAM bytes; such a kernel runs as fast on the H200 as on the H100;
 - ramps, fixed costs and per-channel block costs (`c_ns` / SMs) in ns, the L2 term by the GPU's
   L2 size. Nothing here is measured on an H200 or B200: the scaling is the model's assumption.
 The hand-set efficiencies of the other families go through the same rule (roofline.memory_ns
@@ -28,8 +31,14 @@ from the sweep (tests/cost/test_sweep_fit.py checks it):
   tensors ran 4,560 and 14,683 us against 4,420 and 14,311 at the full streaming rate (0.97 of
   it), fused AdamW 0.88 (FUSED_OPTIMIZER_EFFICIENCY), SGD 0.93: DRAM-bound, so they scale with HBM.
   Many tensors cost launches (launch_element_counts), not SM-bound bandwidth;
-- casts and copies (copies.py, pointwise.cast, movement.py): the RMSNorm cases' four _to_copy
-  casts ran at or above the full rate (211 us against 273 for 8192 x 4096: L2 reuse); DRAM-bound;
+- casts and copies (copies.py, pointwise.cast, movement.py): same-dtype copies and the fp32 -> bf16
+  casts (torch's vectorized bfloat16_copy_kernel: the RMSNorm cases' two per case, 135 us against
+  136 at the full rate for 8192 x 4096) are DRAM-bound; every other dtype change runs torch's
+  dynamic-casting unrolled kernel (class unrolled_cast: the two bf16 -> fp32 casts per case, 211 us
+  against 136 at the full rate, e 0.66) and is SM-bound (an earlier reading of these figures
+  compared all four casts' modelled time with the unrolled kernels' alone);
+- torch's generic elementwise_kernel (a broadcast or non-dense operand; class elementwise_strided,
+  "sm" form): SM-bound by construction, as fast on the H200 as on the H100;
 - from the fit (data/h100_sweep_fit.json): the elementwise curve (e 0.99), GELU, BatchNorm's NCHW
   backward and NHWC elementwise passes, histc are DRAM-bound; BatchNorm's NCHW statistics and
   transform and NHWC statistics and backward reduction, depthwise NHWC, cuDNN's layout
@@ -63,7 +72,7 @@ def streaming_rate(gpu, e: float) -> float:
 # Each form's parameters; a class fits the ones it names in CLASSES, the rest keep DEFAULTS
 # (ramp: the GPU's kernel_ramp_ns; no per-channel limit; no per-channel fixed cost).
 FORMS = {"stream": ("ramp_ns", "e"), "stream_l2": ("ramp_ns", "e", "h"), "channel": ("ramp_ns", "e", "b", "c_ns"),
-         "simt": ("ramp_ns", "e", "c_ns"), "fixed": ("fixed_ns", "e")}
+         "simt": ("ramp_ns", "e", "c_ns"), "fixed": ("fixed_ns", "e"), "sm": ("ramp_ns", "e")}
 DEFAULTS = {"b": 1e9, "c_ns": 0.0, "h": 0.0}
 
 
@@ -90,6 +99,10 @@ def curve_ns(form: str, p: dict, size: float, channels: int, gpu) -> float:
         return ramp + size * (1 - min(param(p, "h", gpu), 0.95) * math.exp(-size / l2)) / rate * 1e9
     if form == "fixed":
         return p["fixed_ns"] + size / rate * 1e9
+    if form == "sm":
+        # SM-side work whatever e is: operand elements each loaded through the offset calculator
+        # (broadcast reads are served from cache, so they cost issue slots, not DRAM bytes)
+        return ramp + size / (gpu.sm_stream_bandwidth * p["e"]) * 1e9
     c = max(channels, 1)
     per_channel = c * param(p, "c_ns", gpu) / gpu.sm_count
     if form == "channel":

@@ -9,6 +9,7 @@ sets are partly served from L2).
 
 from __future__ import annotations
 
+from phantora.cost.fitted import kernel_ns
 from phantora.cost.roofline import (
     CostContext,
     Kernel,
@@ -42,7 +43,7 @@ def _compute_type(sig: OpSignature) -> str:
     return "fp64" if any(t.dtype in ("float64", "complex128") for t in sig.tensors_out()) else "fp32"
 
 
-def _is_dense(t: TensorMeta) -> bool:
+def is_dense(t: TensorMeta) -> bool:
     """Non-overlapping and dense: contiguous in some order of its dims (channels_last is)."""
     expected = 1
     for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride) if sz != 1):
@@ -60,7 +61,7 @@ def _is_vectorizable(sig: OpSignature) -> bool:
     if not outs:
         return False
     out = outs[0]
-    if not _is_dense(out):
+    if not is_dense(out):
         return False
     return all(t.numel == 1 or _same_layout(t, out) for t in input_tensors(sig) + outs)
 
@@ -79,6 +80,43 @@ def _is_16bit_gelu(sig: OpSignature) -> bool:
     return sig.short_name in ("gelu", "gelu_", "gelu_backward") and bool(outs) and outs[0].itemsize == 2
 
 
+def operand_bytes(operands: list[TensorMeta], elements: int) -> float:
+    """Bytes the SMs load and store when every operand is walked at the output's element count (a
+    broadcast operand as if expanded); one-element operands are kernel arguments."""
+    return float(sum(elements * t.itemsize for t in operands if t.numel > 1))
+
+
+FLOATING = frozenset({"float32", "bfloat16", "float16", "float64"})
+
+
+def _casts_dynamically(sig: OpSignature) -> bool:
+    """torch's TensorIterator casts operand by operand when an input's dtype is not the output's
+    (a mixed-dtype op such as an fp32 residual plus a bf16 branch under autocast)."""
+    outs = sig.tensors_out()
+    if not outs or outs[0].dtype not in FLOATING:
+        return False
+    # only floating operands: a bool mask or integer index is an argument the functor takes as is
+    return any(t.numel > 1 and t.dtype in FLOATING and t.dtype != outs[0].dtype for t in input_tensors(sig))
+
+
+def slow_path_ns(sig: OpSignature, nbytes: float, ctx: CostContext) -> float:
+    """The floor torch's non-vectorized paths put under an elementwise kernel (0 when it takes the
+    vectorized one), from the curves fitted to the H100 sweep (sweep_fit.py): the generic
+    elementwise_kernel (a broadcast or non-dense operand) pays for every operand element it loads
+    (class "elementwise_strided", an SM-side cost, 3.5 TB/s of operand bytes on the H100 and H200),
+    and the dynamic-casting unrolled kernel runs at 0.66 of the streaming rate (class
+    "unrolled_cast", SM-bound by fitted.streaming_rate's rule)."""
+    outs = sig.tensors_out()
+    if not outs or outs[0].numel <= 1 or outs[0].dtype not in FLOATING:  # measured on floating ops only
+        return 0.0
+    ns = 0.0
+    if not _is_vectorizable(sig):
+        ns = kernel_ns("elementwise_strided", operand_bytes(input_tensors(sig) + outs, outs[0].numel), 1, ctx.gpu)
+    if _casts_dynamically(sig):
+        ns = max(ns, kernel_ns("unrolled_cast", nbytes, 1, ctx.gpu))
+    return ns
+
+
 def pointwise(sig: OpSignature, ctx: CostContext) -> OpCost:
     """Ops tagged `pointwise` (add, mul, gelu, where, *_backward of activations, ...)."""
     n = _elements(sig)
@@ -86,6 +124,10 @@ def pointwise(sig: OpSignature, ctx: CostContext) -> OpCost:
     k = elementwise_kernel(elementwise_kernel_name(sig), ctx.gpu, nbytes, FLOPS_PER_ELEMENT * n,
                            compute_type=_compute_type(sig),
                            curve="gelu" if _is_16bit_gelu(sig) else "elementwise")
+    slow = slow_path_ns(sig, nbytes, ctx)
+    if slow > k.duration_ns:
+        name = k.name if not _is_vectorizable(sig) else "unrolled_elementwise_kernel"
+        k = Kernel(name, slow, k.flops, k.bytes)
     return single(k)
 
 

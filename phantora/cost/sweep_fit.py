@@ -154,8 +154,31 @@ CLASSES: list[tuple[str, str, tuple[str, ...], str, str, Callable[[dict], float]
     ("index_add", "stream", ("e",), "index_add", r"indexFuncLargeIndex", lambda r: 2 * 3 * r["rows"] * r["dim"]),
     ("scatter_add", "stream", ("e",), "scatter_add", r"_scatter_gather_elementwise_kernel",
      lambda r: 2 * 3 * r["rows"] * r["dim"]),
+    # torch's generic (non-vectorized) elementwise_kernel<128, ...>, taken when an operand is
+    # broadcast or not dense: every operand is loaded element by element through the offset
+    # calculator, so its time follows the operand bytes at the output's size (a broadcast
+    # operand counted as if expanded), an SM-side cost ("sm" form). Sweep: the unfused RMSNorm
+    # of bf16 input with fp32 weight (torch's composite, as phantora's signatures of the case
+    # show): 4 launches of x * rstd / x * weight and their gradients (3 fp32 operands of the
+    # full size each), 1 of mean's backward, grad.expand(...) / cols (2).
+    ("elementwise_strided", "sm", ("e",), "rms_norm_fwd_bwd:bf16",
+     r"elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::BinaryFunctor<float",
+     lambda r: (3 * 4 * r["rows"] * r["cols"], 4)),
+    ("elementwise_strided", "sm", ("e",), "rms_norm_fwd_bwd:bf16",
+     r"elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::BUnaryFunctor<float",
+     lambda r: (2 * 4 * r["rows"] * r["cols"], 1)),
+    # torch's dynamic-casting unrolled_elementwise_kernel: operands of different dtypes (a cast
+    # other than fp32 -> bf16/fp16, which torch vectorizes; a mixed-dtype binary op), 2-byte
+    # scalar loads: well under the streaming rate. Sweep: the RMSNorm cases' two bf16 -> fp32
+    # casts (x.float() and the gradient of .type_as), 6 bytes per element each.
+    ("unrolled_cast", "stream", ("e",), "rms_norm_fwd_bwd:bf16", r"unrolled_elementwise_kernel<at::native::direct_copy",
+     lambda r: (6 * r["rows"] * r["cols"], 2)),
+    # cuDNN's attention backward preprocessing, rowsum(dO * O) per query row (bf16 dO and O read,
+    # an fp32 value written per row): about half the streaming rate in all three SDPA cases
+    ("cudnn_dot_do_o", "stream", ("e",), "sdpa_fwd_bwd", r"compute_dot_do_o",
+     lambda r: r["B"] * r["H"] * r["S"] * (2 * 2 * r["D"] + 4)),
 ]
-FORM_OF = {c: f for c, f, *_ in CLASSES}
+FORM_OF = {c: f for c, f, *_ in CLASSES}  # a class may have several entries (kernel patterns)
 # Classes that take the parameters they do not fit from another class's fit.
 SHARED = {"gelu": "elementwise"}
 FREE = {c: free for c, _, free, *_ in CLASSES}
@@ -188,12 +211,17 @@ def observations(rows: list[dict]) -> list[Obs]:
                 out.append(Obs(cls, i, float(nbytes(r)), ch, r["total_us"]))
                 continue
             us = sum(k["us"] for k in r["kernels"] if re.search(pattern, k["name"]))
+            size = nbytes(r) if nbytes is not None else None
+            if isinstance(size, tuple):  # (bytes of one launch, launches the case makes)
+                if us > 0:
+                    out.append(Obs(cls, i, float(size[0]), ch, us / size[1]))
+                continue
             if nbytes is None:  # elementwise kernels: each its own observation
                 for k in r["kernels"]:
                     if re.search(pattern, k["name"]):
                         out.append(Obs(cls, i, float(_elementwise_bytes(r, k["name"])), ch, k["us"]))
             elif us > 0:
-                out.append(Obs(cls, i, float(nbytes(r)), ch, us))
+                out.append(Obs(cls, i, float(size), ch, us))
     return out
 
 
@@ -268,9 +296,9 @@ def fit_all(rows: list[dict], exclude_case: int | None = None, only: Iterable[st
 
     gpu = lookup_gpu(SWEEP_GPU)
     obs = [o for o in observations(rows) if o.case != exclude_case]
-    classes = list(only) if only is not None else [c for c, *_ in CLASSES]
+    classes = list(only) if only is not None else list(dict.fromkeys(c for c, *_ in CLASSES))
     out: dict[str, dict] = {}
-    for c in [c for c, *_ in CLASSES if c in classes or c in {SHARED.get(x) for x in classes}]:
+    for c in dict.fromkeys(c for c, *_ in CLASSES if c in classes or c in {SHARED.get(x) for x in classes}):
         if any(o.cls == c for o in obs):
             out[c] = fit_class(c, obs, gpu, out.get(SHARED.get(c, "")))
     return {c: p for c, p in out.items() if c in classes}

@@ -38,6 +38,7 @@ LOO_BOUNDS = {
     "gelu": (0.08, 0.12),  # before 1.1%, 12.7%
     "silu": (0.05, 0.12),  # before 1.4%, 20.1%
     "dropout": (0.05, 0.10),  # before 2.9%, 24.3%
+    "rms_norm": (0.05, 0.20),  # before 9.4%, 15.2% (bf16 input: -9.4% .. -13.2%; the fp32 fused +15.2% stays)
 }
 ALL_CASES_MEDIAN = 0.08  # before 11.2%
 LOO_BOUNDS["embedding"] = (0.08, 0.10)  # before 10.6%, 31.3%
@@ -139,9 +140,11 @@ def _at_full_rate_over_measured(row, sigs, gpu="h100"):
 
 def test_optimizers_and_casts_run_at_streaming_rate_on_the_h100_so_scale_with_hbm(sweep):
     """The multi-tensor-apply optimizers (foreach AdamW over 148 x 1M and 30 x 16M fp32 tensors,
-    fused AdamW, SGD) and the RMSNorm cases' dtype casts reach SM_BOUND_BELOW of the H100's
-    streaming rate or more in the sweep: DRAM-bound, not SM-bound, so by the rule
-    (fitted.streaming_rate) an H200 runs them 1.43x faster (its achieved HBM bandwidth)."""
+    fused AdamW, SGD) and the RMSNorm cases' fp32 -> bf16 casts (torch's vectorized
+    bfloat16_copy_kernel) reach SM_BOUND_BELOW of the H100's streaming rate or more in the sweep:
+    DRAM-bound, not SM-bound, so by the rule (fitted.streaming_rate) an H200 runs them 1.43x
+    faster (its achieved HBM bandwidth). The bf16 -> fp32 casts (the dynamic-casting unrolled
+    kernel) do not: 0.63-0.69 of the rate, SM-bound (test_slow_paths.py)."""
     rows, sigs = sweep
     h100, h200 = (AnalyticalEstimator(lookup_gpu(g)) for g in ("h100", "h200"))
     opt = [(r, ss) for r, ss in zip(rows, sigs) if family(r) == "optimizer"]
@@ -155,11 +158,15 @@ def test_optimizers_and_casts_run_at_streaming_rate_on_the_h100_so_scale_with_hb
     for r, ss in zip(rows, sigs):
         if r["op"] != "rms_norm_fwd_bwd" or r["dtype"] != "bf16":
             continue
-        measured = sum(k["us"] for k in r["kernels"] if "direct_copy" in k["name"])
-        full_rate = sum(h100.estimate(s).duration_ns for s in ss if s.short_name == "_to_copy") / 1e3
+        measured = sum(k["us"] for k in r["kernels"] if "bfloat16_copy_kernel" in k["name"])
+        to_bf16 = [s for s in ss if s.short_name == "_to_copy" and s.outputs[0].dtype == "bfloat16"]
+        assert len(to_bf16) == 2  # the forward's .type_as(x) and the gradient of x.float()
+        full_rate = sum(h100.estimate(s).duration_ns for s in to_bf16) / 1e3
         if measured:
             casts += 1
-            assert full_rate / measured > 1.0, r  # at or above the streaming rate (L2 reuse)
+            assert full_rate / measured > 0.95, r  # at the streaming rate
+            on = lambda est: sum(est.estimate(s).duration_ns for s in to_bf16)  # noqa: E731
+            assert on(h100) / on(h200) > 1.3, r
     assert casts == 4
 
 
@@ -175,3 +182,24 @@ def test_sm_bound_per_sm_rates_carry_by_sms_times_clock():
     t = {g: AnalyticalEstimator(lookup_gpu(g)).estimate(pool).duration_ns for g in ("h100", "h200", "a100")}
     assert t["h200"] == pytest.approx(t["h100"], rel=0.01)  # same SMs and clock: tap-bound, not HBM-bound
     assert t["a100"] / t["h100"] == pytest.approx((132 * 1980) / (108 * 1410), rel=0.03)
+
+
+def test_cudnn_attention_backward_preprocessing_runs_at_half_the_streaming_rate(sweep):
+    """cuDNN's rowsum(dO * O) kernel (compute_dot_do_o) took 1.85-2.03x the streaming time of its
+    bytes in all three SDPA cases of the sweep (fitted: class cudnn_dot_do_o; the streaming model
+    read -46..-51%); below SM_BOUND_BELOW, so an H200 runs it in the H100's time."""
+    rows, sigs = sweep
+    h100, h200 = (AnalyticalEstimator(lookup_gpu(g)) for g in ("h100", "h200"))
+    cases = 0
+    for r, ss in zip(rows, sigs):
+        if r["op"] != "sdpa_fwd_bwd":
+            continue
+        (measured,) = [k["us"] for k in r["kernels"] if "compute_dot_do_o" in k["name"]]
+        (bwd,) = [s for s in ss if s.short_name == "_scaled_dot_product_cudnn_attention_backward"]
+        pre = lambda est: est.kernels(bwd).kernels[0]  # noqa: E731
+        assert pre(h100).name == "cudnn_bwd_dot_do_o_kernel"
+        assert pre(h100).duration_ns / 1e3 / measured - 1 == pytest.approx(0, abs=0.05), r
+        assert pre(h200).duration_ns == pytest.approx(pre(h100).duration_ns, rel=0.01)
+        cases += 1
+    assert cases == 3
+    assert fitted.efficiency("cudnn_dot_do_o") < fitted.SM_BOUND_BELOW
