@@ -8,7 +8,6 @@ lock makes concurrent first runs (8 ranks starting at once) compile only once.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
 import os
@@ -19,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from phantora.cache import cache_dir
+from phantora.cache import build_once, cache_dir
 
 SHIM_SOURCE = Path(__file__).with_name("shim") / "virtual_cuda.cpp"
 
@@ -91,17 +90,8 @@ def shim_path(torch_install: TorchInstall | None = None) -> Path:
             sys.implementation.cache_tag.encode(),
         ])
     ).hexdigest()[:16]
-    out_dir = cache_dir() / "shim"
-    target = out_dir / f"virtual_cuda-{ti.version}-{key}.so"
-    if target.exists():
-        return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.exists():  # another process built it while we waited
-            return target
-        _compile(cxx, ti, target)
-    return target
+    target = cache_dir() / "shim" / f"virtual_cuda-{ti.version}-{key}.so"
+    return build_once(target, lambda t: _compile(cxx, ti, t))
 
 
 def link_libraries(ti: TorchInstall) -> list[str]:

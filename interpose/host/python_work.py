@@ -17,7 +17,6 @@ runs build it once. It does not import torch.
 from __future__ import annotations
 
 import dis
-import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -31,7 +30,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from phantora.cache import cache_dir
+from phantora.cache import build_once, cache_dir
 from phantora.cost.host import PYTHON_WORK, PythonWork
 
 SOURCE = Path(__file__).with_name("native") / "python_work.c"
@@ -74,16 +73,7 @@ def extension_path() -> Path:
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), sys.version.encode(), include.encode(),
                                      suffix.encode()])).hexdigest()[:16]
-    out_dir = cache_dir() / "python_work"
-    target = out_dir / f"{MODULE}-{key}{suffix}"
-    if target.exists():
-        return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not target.exists():
-            _compile(target, include)
-    return target
+    return build_once(cache_dir() / "python_work" / f"{MODULE}-{key}{suffix}", lambda t: _compile(t, include))
 
 
 def _compile(target: Path, include: str) -> None:

@@ -24,7 +24,9 @@ def test_each_entry_is_derived_from_the_probe_it_cites():
     p = probe()
     assert CUDA_CONTEXT.ns == pytest.approx(p["cuda_init"] * 1e6, rel=1e-3)
     per_kernel = (p["first_launch_20_distinct_elementwise"] - p["second_launch_20_distinct_elementwise"]) / 20
-    assert KERNEL_MODULE.ns == pytest.approx(per_kernel * 1e6, rel=0.01)
+    # the module load comes from the examples' warm first steps instead (cost/startup.py: 9.0-12.6 ms
+    # a kernel across them); the probe ran cold and is above every one of them
+    assert 9.0e6 <= KERNEL_MODULE.ns <= 12.6e6 < per_kernel * 1e6
     # first call less the second less one kernel module: the library's own set-up
     assert CUBLAS_INIT.ns == pytest.approx((p["mm_bf16_first"] - p["mm_bf16_second"] - per_kernel) * 1e6, rel=0.01)
     assert CUDNN_INIT.ns == pytest.approx((p["conv_fwd_first"] - p["conv_fwd_second"] - per_kernel) * 1e6, rel=0.01)
