@@ -6,8 +6,9 @@ every element of such memory as an independent draw from one distribution: randn
 scaling, shifting and abs make of them. Other data nothing is known about (activations) is
 `Unknown`. A comparison with a constant makes a `Mask`: memory whose elements take one of two
 values, `inside` on a set of cells of [0, 1) and `outside` elsewhere; which elements are inside
-is a pure function of the mask's seed and each element's index in its memory (`uniforms`, a
-counter-based hash, as the GPU's Philox draws are a function of seed, offset and index). So a
+is a pure function of the mask's seed (from the generator's Philox offset at the draw) and each
+element's index in its memory (`uniforms`, a counter-based hash, as the GPU's Philox draws are
+a function of seed, offset and index). So a
 mask holds a definite pattern without storing it: every op that reads the mask (nonzero, x[m],
 masked_select, torch.where(m), sum, .tolist()) reads the same elements, from run to run, and
 the pattern is materialized only when one does.

@@ -870,16 +870,18 @@ _fallback_draws = 0
 
 
 def _rng_seed(t: torch.Tensor, kwargs: dict) -> int:
-    """A seed from the generator state a draw on t's device has now (its seed and Philox
-    offset, which every random op advances): distinct per draw, the same when a program
-    replays a draw (activation checkpointing restores the state). Off CUDA, a count of draws."""
+    """A seed from the state of the generator a draw on t's device uses: its Philox offset,
+    which every random op advances, so it is distinct per draw and the same when a program
+    replays a draw (activation checkpointing restores the state). Not the generator's seed:
+    an unseeded program gets a random one (torch.seed() at import), and masks must be the same
+    from run to run. Off CUDA, a count of draws."""
     generator = kwargs.get("generator")
     if t.device.type == "cuda":
         try:
             if generator is None:
                 index = t.device.index if t.device.index is not None else torch.cuda.current_device()
                 generator = torch.cuda.default_generators[index]
-            return masks.mix(generator.initial_seed(), generator.get_offset())
+            return masks.mix(0xC0DA, generator.get_offset())
         except (IndexError, RuntimeError, AttributeError):
             pass
     global _fallback_draws

@@ -33,6 +33,9 @@ torch.cuda.manual_seed(7)  # replayed as activation checkpointing replays: the s
 again = torch.rand(N, device=dev) < 0.5
 check("same_generator_state_same_mask", first.tolist() == again.tolist() and torch.equal(first.cpu(), again.cpu()))
 later = torch.rand(N, device=dev) < 0.5
+torch.cuda.manual_seed(12345)  # an unseeded run's seed is random (torch.seed() at import): masks do not follow it
+other_seed = torch.rand(N, device=dev) < 0.5
+check("masks_do_not_follow_the_seed", other_seed.tolist() == first.tolist())
 check("next_draw_another_mask", first.tolist() != later.tolist() and not torch.equal(first.cpu(), later.cpu()))
 
 out, keep = torch.ops.aten.native_dropout(torch.ones(N, device=dev), 0.2, True)
