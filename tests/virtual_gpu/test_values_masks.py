@@ -171,7 +171,7 @@ def test_traced_masks_follow_the_option_the_generator_and_agree(tmp_path: Any) -
     proc, out = run_traced(tmp_path, sys.executable, "values_masks.py", options=("--mask-fraction", "0.25"))
     assert_ran(proc, "option_reached_the_rank", "draws_keep_their_distribution", "counts_agree",
                "same_generator_state_same_mask", "next_draw_another_mask", "masks_do_not_follow_the_seed",
-               "dropout_mask")
+               "dropout_mask", "checkpoint_replays_masks")
     with open(out, "rb") as f:
         metadata = json.load(f)["metadata"]
     assert metadata["unknown_mask_fraction"] == 0.25

@@ -41,3 +41,21 @@ check("next_draw_another_mask", first.tolist() != later.tolist() and not torch.e
 out, keep = torch.ops.aten.native_dropout(torch.ones(N, device=dev), 0.2, True)
 kept = int(keep.sum())
 check("dropout_mask", abs(kept / N - 0.8) < 0.05 and int((out > 0).sum()) == kept, (kept, int((out > 0).sum())))
+
+# activation checkpointing replays the draw (the generator state is restored): the recomputed
+# mask selects the same rows, so the recomputed shapes match (torch checks their metadata)
+from torch.utils.checkpoint import checkpoint  # noqa: E402
+
+lin = torch.nn.Linear(16, 16, device=dev)
+
+
+def block(inp: torch.Tensor) -> torch.Tensor:
+    h = F.dropout(lin(inp), 0.1, training=True)
+    keep = torch.rand(inp.shape[0], device=dev) < 0.7
+    sel = h[keep]
+    return sel[sel[:, 0] > 0].sum()
+
+
+xg = torch.randn(N, 16, device=dev, requires_grad=True)
+checkpoint(block, xg, use_reentrant=False).backward()
+check("checkpoint_replays_masks", xg.grad is not None)
