@@ -12,6 +12,8 @@ import click
 from phantora import __version__
 from phantora.cost.host import DEFAULT_HOST, HOSTS, UnknownHostError, lookup_host
 from phantora.hardware import DEFAULT_GPU, GPUS, UnknownGPUError, lookup_gpu
+from phantora.mask_fraction import DEFAULT as DEFAULT_MASK_FRACTION
+from phantora.mask_fraction import ENV as MASK_FRACTION_ENV
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10, "kb": 10**3,
@@ -163,6 +165,12 @@ def main() -> None:
                    "fractions ~ Dirichlet(A)), or a .json file of measured per-layer expert fractions (docs/moe.md).")
 @click.option("--routing-seed", type=int, default=0, show_default=True,
               help="Seed of the zipf and dirichlet routing models.")
+@click.option("--mask-fraction", "mask_fraction", type=click.FloatRange(0.0, 1.0), default=DEFAULT_MASK_FRACTION,
+              show_default=True, envvar=MASK_FRACTION_ENV, show_envvar=True, metavar="F",
+              help="Fraction of the elements a comparison selects on data phantora knows nothing about (`x > 0` "
+                   "over activations, then x[mask], nonzero, masked_select) where the placeholder value passes "
+                   "it; comparisons of tensors drawn by randn/rand/normal_/uniform_/randint/bernoulli_/dropout "
+                   "select what their distribution implies (docs/moe.md).")
 @click.option("--quiet", "-q", is_flag=True,
               help="No status line (on a terminal) and no periodic status lines (elsewhere). Notices of a possible "
                    "hang (a collective waiting for a missing rank, a rank that sends nothing) are still printed.")
@@ -173,7 +181,7 @@ def main() -> None:
 def trace(output: Path, gpu, host, host_time: str, startup_costs: bool, vram: int | None, gpus_per_node: int | None, cluster_name: str, nnodes: int,  # type: ignore[no-untyped-def]
           nproc_per_node: int | None, ranks: str, collective_timeout: float, call_timeout: float, comm_slowdown: float,
           sync: str, kineto_dir: Path | None, kernel_times: str, calibration: Path | None, routing_text: str,
-          routing_seed: int, quiet: bool, status_every: float, command: tuple[str, ...]) -> None:
+          routing_seed: int, mask_fraction: float, quiet: bool, status_every: float, command: tuple[str, ...]) -> None:
     """Run COMMAND on simulated GPUs and write a trace.
 
     Put `--` before the command. The exit code is the command's. A short summary (simulated
@@ -218,7 +226,8 @@ def trace(output: Path, gpu, host, host_time: str, startup_costs: bool, vram: in
                    gpus_per_node=gpus_per_node or cluster.gpus_per_node, call_timeout_s=call_timeout,
                    cluster=cluster, nproc_per_node=nproc_per_node, collective_timeout_s=collective_timeout,
                    comm_slowdown=comm_slowdown, sync=sync, kineto_dir=kineto_dir, estimator=kernel_times,
-                   calibration=calibration, quiet=quiet, status_every_s=status_every, ranks=ranks, routing=routing)
+                   calibration=calibration, quiet=quiet, status_every_s=status_every, ranks=ranks, routing=routing,
+                   mask_fraction=mask_fraction)
     try:
         result = run_trace(run)
     except CommandNotFound as e:

@@ -4,8 +4,9 @@ FakeTensorMode cannot size the result of `nonzero`, `x[mask]`, `masked_select`, 
 `bincount` or `repeat_interleave(counts)` without the data: it raises
 DynamicOutputShapeException. Here they take their sizes from the one value model of
 interpose/values/policy.py: an input's data where phantora holds it (its shadow: data copied from the
-CPU, and everything computed from it or from the routing model's expert ids), else its value in
-every element (a mask read True selects everything, False nothing). The op runs on the CPU on
+CPU, and everything computed from it or from the routing model's expert ids), a mask's pattern
+(masks.py: a comparison over drawn or unknown data selects a fraction of the elements), else its
+value in every element (True selects everything, False nothing). The op runs on the CPU on
 that data; the virtual GPU gets an output of the resulting shape, holding the result as its
 shadow, so counts read back later (`.tolist()`, `.item()`) agree with the shapes.
 

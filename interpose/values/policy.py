@@ -16,6 +16,9 @@ Tensors on virtual GPUs hold no data. The policy, one rule per kind of tensor:
 |                                                     |   a non-finite float result reads 1 instead   |
 |   from an initializer's draw (normal_, uniform_)    |   the distribution's mean                     |
 |   from another random op (randn, bernoulli_, ...)   |   1 / False (it does not draw CPU randomness) |
+| a mask: a comparison of a draw (randn, normal_,     | a pattern with the fraction the distribution  |
+|   rand, uniform_, randint) or of unknown float data |   implies, or the default (--mask-fraction)   |
+|   with a constant; bernoulli_, dropout's mask       |   for unknown data: masks.py, made when read  |
 | holding data from real CPU tensors (a *shadow*)     | that data, exactly                            |
 |   copied from the CPU (torch.tensor(..., 'cuda'),   |   up to COPY_SHADOW_MAX_NUMEL elements        |
 |     .to('cuda')), and copies/views of such tensors  |                                               |
@@ -44,14 +47,18 @@ others' when the result is first used (`defer`), so issuing a collective never b
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from interpose.values import masks
 
 aten = torch.ops.aten
 Number = bool | int | float | complex
@@ -150,6 +157,9 @@ _values = _StorageAttr("_phantora_value")   # virtual memory -> its value, where
 # Combined with data phantora holds (a shadow), such memory takes part as what it is: a routing
 # map `zeros_like(scores).int().scatter(1, expert_ids, 1)` has real counts.
 _exact = _StorageAttr("_phantora_exact")
+# virtual memory -> how its elements were made where phantora knows (masks.Draw, masks.Mask) or a
+# masks.Unknown seed: what a comparison on it selects (masks.py)
+_dists = _StorageAttr("_phantora_dist")
 _pending = _TensorAttr("_phantora_pending")  # virtual tensor -> values other ranks still owe it
 
 
@@ -271,12 +281,19 @@ def value_of(t: torch.Tensor) -> Number:
 
 
 def scalar_value(t: torch.Tensor) -> Number:
-    """t.item() for a virtual tensor."""
+    """t.item() for a virtual tensor: a mask's element where it is one (masks.py), else its value."""
+    if t.numel() == 1 and shadow_of(t) is None:
+        data = mask_data(t)
+        if data is not None:
+            with real_cpu():
+                return as_dtype(data.reshape(-1)[0].item(), t.dtype)
     return value_of(t)
 
 
 def tolist_value(t: torch.Tensor) -> Any:
     shadow = shadow_of(t)
+    if shadow is None:
+        shadow = mask_data(t)
     if shadow is not None:
         with real_cpu():
             return shadow.tolist()
@@ -301,7 +318,7 @@ def host_data(t: torch.Tensor) -> torch.Tensor | None:
     shadow = shadow_of(t)
     if shadow is None:
         inner = inner_tensor(t)
-        return host_data(inner) if inner is not None else None
+        return host_data(inner) if inner is not None else mask_data(t)
     return shadow
 
 
@@ -321,6 +338,8 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
         if not is_virtual(t):
             return t.clone()
         shadow = shadow_of(t)
+        if shadow is None:
+            shadow = mask_data(t)
         if shadow is not None:
             return shadow.to(dtype=t.dtype).clone()
         return torch.full(tuple(t.shape), value_of(t), dtype=t.dtype)
@@ -420,9 +439,18 @@ def set_shadow(t: torch.Tensor, shadow: torch.Tensor | None) -> None:
         _shadows.set(t, shadow)
 
 
-def _on_cpu(a: Any, is_fake: Callable[[Any], bool], exact: ExactInputs | None = None) -> Any:
+class _MaskInput:
+    """A mask argument whose pattern is made only once every other argument proved to hold data."""
+
+    def __init__(self, t: FakeTensor) -> None:
+        self.t = t
+
+
+def _on_cpu(a: Any, is_fake: Callable[[Any], bool], exact: ExactInputs | None = None,
+            mask_inputs: list[_MaskInput] | None = None) -> Any:
     """a with every virtual tensor replaced by its data on the CPU: its shadow, or (for exact
-    memory, per `exact`) its value in every element; _NoShadow where neither is held."""
+    memory, per `exact`) its value in every element; _NoShadow where neither is held. Masks
+    (masks.py) are left as _MaskInput in `mask_inputs` when given (_with_masks makes them)."""
     if isinstance(a, torch.Tensor):
         if not is_fake(a):
             if a.device.type != "cpu":
@@ -430,6 +458,10 @@ def _on_cpu(a: Any, is_fake: Callable[[Any], bool], exact: ExactInputs | None = 
             return a
         s = shadow_of(a)
         if s is None:
+            if mask_inputs is not None and a.numel() <= DERIVED_SHADOW_MAX_NUMEL and \
+                    isinstance(_dists.get(a), masks.Mask):
+                mask_inputs.append(_MaskInput(a))
+                return mask_inputs[-1]
             if exact is None or a.numel() > DERIVED_SHADOW_MAX_NUMEL or not exact.has(a):
                 raise _NoShadow
             v = value_of(a)
@@ -439,9 +471,21 @@ def _on_cpu(a: Any, is_fake: Callable[[Any], bool], exact: ExactInputs | None = 
     if isinstance(a, torch.device):
         return torch.device("cpu") if a.type == "cuda" else a
     if isinstance(a, (list, tuple)):
-        return type(a)(_on_cpu(x, is_fake, exact) for x in a)
+        return type(a)(_on_cpu(x, is_fake, exact, mask_inputs) for x in a)
     if isinstance(a, str) and a.startswith("cuda"):
         return "cpu"
+    return a
+
+
+def _with_masks(a: Any) -> Any:
+    """a with each _MaskInput replaced by the mask's pattern."""
+    if isinstance(a, _MaskInput):
+        data = mask_data(a.t)
+        if data is None:
+            raise _NoShadow
+        return data
+    if isinstance(a, (list, tuple)):
+        return type(a)(_with_masks(x) for x in a)
     return a
 
 
@@ -532,12 +576,23 @@ def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Callabl
     if exact is not None and not (_any_shadow(args) or _any_shadow(tuple(kwargs.values()))) and \
             not all(shadowable(o) or not isinstance(o, FakeTensor) for o in outs):
         exact = None  # exact memory alone, large results: values carry it (no CPU copy)
+    if _certain_reduction(func, args) is not None or \
+            all(not shadowable(o, cap) or _lazy_mask(func, args, o) for o, cap in zip(outs, caps)):
+        return  # masks note_result described (no pattern made), any/all of one whose answer is certain
     res = None
     if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
         try:
             if func in _SHAPE_ONLY and args and isinstance(args[0], torch.Tensor) and shadow_of(args[0]) is None:
                 args = (_shape_stand_in(args[0]), *args[1:])
-            cargs, ckwargs = _on_cpu(args, is_fake, exact), {k: _on_cpu(v, is_fake, exact) for k, v in kwargs.items()}
+            mask_inputs: list[_MaskInput] = []
+            cargs = _on_cpu(args, is_fake, exact, mask_inputs)
+            ckwargs = {k: _on_cpu(v, is_fake, exact, mask_inputs) for k, v in kwargs.items()}
+            if mask_inputs:
+                # a mask the op wrote in place already describes the result (note_result)
+                written = {id(t) for t in _written_tensors(func, args, kwargs)}
+                if any(id(m.t) in written for m in mask_inputs):
+                    raise _NoShadow
+                cargs, ckwargs = _with_masks(cargs), {k: _with_masks(v) for k, v in ckwargs.items()}
             if "pin_memory" in ckwargs:
                 ckwargs["pin_memory"] = False
             with real_mode():
@@ -750,8 +805,13 @@ def _forget_exact(func: Any, args: tuple, kwargs: dict) -> None:
 
 def note_result(func: Any, args: tuple, kwargs: dict, out: Any, exact: ExactInputs = READ_NOW) -> None:
     """Set the value of an op's result (the module's table), and whether it is exact (`exact`:
-    exact_inputs before the op). Called before note_shadow, so an in-place op still sees its
-    input's old shadow."""
+    exact_inputs before the op); then what its memory holds where it is a draw or a mask
+    (masks.py). Called before note_shadow, so an in-place op still sees its input's old shadow."""
+    _note_value(func, args, kwargs, out, exact)
+    _note_dists(func, args, kwargs, out)
+
+
+def _note_value(func: Any, args: tuple, kwargs: dict, out: Any, exact: ExactInputs) -> None:
     if exact.before:  # an exact argument was written
         _forget_exact(func, args, kwargs)
     if func is aten._amp_foreach_non_finite_check_and_unscale_.default:
@@ -782,6 +842,418 @@ def note_result(func: Any, args: tuple, kwargs: dict, out: Any, exact: ExactInpu
                 # (values, indices) of max/min/sort: the values keep; everything else is unknown
                 set_value(o, _result_value(func, args, kwargs) if first and _kind(func) == _KEEP else None)
                 first = False
+
+
+# --- draws and masks (masks.py) ------------------------------------------------------------------
+# A mask's pattern is made for reads up to this many elements (1 byte each, plus its indices in
+# chunks); a larger mask reads as its value, as any data beyond what phantora holds.
+MASK_DATA_MAX_NUMEL = 1 << 28
+# any()/all() of a mask are answered without its pattern where the expected number of elements
+# that decide them is at least this: a pattern with none of them has probability e^-40.
+_CERTAIN_COUNT = 40.0
+
+
+def _whole(t: torch.Tensor) -> bool:
+    """t is its memory, element for element in order (a fresh result, not a view of part)."""
+    return t.storage_offset() == 0 and t.is_contiguous() and _covers_storage(t)
+
+
+def _layout_seed(seed: int, t: torch.Tensor) -> int:
+    """The seed of a mask compared from t: the draw's own, or, for a view of part of its memory,
+    one mixed with where the view lies (so x[:, 0] > 0 and x[:, 1] > 0 are independent)."""
+    if _whole(t):
+        return seed
+    return masks.mix(seed, t.storage_offset(), *t.shape, *t.stride())
+
+
+_fallback_draws = 0
+
+
+def _rng_seed(t: torch.Tensor, kwargs: dict) -> int:
+    """A seed from the state of the generator a draw on t's device uses: its Philox offset,
+    which every random op advances, so it is distinct per draw and the same when a program
+    replays a draw (activation checkpointing restores the state). Not the generator's seed:
+    an unseeded program gets a random one (torch.seed() at import), and masks must be the same
+    from run to run. Off CUDA, a count of draws."""
+    generator = kwargs.get("generator")
+    if t.device.type == "cuda":
+        try:
+            if generator is None:
+                index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+                generator = torch.cuda.default_generators[index]
+            return masks.mix(0xC0DA, generator.get_offset())
+        except (IndexError, RuntimeError, AttributeError):
+            pass
+    global _fallback_draws
+    _fallback_draws += 1
+    return masks.mix(0x5EED, _fallback_draws)
+
+
+def _dist_of(t: Any) -> Any:
+    """t's masks.Draw / Mask / Unknown where its memory has one and no shadow holds its data."""
+    if not isinstance(t, FakeTensor):
+        return None
+    d = _dists.get(t)
+    if d is None or shadow_of(t) is not None:
+        return None
+    return d
+
+
+def _constant(a: Any) -> Number | None:
+    """The one number an argument holds in every element: a Python number, a real 1-element
+    tensor, an exact fill; None otherwise."""
+    if isinstance(a, (bool, int, float)):
+        return a
+    if not isinstance(a, torch.Tensor):
+        return None
+    if not is_virtual(a):
+        if a.numel() != 1 or a.device.type != "cpu":
+            return None
+        with real_cpu():
+            return a.item()
+    if isinstance(a, FakeTensor):
+        s = shadow_of(a)
+        if s is not None:
+            if s.numel() != 1:
+                return None
+            with real_cpu():
+                return s.reshape(-1)[0].item()
+        if _marked_exact(a):
+            return value_of(a)
+    return None
+
+
+def _storage_index(t: torch.Tensor) -> np.ndarray:
+    """The index in its memory of each of t's elements, in t's shape."""
+    shape, n = tuple(t.shape), t.numel()
+    if t.is_contiguous():
+        return np.arange(t.storage_offset(), t.storage_offset() + n, dtype=np.int64).reshape(shape)
+    idx = np.full(shape, t.storage_offset(), dtype=np.int64)
+    for d, (size, stride) in enumerate(zip(shape, t.stride())):
+        idx += (np.arange(size, dtype=np.int64) * stride).reshape([-1 if i == d else 1 for i in range(len(shape))])
+    return idx
+
+
+def mask_data(t: torch.Tensor) -> torch.Tensor | None:
+    """A mask's elements as a real CPU tensor (masks.py: its pattern), or None where t is no
+    mask (or a larger one than MASK_DATA_MAX_NUMEL)."""
+    d = _dist_of(t)
+    if not isinstance(d, masks.Mask) or t.numel() > MASK_DATA_MAX_NUMEL:
+        return None
+    sel = masks.inside(d, _storage_index(t))
+    with real_cpu():
+        picked = torch.from_numpy(sel)
+        if t.dtype is torch.bool and d.inside is True and d.outside is False:
+            return picked
+        return torch.where(picked, torch.tensor(as_dtype(d.inside, t.dtype), dtype=t.dtype),
+                           torch.tensor(as_dtype(d.outside, t.dtype), dtype=t.dtype))
+
+
+def _lazy_mask(func: Any, args: tuple, t: Any) -> bool:
+    """t's memory is a mask that no shadow holds: its pattern is made only where it is read. A
+    copy to the host (.cpu()) holds its data, as the real copy does (observer._real_host_copy)."""
+    if not (isinstance(t, FakeTensor) and isinstance(_dists.get(t), masks.Mask) and shadow_of(t) is None):
+        return False
+    return not (func is aten._to_copy.default and t.device.type == "cpu" and args and
+                isinstance(args[0], torch.Tensor) and args[0].device.type != "cpu")
+
+
+def _truthy_fraction(d: masks.Mask) -> float:
+    f = d.fraction()
+    return (f if d.inside else 0.0) + ((1.0 - f) if d.outside else 0.0)
+
+
+_ANY_ALL = {aten.any.default: "any", aten.all.default: "all"}
+
+
+def _certain_reduction(func: Any, args: tuple) -> bool | None:
+    """any()/all() over a whole mask where the answer is certain without its pattern (a
+    rejection sampler's `while mask.any()` over a weight of 16 Mi elements makes none)."""
+    kind = _ANY_ALL.get(func)
+    if kind is None or not args:
+        return None
+    d = _dist_of(args[0])
+    if not isinstance(d, masks.Mask):
+        return None
+    p, n = _truthy_fraction(d), args[0].numel()
+    if kind == "any":
+        return False if p == 0.0 else True if p * n >= _CERTAIN_COUNT else None
+    return True if p == 1.0 else False if (1.0 - p) * n >= _CERTAIN_COUNT else None
+
+
+def _number(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _source_dist(func: Any, args: tuple, kwargs: dict, out: torch.Tensor) -> Any:
+    """The draw or mask a random op makes (None: not one modelled)."""
+    name, overload = func.overloadpacket.__name__, func._overloadname
+    if name in ("randn", "randn_like"):
+        return masks.Draw("normal", _rng_seed(out, kwargs))
+    if name in ("rand", "rand_like"):
+        return masks.Draw("uniform", _rng_seed(out, kwargs))
+    if name == "normal_" or (name == "normal" and overload == "float_float"):
+        first = 1 if name == "normal_" else 0
+        mean, std = _number(_arg(args, kwargs, first, "mean", 0.0)), _number(_arg(args, kwargs, first + 1, "std", 1.0))
+        if mean is None or std is None:
+            return None
+        return masks.Draw("normal", _rng_seed(out, kwargs), (("affine", std, mean),))
+    if name == "uniform_":
+        lo, hi = _number(_arg(args, kwargs, 1, "from", 0.0)), _number(_arg(args, kwargs, 2, "to", 1.0))
+        if lo is None or hi is None:
+            return None
+        return masks.Draw("uniform", _rng_seed(out, kwargs), (("affine", hi - lo, lo),))
+    if name in ("randint", "randint_like", "random_"):
+        numbers = [a for a in (args[1:] if name != "randint" else args) if isinstance(a, int) and not isinstance(a, bool)]
+        if name == "random_" and (overload not in ("from", "to") or (overload == "from" and len(numbers) < 2)):
+            return None  # random_() over the dtype's range, random_(from, None): not modelled
+        bounds = (0, numbers[0]) if len(numbers) == 1 else tuple(numbers[:2]) if len(numbers) >= 2 else None
+        if name == "randint" and overload in ("default", "generator"):
+            bounds = (0, numbers[0]) if numbers else None
+        if bounds is None:
+            return None
+        return masks.Draw("randint", _rng_seed(out, kwargs), low=int(bounds[0]), high=int(bounds[1]))
+    if name in ("bernoulli_", "bernoulli"):
+        p = _arg(args, kwargs, 1, "p", None) if overload in ("float", "Tensor", "p") else args[0]
+        p = _constant(p)
+        if p is None or isinstance(p, complex):
+            return None
+        return masks.Mask(_rng_seed(out, kwargs), masks.normalize([(0.0, float(p))]),
+                          as_dtype(1, out.dtype), as_dtype(0, out.dtype))
+    return None
+
+
+def _dropout_dists(args: tuple, kwargs: dict, outs: tuple) -> list[Any]:
+    """native_dropout(x, p, train) -> (output, mask): the mask keeps 1 - p of the elements; the
+    output is a mask too where x is a constant (x / (1 - p) where kept)."""
+    p = _number(args[1]) if len(args) > 1 else None
+    train = args[2] if len(args) > 2 else kwargs.get("train")
+    if p is None or train is False or len(outs) != 2 or not isinstance(outs[1], torch.Tensor):
+        return [None] * len(outs)
+    keep = masks.normalize([(0.0, 1.0 - p)])
+    seed = _rng_seed(outs[1], kwargs)
+    x = _constant(args[0])
+    scaled = None
+    if isinstance(x, (int, float)) and p < 1.0:
+        scaled = masks.Mask(seed, keep, as_dtype(x / (1.0 - p), outs[0].dtype), as_dtype(0, outs[0].dtype))
+    return [scaled, masks.Mask(seed, keep, True, False)]
+
+
+_COMPARISON_NAMES = frozenset(masks.COMPARISONS)
+
+
+def _comparison_dist(func: Any, name: str, args: tuple, out: torch.Tensor) -> Any:
+    """`x op c` (or `c op x`) for x a draw or unknown float data, c a constant."""
+    if len(args) < 2:
+        return None
+    op = name
+    x, c = args[0], _constant(args[1])
+    if not isinstance(x, FakeTensor) or c is None:
+        x, c, op = args[1], _constant(args[0]), masks.FLIPPED[name]
+        if not isinstance(x, FakeTensor) or c is None:
+            return None
+    if isinstance(c, complex) or shadow_of(x) is not None or _constant(x) is not None:
+        return None
+    d = _dist_of(x)
+    if isinstance(d, masks.Draw):
+        return masks.Mask(_layout_seed(d.seed, x), masks.draw_cells(d, op, float(c)), True, False)
+    if isinstance(d, masks.Mask) or shadow_of(x) is not None or not x.dtype.is_floating_point or \
+            op in ("eq", "ne") or x.numel() <= SHADOW_MAX_NUMEL:
+        return None  # small tensors are numbers a script steers by (a loss, a norm): their value decides
+    # unknown data: the placeholder value decides whether it passes (value_of(out), just set)
+    if not value_of(out):
+        return None
+    if not isinstance(d, masks.Unknown):
+        d = masks.Unknown(_rng_seed(x, {}))
+        _dists.set(x, d)
+    return masks.Mask(_layout_seed(d.seed, x), masks.unknown_cells(True), True, False)
+
+
+def _as_seen_through(d: masks.Draw, t: torch.Tensor) -> masks.Draw:
+    """The draw as the result of an op on t holds it: where t views part of the memory, its
+    seed is the one a comparison on t would use, so `x[:, 0] * 2 > 0` selects as `x[:, 0] > 0`."""
+    seed = _layout_seed(d.seed, t)
+    return d if seed == d.seed else dataclasses.replace(d, seed=seed)
+
+
+_COPY_NAMES = frozenset({"_to_copy", "clone", "contiguous", "lift_fresh", "lift_fresh_copy", "copy_", "copy"})
+
+
+def _draw_transform(name: str, func: Any, args: tuple, kwargs: dict, out: torch.Tensor) -> Any:
+    """-x, a * x, x / a, x + b, x - b, b - x, |x| of a draw (a, b constants); copies and casts."""
+    if name in _COPY_NAMES:
+        src = args[1] if name in ("copy_", "copy") and len(args) > 1 else args[0] if args else None
+        d = _dist_of(src)
+        if isinstance(d, masks.Draw) and (out.dtype.is_floating_point or
+                                          (d.kind == "randint" and not out.dtype.is_complex and out.dtype is not torch.bool)):
+            return _as_seen_through(d, src)
+        return None
+    if not out.dtype.is_floating_point:
+        return None
+    base = name.rstrip("_")
+    tensors = [i for i, a in enumerate(args) if isinstance(a, FakeTensor)]
+    drawn = [i for i in tensors if isinstance(_dist_of(args[i]), masks.Draw)]
+    if len(drawn) != 1:
+        return None
+    i = drawn[0]
+    d: masks.Draw = _as_seen_through(_dist_of(args[i]), args[i])
+    if base in ("neg", "abs"):
+        return d.then(("affine", -1.0, 0.0) if base == "neg" else ("abs",))
+    if base not in ("mul", "div", "add", "sub", "rsub") or len(args) < 2:
+        return None
+    c = _number(_constant(args[1 - i]))
+    alpha = _number(kwargs.get("alpha", 1))
+    if c is None or alpha is None:
+        return None
+    if base == "mul":
+        return d.then(("affine", c, 0.0))
+    if base == "div":
+        return d.then(("affine", 1.0 / c, 0.0)) if c != 0 and kwargs.get("rounding_mode") is None and i == 0 else None
+    if base == "add":
+        return d.then(("affine", 1.0, c * alpha) if i == 0 else ("affine", alpha, c))
+    if base == "sub":
+        return d.then(("affine", 1.0, -c * alpha) if i == 0 else ("affine", -alpha, c))
+    return d.then(("affine", -alpha, c)) if i == 0 else None  # rsub(x, c) = c - alpha x
+
+
+def _mask_pointwise(func: Any, name: str, args: tuple, kwargs: dict, out: torch.Tensor) -> Any:
+    """A pointwise op (or a copy) of whole masks with one seed and constants: a mask again."""
+    if not _whole(out):
+        return None
+    if name in ("copy_", "copy"):  # dst.copy_(src): the source's elements, in dst's dtype
+        src = args[1] if len(args) > 1 else None
+        d = _dist_of(src)
+        if not isinstance(d, masks.Mask) or not _whole(src) or tuple(src.shape) != tuple(out.shape):
+            return None
+        return masks.pointwise([d], lambda vals: as_dtype(vals[0], out.dtype))
+    found: list[masks.Mask] = []
+    slots: list[tuple[int, Any]] = []  # (index of the mask in `found` or -1, the argument)
+    for a in args:
+        d = _dist_of(a)
+        if isinstance(d, masks.Mask):
+            if not _whole(a) or tuple(a.shape) != tuple(out.shape) or (found and d.seed != found[0].seed):
+                return None
+            found.append(d)
+            slots.append((len(found) - 1, a))
+        elif isinstance(a, torch.Tensor):
+            c = _constant(a)
+            if c is None:
+                return None
+            if isinstance(c, complex):
+                return None
+            with real_cpu():
+                slots.append((-1, torch.tensor(c, dtype=a.dtype)))
+        else:
+            slots.append((-1, a))
+    if not found:
+        return None
+    if name in _COPY_NAMES:
+        return masks.pointwise(found, lambda vals: as_dtype(vals[-1], out.dtype))
+    ckwargs = {k: ("cpu" if isinstance(v, (str, torch.device)) and str(v).startswith("cuda") else v)
+               for k, v in kwargs.items() if k != "out" and not isinstance(v, torch.Tensor)}
+    if len(ckwargs) != len([k for k in kwargs if k != "out"]):
+        return None
+
+    def evaluate(vals: list[Number]) -> Number:
+        with real_cpu():
+            cargs = [torch.tensor(vals[j], dtype=a.dtype) if j >= 0 else a for j, a in slots]
+            r = func(*cargs, **ckwargs)
+            r = r[0] if isinstance(r, (tuple, list)) else r
+            return as_dtype(r.item(), out.dtype)
+
+    try:
+        return masks.pointwise(found, evaluate)
+    except (RuntimeError, TypeError, ValueError, OverflowError):
+        return None
+
+
+_OTHER_DIST, _SOURCE_DIST, _DROPOUT_DIST, _COMPARE_DIST, _POINTWISE_DIST = range(5)
+_dist_kinds: dict[Any, int] = {}
+
+
+def _dist_kind(func: Any) -> int:
+    """Which rule of this section can give func's result a draw or a mask (cached per op)."""
+    kind = _dist_kinds.get(func)
+    if kind is None:
+        name, tags = func.overloadpacket.__name__, getattr(func, "tags", ())
+        if name == "native_dropout":
+            kind = _DROPOUT_DIST
+        elif torch.Tag.nondeterministic_seeded in tags:
+            kind = _SOURCE_DIST
+        elif name.rstrip("_") in _COMPARISON_NAMES:
+            kind = _COMPARE_DIST
+        elif torch.Tag.pointwise in tags or name in _COPY_NAMES:
+            kind = _POINTWISE_DIST
+        else:
+            kind = _OTHER_DIST
+        _dist_kinds[func] = kind
+    return kind
+
+
+def _result_dists(func: Any, kind: int, args: tuple, kwargs: dict, outs: tuple) -> list[Any]:
+    if kind == _DROPOUT_DIST:
+        return _dropout_dists(args, kwargs, outs)
+    out = outs[0]
+    rest = [None] * (len(outs) - 1)
+    if not isinstance(out, FakeTensor):
+        return [None, *rest]
+    name = func.overloadpacket.__name__
+    if kind == _SOURCE_DIST:
+        return [_source_dist(func, args, kwargs, out), *rest]
+    if kind == _COMPARE_DIST:
+        d = _comparison_dist(func, name.rstrip("_"), args, out)
+        if d is not None:
+            return [d, *rest]
+    d = _draw_transform(name, func, args, kwargs, out)
+    if d is None:
+        d = _mask_pointwise(func, name, args, kwargs, out)
+    return [d, *rest]
+
+
+def _holds_dist(args: tuple) -> bool:
+    for a in args:
+        if isinstance(a, FakeTensor) and _dists.get(a) is not None:
+            return True
+    return False
+
+
+def _note_dists(func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+    """What the op's results hold as draws or masks; memory it wrote otherwise holds neither.
+    Views share their memory's description and leave it as it is."""
+    if getattr(func, "is_view", False):
+        return
+    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    if func in _ANY_ALL:
+        certain = _certain_reduction(func, args)
+        if certain is not None and isinstance(outs[0], torch.Tensor) and is_virtual(outs[0]):
+            set_value(outs[0], certain)
+    written = [t for t in _written_tensors(func, args, kwargs) if isinstance(t, FakeTensor)] if _written_args(func) else []
+    kind = _dist_kind(func)
+    # most ops: none of this section's rules apply, or no argument is a draw, mask or unknown data
+    # a comparison could make one of
+    if kind == _OTHER_DIST or (kind == _POINTWISE_DIST and not _holds_dist(args)) or \
+            not any(isinstance(o, FakeTensor) for o in outs):
+        for t in written:
+            if _dists.get(t) is not None:
+                _dists.set(t, None)
+        return
+    try:
+        new = _result_dists(func, kind, args, kwargs, outs)
+    except (RuntimeError, TypeError, ValueError, OverflowError, ZeroDivisionError, IndexError):
+        new = [None] * len(outs)
+    result_ids = set()
+    for o, d in zip(outs, new):
+        if not isinstance(o, FakeTensor):
+            continue
+        result_ids.add(id(o))
+        fresh = not any(o is t for t in written)
+        if d is not None and not _covers_storage(o):
+            d = None  # a write through a view of part of the memory: the rest is unchanged, the whole unknown
+        if d is not None or (not fresh and _dists.get(o) is not None):
+            _dists.set(o, d)
+    for t in written:
+        if id(t) not in result_ids and _dists.get(t) is not None:
+            _dists.set(t, None)
 
 
 def note_collective_value(t: torch.Tensor, values: list[Number], reduce_op: str) -> None:

@@ -35,6 +35,8 @@ from phantora.net.cluster import Cluster
 from phantora.net.network import Network
 from phantora.roles import ENV as REPRESENTATIVES_ENV
 from phantora.roles import RankRoles, RanksChoiceError
+from phantora.mask_fraction import DEFAULT as DEFAULT_MASK_FRACTION
+from phantora.mask_fraction import ENV as MASK_FRACTION_ENV
 from phantora.routing import ENV as ROUTING_ENV
 from phantora.routing import RoutingModel
 from phantora.simulator.failure import SimulatorFailure
@@ -78,6 +80,7 @@ class TraceRun:
     ranks: str = "default"  # --ranks: which ranks run as processes (phantora/roles.py)
     witness: bool = False  # also run the last rank as a witness (set when --ranks auto found the stages)
     routing: RoutingModel = field(default_factory=RoutingModel)  # --routing: MoE routers' choices (phantora/routing.py)
+    mask_fraction: float = DEFAULT_MASK_FRACTION  # --mask-fraction: comparisons on unknown data (phantora/mask_fraction.py)
     host_time: str = "counted"  # --host-time: the program's Python counted, measured here, or modelled (timeline.py)
     startup_costs: bool = True  # --startup-costs: a fresh process's one-off costs (phantora/cost/startup.py)
 
@@ -148,6 +151,7 @@ def child_env(run: TraceRun, socket_path: str) -> dict[str, str]:
     if run.vram_bytes:
         env["PHANTORA_VRAM"] = str(run.vram_bytes)
     env[ROUTING_ENV] = run.routing.spec()
+    env[MASK_FRACTION_ENV] = repr(run.mask_fraction)
     env[HOST_TIME_ENV] = run.host_time
     env.update(run.extra_env)
     return env
@@ -300,6 +304,8 @@ def _trace_once(run: TraceRun) -> TraceResult:
             "sync": run.sync,
             "early_reads": summary.early_reads,
             "moe_routing": {"model": run.routing.describe(), "layers": summary.routing},
+            # what a comparison selects on data phantora knows nothing about (--mask-fraction)
+            "unknown_mask_fraction": run.mask_fraction,
             "host_time": host_time_metadata(run, summary),
         }
         if server.failure is not None:

@@ -27,9 +27,9 @@ TABLE_CHECKS = (
     "masked_select_exact", "unique_exact", "unique_consecutive_exact", "bincount_exact", "repeat_interleave_exact",
     "nonzero_static_exact", "index_put_mask", "masked_scatter_exact", "assert_async", "topk_distinct_per_token",
     "counts_agree_on_every_path", "counts_sum_to_n_times_k", "sorted_tokens_all_routed", "item_of_counts",
-    "repeat_interleave_counts", "argmax_balanced", "mask_of_placeholder_selects_all", "nonzero_of_placeholder",
-    "masked_select_of_placeholder", "unique_of_placeholder", "bincount_of_placeholder", "mask_false_selects_none",
-    "sort_of_placeholder_is_identity",
+    "repeat_interleave_counts", "argmax_balanced", "randn_mask_selects_half", "mask_counts_agree",
+    "masked_select_of_randn", "rand_below_p", "activations_select_default", "unique_of_placeholder",
+    "bincount_of_placeholder", "mask_false_selects_none", "sort_of_placeholder_is_identity",
 )
 
 
