@@ -34,7 +34,7 @@ CUDA_TORCH = "torch==2.14.1"
 # asks for them. The default, counted host is deterministic too, but it charges what each rank's
 # own Python runs, and ranks are not symmetric (rank 0 logs, saves, prints): --ranks auto, which
 # mirrors rank 0's records to the ranks it stands for, then differs from --ranks all by rank 0's
-# extra Python (examples/fsdp_train.py at 4 ranks: 1.35 ms of a 2.97 s first step, 11-16 ns of a
+# extra Python (examples/fsdp_train.py at 4 ranks: 1.35 ms of a 2.97 s first step, up to 0.4 us of a
 # 31.9 ms step), where many tests compare them exactly. It also costs each traced run the
 # counter's tracing of the program's Python (~15% wall on the GPT example), over a suite that starts
 # hundreds of traced runs. The defaults (counted host, start-up costs) are tested where they are the
