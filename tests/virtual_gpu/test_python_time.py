@@ -38,7 +38,7 @@ def clock(monkeypatch) -> Clock:
 
 
 def test_time_between_brackets_is_the_programs(clock):
-    pt = PythonTime(Host(threading.current_thread()), enabled=True)
+    pt = PythonTime(Host(threading.current_thread()), "measured")
     pt.enter(); clock.ns += 500; pt.exit()  # phantora's own work
     clock.ns += 20_000  # the program's
     pt.enter()
@@ -50,7 +50,7 @@ def test_time_between_brackets_is_the_programs(clock):
 
 
 def test_a_dispatch_entry_leaves_out_the_dispatch_floor(clock):
-    pt = PythonTime(Host(threading.current_thread()), enabled=True)
+    pt = PythonTime(Host(threading.current_thread()), "measured")
     pt.dispatch_floor_ns = 7_000
     pt.enter(); pt.exit()
     clock.ns += 10_000
@@ -61,7 +61,7 @@ def test_a_dispatch_entry_leaves_out_the_dispatch_floor(clock):
 
 
 def test_other_python_threads_do_not_count(clock):
-    pt = PythonTime(Host(threading.main_thread()), enabled=True)
+    pt = PythonTime(Host(threading.main_thread()), "measured")
     got = []
 
     def worker() -> None:  # a pin-memory thread, a progress bar's refresh
@@ -77,13 +77,13 @@ def test_other_python_threads_do_not_count(clock):
 
 
 def test_disabled_measures_nothing(clock):
-    pt = PythonTime(Host(threading.current_thread()), enabled=False)
+    pt = PythonTime(Host(threading.current_thread()), "modelled")
     pt.enter(); pt.exit(); clock.ns += 1_000; pt.enter()
     assert pt.take() == 0
 
 
 def test_forget_starts_over(clock):
-    pt = PythonTime(Host(threading.current_thread()), enabled=True)
+    pt = PythonTime(Host(threading.current_thread()), "measured")
     pt.enter(); pt.exit(); clock.ns += 1_000
     pt.enter(); pt.exit()
     pt.forget()
@@ -93,7 +93,7 @@ def test_forget_starts_over(clock):
 
 
 def test_the_floor_is_the_median_gap_of_a_bare_op(clock):
-    pt = PythonTime(Host(threading.current_thread()), enabled=True)
+    pt = PythonTime(Host(threading.current_thread()), "measured")
     gaps = iter([5_000, 7_000, 100_000, 6_000, 7_500])
 
     def bare_op() -> None:
@@ -102,3 +102,28 @@ def test_the_floor_is_the_median_gap_of_a_bare_op(clock):
 
     assert host_time.measure_dispatch_floor(pt, bare_op, ops=5) == 7_000
     assert pt.take() == 0  # the probe's ops are nobody's Python
+
+
+def _spin(n: int) -> int:
+    x = 0
+    for i in range(n):
+        x = x + i
+    return x
+
+
+def test_counted_mode_counts_only_between_brackets():
+    pt = PythonTime(Host(threading.current_thread()), "counted")
+
+    def program(outside: int, inside: int) -> int:
+        pt.enter(); pt.exit()
+        _spin(outside)  # the program's Python
+        pt.enter()
+        _spin(inside)  # phantora's own work: the counter is paused
+        taken = pt.take()
+        pt.exit()
+        return taken
+
+    base = program(1_000, 0)
+    assert base > 0
+    assert program(1_000, 100_000) == base
+    assert program(2_000, 0) > base
