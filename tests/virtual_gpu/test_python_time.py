@@ -115,7 +115,7 @@ def test_counted_mode_counts_only_between_brackets():
     pt = PythonTime(Host(threading.current_thread()), "counted")
 
     def program(outside: int, inside: int) -> int:
-        pt.enter(); pt.exit()
+        pt.enter(); pt.take(); pt.exit()  # hand over whatever ran before this call
         _spin(outside)  # the program's Python
         pt.enter()
         _spin(inside)  # phantora's own work: the counter is paused
