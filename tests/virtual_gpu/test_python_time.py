@@ -125,5 +125,5 @@ def test_counted_mode_counts_only_between_brackets():
 
     base = program(1_000, 0)
     assert base > 0
-    assert program(1_000, 100_000) == base
+    assert abs(program(1_000, 100_000) - base) <= 1  # whole ns are handed over, the ps carried
     assert program(2_000, 0) > base
