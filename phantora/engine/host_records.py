@@ -95,10 +95,7 @@ class HostRecords:
         if self.timing.host_time == "measured":
             overhead = took = self.python(st, python_ns, slice_min_ns=PYTHON_SLICE_NS)
         elif self.timing.host_time == "counted":
-            took = self.python(st, python_ns, slice_min_ns=PYTHON_SLICE_NS)
-            if device is not None:
-                took += tl.charge_host(op_cxx_ns(flags, est.kernels > 0), "op C++")
-            overhead = took
+            overhead = took = self.python(st, python_ns, slice_min_ns=PYTHON_SLICE_NS)
         else:
             overhead = python_overhead_ns(flags, est.kernels > 0) if device is not None else 0
             took = tl.charge_host(overhead, "python (modelled)")
@@ -108,6 +105,12 @@ class HostRecords:
             if tl.host_ns != begin and took:  # its Python is drawn before the start-up slices
                 self.trace.host_slice(st.info.trace_pid, "python", begin - took, begin, "python")
                 took = 0
+        if self.timing.host_time == "counted" and device is not None:
+            # the op's C++ (binding, autograd) runs after its Python, around the lazy
+            # initialisations the first use just paid; the op's slice covers it
+            cxx = tl.charge_host(op_cxx_ns(flags, est.kernels > 0), "op C++")
+            took += cxx
+            overhead += cxx
         begin = tl.host_ns - took
         launch = tl.host_ns
         tl.charge_host(est.host_ns)
