@@ -51,7 +51,7 @@ def _loop_instructions() -> int:
     return ops.index("JUMP_BACKWARD") - ops.index("FOR_ITER") + 1
 
 
-@pytest.mark.parametrize("host", ["lent-h100", "reference"])
+@pytest.mark.parametrize("host", ["reference"])  # the host's speed scaling: tests/engine/test_host_time.py
 def test_counted_python_shows_as_its_instructions_at_the_simulated_hosts_cost(tmp_path, host):
     n = 200_000
     proc, out = trace(tmp_path, str(SCRIPTS / "python_work.py"), str(n), options=(*COUNTED, "--host", host))
@@ -63,10 +63,10 @@ def test_counted_python_shows_as_its_instructions_at_the_simulated_hosts_cost(tm
 
 
 def test_counted_host_gives_the_same_trace_under_load(tmp_path):
-    """Alone, then beside two processes that keep both of this machine's cores busy: the same
-    step times to the nanosecond, which the measured host cannot give (docs/host-time.md)."""
+    """Alone, then beside a process that keeps one of this machine's cores busy: the same step
+    times to the nanosecond, which the measured host cannot give (docs/host-time.md)."""
     _, alone = trace(tmp_path, "examples/gpt_train.py", *TINY_GPT, options=COUNTED, name="alone.json")
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])]
     try:
         _, loaded = trace(tmp_path, "examples/gpt_train.py", *TINY_GPT, options=COUNTED, name="loaded.json")
     finally:
