@@ -29,7 +29,7 @@ from typing import Any
 from interpose.client import SimClient
 from interpose.device.shim_calls import is_pinned_ptr
 from interpose.host.clock import HostThread
-from interpose.host.host_time import DEFAULT_MODE as DEFAULT_HOST_TIME
+from phantora.cost.host import DEFAULT_HOST_TIME
 from interpose.host.host_time import ENV as HOST_TIME_ENV
 from interpose.host.host_time import PythonTime, exclude_garbage_collection
 from phantora import protocol as P

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from phantora import __version__
-from phantora.cost.host import DEFAULT_HOST, HOSTS, UnknownHostError, lookup_host
+from phantora.cost.host import DEFAULT_HOST, DEFAULT_HOST_TIME, HOST_TIME_MODES, HOSTS, UnknownHostError, lookup_host
 from phantora.hardware import DEFAULT_GPU, GPUS, UnknownGPUError, lookup_gpu
 from phantora.mask_fraction import DEFAULT as DEFAULT_MASK_FRACTION
 from phantora.mask_fraction import ENV as MASK_FRACTION_ENV
@@ -99,7 +99,7 @@ def main() -> None:
 @click.option("--host", "host", default=None, type=_HostType(),
               help=f"Host CPU the script runs on, which sets its host (launch, Python) time: {_host_help()}. "
                    f"Default: {DEFAULT_HOST}.")
-@click.option("--host-time", "host_time", type=click.Choice(["counted", "measured", "modelled"]), default="counted",
+@click.option("--host-time", "host_time", type=click.Choice(HOST_TIME_MODES), default=DEFAULT_HOST_TIME,
               show_default=True, envvar="PHANTORA_HOST_TIME", show_envvar=True,
               help="counted: the script's own Python (and the framework's) between GPU calls is counted (bytecode "
                    "instructions and calls) and charged at the simulated host's cost: the same trace under any load; "

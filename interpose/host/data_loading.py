@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from interpose.host.host_time import DEFAULT_MODE as DEFAULT_HOST_TIME
 from interpose.host.host_time import ENV as HOST_TIME_ENV
 from phantora import protocol as P
+from phantora.cost.host import DEFAULT_HOST_TIME
 
 _thread_ns = time.thread_time_ns
 

@@ -29,9 +29,7 @@ from typing import Any, Callable
 
 from phantora.cost.host_bench import PROBE_EVERY_NS, python_bench_ms
 
-ENV = "PHANTORA_HOST_TIME"  # counted (default), measured or modelled (phantora trace --host-time)
-MODES = ("counted", "measured", "modelled")
-DEFAULT_MODE = "counted"
+ENV = "PHANTORA_HOST_TIME"  # phantora trace --host-time: cost/host.py HOST_TIME_MODES
 
 _thread_ns = time.thread_time_ns  # clock.py leaves thread_time real: it measures the interposer itself
 

@@ -308,9 +308,9 @@ def _without_dynamo(dispatch: Any) -> Any:
     return __torch_dispatch__
 
 
-OpObserver.__torch_dispatch__ = _without_dynamo(OpObserver.__dict__["__torch_dispatch__"].__wrapped__
-                                                if hasattr(OpObserver.__dict__["__torch_dispatch__"], "__wrapped__")
-                                                else OpObserver.__dict__["__torch_dispatch__"])
+# torch's wrapper keeps the method it wraps as __wrapped__ (functools.wraps)
+_raw_dispatch = OpObserver.__dict__["__torch_dispatch__"]
+OpObserver.__torch_dispatch__ = _without_dynamo(getattr(_raw_dispatch, "__wrapped__", _raw_dispatch))
 
 
 def _wraps_other_tensors(types: Any) -> bool:

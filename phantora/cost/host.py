@@ -223,6 +223,10 @@ HOSTS: tuple[HostSpec, ...] = (
 
 DEFAULT_HOST = "reference"
 
+# `phantora trace --host-time`: how the program's own Python is charged (docs/host-time.md)
+HOST_TIME_MODES = ("counted", "measured", "modelled")
+DEFAULT_HOST_TIME = "counted"
+
 
 class UnknownHostError(ValueError):
     pass

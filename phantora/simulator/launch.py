@@ -26,7 +26,7 @@ from interpose.host.host_time import ENV as HOST_TIME_ENV
 from phantora import __version__
 from phantora.cost import EstimatorChoice, choose_estimator
 from phantora.cost import host_bench
-from phantora.cost.host import DEFAULT_HOST, HostSpec, lookup_host
+from phantora.cost.host import DEFAULT_HOST, DEFAULT_HOST_TIME, HostSpec, lookup_host
 from phantora.engine.engine import Engine, EngineSummary
 from phantora.engine.mirrors import RolesRefuted
 from phantora.engine.timeline import TimingConfig
@@ -81,7 +81,7 @@ class TraceRun:
     witness: bool = False  # also run the last rank as a witness (set when --ranks auto found the stages)
     routing: RoutingModel = field(default_factory=RoutingModel)  # --routing: MoE routers' choices (phantora/routing.py)
     mask_fraction: float = DEFAULT_MASK_FRACTION  # --mask-fraction: comparisons on unknown data (phantora/mask_fraction.py)
-    host_time: str = "counted"  # --host-time: the program's Python counted, measured here, or modelled (timeline.py)
+    host_time: str = DEFAULT_HOST_TIME  # --host-time: the program's Python counted, measured here, or modelled (timeline.py)
     startup_costs: bool = True  # --startup-costs: a fresh process's one-off costs (phantora/cost/startup.py)
 
 
