@@ -14,6 +14,7 @@ from phantora.cost import NO_GPU_WORK
 from phantora.cost.families import FOREIGN, UNMODELLED, UNMODELLED_OPS, classify
 from phantora.cost.measurements import mm_signature
 from phantora.ops import OpSignature, TensorMeta
+from tests.cost.tensors import cuda_tensor as _cuda
 
 # Kernels that make an op reach the dispatcher as itself (not decomposed before dispatch).
 OBSERVABLE_KEYS = ("CPU", "CUDA", "Meta", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")
@@ -77,12 +78,6 @@ def test_namespaces():
     assert classify("mylib::custom_kernel") is None
 
 
-def _cuda(shape, dtype="float32"):
-    stride, acc = [], 1
-    for s in reversed(shape):
-        stride.append(acc)
-        acc *= s
-    return TensorMeta(tuple(shape), dtype, tuple(reversed(stride)), "cuda:0")
 
 
 @pytest.mark.parametrize("name", ["mylib::custom_kernel", "aten::made_up_op"])

@@ -17,7 +17,8 @@ from phantora.cost.calibrated import TF32_NOT_CALIBRATED
 from phantora.cost import choose_estimator
 from phantora.cost.roofline import NO_TF32_CUDNN_TAG, TF32_MATMUL_TAG
 from phantora.hardware import lookup_gpu
-from phantora.ops import OpSignature, TensorMeta
+from phantora.ops import OpSignature
+from tests.cost.tensors import cuda_tensor as _t
 
 from .workloads import CALIBRATION
 
@@ -25,12 +26,6 @@ TAGS = frozenset({"core"})
 H100 = lookup_gpu("h100")
 
 
-def _t(shape: tuple[int, ...], dtype: str = "float32") -> TensorMeta:
-    stride, acc = [], 1
-    for n in reversed(shape):
-        stride.append(acc)
-        acc *= n
-    return TensorMeta(shape, dtype, tuple(reversed(stride)), "cuda:0")
 
 
 def mm(m: int, k: int, n: int, tags: frozenset[str] = frozenset()) -> OpSignature:

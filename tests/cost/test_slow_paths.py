@@ -20,18 +20,13 @@ import pytest
 from phantora.cost import choose_estimator, fitted
 from phantora.cost.analytical import AnalyticalEstimator
 from phantora.hardware import lookup_gpu
-from phantora.ops import OpSignature, TensorMeta
+from phantora.ops import OpSignature
+from tests.cost.tensors import cuda_tensor as _t
 
 PROFILES = Path(__file__).resolve().parents[1] / "data" / "groundtruth" / "examples"
 POINTWISE = frozenset({"core", "pointwise"})
 
 
-def _t(shape, dtype="float32"):
-    stride, acc = [], 1
-    for s in reversed(shape):
-        stride.append(acc)
-        acc *= s
-    return TensorMeta(tuple(shape), dtype, tuple(reversed(stride)), "cuda:0")
 
 
 def _estimator(gpu="h100"):
