@@ -74,6 +74,9 @@ def after_torch_import() -> None:
     from interpose.ops import observer as observer_mod
 
     install_flash_attn3(observer_mod._SPECIAL)  # FlashAttention 3's stand-in (flash_attn_interface)
+    from interpose.device.apex_kernels import install_apex_kernels
+
+    install_apex_kernels()  # Apex's extension modules (amp_C, scaled_masked_softmax_cuda, ...)
     clock = VirtualClock(rt.client, rt.host_thread)
     install_clock(clock)
 

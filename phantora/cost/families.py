@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from phantora.cost import attention, conv, copies, fused, gemm, indexing, losses, movement, normalization
+from phantora.cost import apex, attention, conv, copies, fused, gemm, indexing, losses, movement, normalization
 from phantora.cost import optimizers, pointwise, recurrent, reductions, spectral
 from phantora.cost.roofline import CostContext, OpCost
 from phantora.ops import OpSignature
@@ -331,6 +331,18 @@ QUALIFIED_FAMILIES: dict[str, Family] = {
     # FlashAttention 3's kernels (interpose/device/flash_attn3.py), timed as aten's flash attention
     "flash_attn_3::fwd": Family("attention", attention.flash_attn_3),
     "flash_attn_3::bwd": Family("attention", attention.flash_attn_3),
+    # Apex's and Megatron's fused kernels (interpose/device/apex_kernels.py), each as the kernel it is
+    **_ops(Family("softmax", apex.upper_triang_softmax),
+           "apex::scaled_upper_triang_masked_softmax_forward apex::scaled_upper_triang_masked_softmax_backward_"),
+    **_ops(Family("softmax", apex.scaled_softmax),
+           "apex::scaled_masked_softmax_forward apex::scaled_masked_softmax_backward "
+           "apex::scaled_softmax_forward apex::scaled_softmax_backward_"),
+    **_ops(Family("norm", apex.fused_layer_norm), "apex::fused_layer_norm"),
+    **_ops(Family("norm", apex.fused_layer_norm_backward), "apex::fused_layer_norm_backward"),
+    **_ops(Family("norm", apex.fast_layer_norm), "apex::fast_layer_norm_fwd apex::fast_layer_norm_bwd"),
+    "apex::wgrad_gemm_accum": Family("gemm", apex.wgrad_gemm_accum),
+    **_ops(Family("foreach", apex.multi_tensor),
+           "apex::multi_tensor_scale apex::multi_tensor_axpby apex::multi_tensor_l2norm"),
 }
 
 

@@ -47,8 +47,9 @@ def _tensor_list(a) -> list[TensorMeta]:
     return [t for t in a if isinstance(t, TensorMeta)] if isinstance(a, tuple) else []
 
 
-def launch_element_counts(numels: list[int], depth: int) -> list[int]:
-    """Elements each multi_tensor_apply launch processes, following torch's launch rule."""
+def launch_element_counts(numels: list[int], depth: int, chunk_elements: int = CHUNK_ELEMENTS) -> list[int]:
+    """Elements each multi_tensor_apply launch processes, following torch's launch rule (Apex's
+    multi_tensor_apply has the same rule with the caller's chunk size)."""
     max_tensors = MAX_TENSORS_BY_DEPTH.get(depth, 30)
     launches: list[int] = []
     tensors = blocks = elements = 0
@@ -56,10 +57,10 @@ def launch_element_counts(numels: list[int], depth: int) -> list[int]:
         if n == 0:
             continue
         tensors += 1
-        chunks = ceil_div(n, CHUNK_ELEMENTS)
+        chunks = ceil_div(n, chunk_elements)
         for chunk in range(chunks):
             blocks += 1
-            elements += min(CHUNK_ELEMENTS, n - chunk * CHUNK_ELEMENTS)
+            elements += min(chunk_elements, n - chunk * chunk_elements)
             last_chunk = chunk == chunks - 1
             if blocks == MAX_BLOCKS_PER_LAUNCH or (tensors == max_tensors and last_chunk):
                 launches.append(elements)
@@ -72,10 +73,10 @@ def launch_element_counts(numels: list[int], depth: int) -> list[int]:
 
 def multi_tensor_kernels(
     name: str, numels: list[int], depth: int, total_bytes: float, flops_per_element: float, ctx: CostContext,
-    efficiency: float = 1.0,
+    efficiency: float = 1.0, chunk_elements: int = CHUNK_ELEMENTS,
 ) -> tuple[Kernel, ...]:
     """Split `total_bytes` over the launches in proportion to their elements."""
-    launches = launch_element_counts(numels, depth)
+    launches = launch_element_counts(numels, depth, chunk_elements)
     total = sum(launches)
     if not total:
         return ()

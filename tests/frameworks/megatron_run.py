@@ -37,6 +37,9 @@ class GPTConfig:
     ep: int = 1  # expert model parallel size
     etp: int | None = None  # expert tensor parallel size (Megatron's default: tp)
     sequence_parallel: bool = False
+    # Megatron-LM's default fused kernels (Apex's): fused scale-mask-softmax, weight gradients
+    # accumulated into main_grad
+    fused_kernels: bool = False
 
     def args(self) -> list[str]:
         a = ["--tp", str(self.tp), "--pp", str(self.pp), "--num-layers", str(self.layers),
@@ -55,6 +58,8 @@ class GPTConfig:
                 a += ["--expert-tensor-parallel-size", str(self.etp)]
         if self.sequence_parallel:
             a += ["--sequence-parallel"]
+        if self.fused_kernels:
+            a += ["--masked-softmax-fusion", "--gradient-accumulation-fusion"]
         return a
 
 

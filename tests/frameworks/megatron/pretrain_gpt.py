@@ -68,6 +68,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--expert-tensor-parallel-size", dest="etp", type=int, default=None,
                    help="tensor parallel size within each expert (Megatron's default: --tp)")
     p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--masked-softmax-fusion", action="store_true",
+                   help="Megatron's fused scale-mask-softmax kernels (Apex's scaled_*softmax_cuda; on by default "
+                        "in Megatron-LM, which has --no-masked-softmax-fusion)")
+    p.add_argument("--gradient-accumulation-fusion", action="store_true",
+                   help="weight gradients accumulated into main_grad by Apex's fused_weight_gradient_mlp_cuda "
+                        "(on by default in Megatron-LM, which has --no-gradient-accumulation-fusion)")
     p.add_argument("--ddp-bucket-size", type=int, default=None,
                    help="parameters per gradient bucket (Megatron's default: max(40M, 1M x DP size))")
     return p.parse_args()
@@ -108,6 +114,8 @@ def model_provider(args: argparse.Namespace) -> tuple[list[GPTModel], Transforme
         expert_tensor_parallel_size=args.etp,
         sequence_parallel=args.sequence_parallel,
         moe_aux_loss_coeff=1e-2 if args.num_experts else 0.0,
+        masked_softmax_fusion=args.masked_softmax_fusion,
+        gradient_accumulation_fusion=args.gradient_accumulation_fusion,
     )
     chunks = []
     for vp_stage in range(args.vp or 1):
