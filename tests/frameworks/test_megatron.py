@@ -121,12 +121,27 @@ def check_run(run: Run, cfg: GPTConfig, world: int) -> None:
     assert logged_peak_gib(proc.stdout) == pytest.approx(last_peak / 2**30, abs=0.001)
 
 
-def test_single_gpu(tmp_path, frameworks_cuda_python):
-    cfg = SMALL
+def test_single_gpu_with_megatron_lm_fused_kernels(tmp_path, frameworks_cuda_python):
+    """Megatron-LM's defaults masked_softmax_fusion and gradient_accumulation_fusion, whose
+    kernels are Apex's (scaled_upper_triang_masked_softmax_cuda, fused_weight_gradient_mlp_cuda;
+    phantora's stand-ins, interpose/device/apex_kernels.py): causal attention's softmax is one
+    fused kernel forward and one backward per layer and microbatch, with no torch softmax left;
+    every linear layer's weight gradient is one GEMM accumulating into the fp32 main_grad."""
+    cfg = GPTConfig(fused_kernels=True)
     run = run_megatron(tmp_path, frameworks_cuda_python, 1, cfg)
     check_run(run, cfg, world=1)
     assert f"number of parameters on (tensor, pipeline) model parallel rank (0, 0): {gpt_params(cfg, 0)}" \
         in run.proc.stdout
+    kernels = compute_kernels(trace_events(run), 0)
+    ops = Counter(k["args"]["op"].split(".")[0] for k in kernels)
+    per_layer = cfg.layers * cfg.microbatches * cfg.iters
+    assert ops["apex::scaled_upper_triang_masked_softmax_forward"] == per_layer, ops
+    assert ops["apex::scaled_upper_triang_masked_softmax_backward_"] == per_layer, ops
+    assert not any("softmax" in op for op in ops if op.startswith("aten::")), ops
+    # QKV, projection, FC1, FC2 per layer and the output layer, once per microbatch
+    assert ops["apex::wgrad_gemm_accum"] == (4 * cfg.layers + 1) * cfg.microbatches * cfg.iters, ops
+    wgrad = [k for k in kernels if k["args"]["op"].startswith("apex::wgrad_gemm_accum")]
+    assert {k["name"] for k in wgrad} == {"sm90_xmma_gemm_bf16bf16_f32f32"}
 
 
 def test_data_parallel_overlaps_reduce_scatter_with_backward_and_all_gather_with_forward(

@@ -74,6 +74,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--gradient-accumulation-fusion", action="store_true",
                    help="weight gradients accumulated into main_grad by Apex's fused_weight_gradient_mlp_cuda "
                         "(on by default in Megatron-LM, which has --no-gradient-accumulation-fusion)")
+    p.add_argument("--persist-layer-norm", action="store_true",
+                   help="Apex's persistent LayerNorm kernel for the hidden sizes it supports, with Apex installed "
+                        "(on by default in Megatron-LM, which has --no-persist-layer-norm)")
     p.add_argument("--ddp-bucket-size", type=int, default=None,
                    help="parameters per gradient bucket (Megatron's default: max(40M, 1M x DP size))")
     return p.parse_args()
@@ -116,6 +119,7 @@ def model_provider(args: argparse.Namespace) -> tuple[list[GPTModel], Transforme
         moe_aux_loss_coeff=1e-2 if args.num_experts else 0.0,
         masked_softmax_fusion=args.masked_softmax_fusion,
         gradient_accumulation_fusion=args.gradient_accumulation_fusion,
+        persist_layer_norm=args.persist_layer_norm,
     )
     chunks = []
     for vp_stage in range(args.vp or 1):
