@@ -204,8 +204,8 @@ def _float(x: Any) -> float:
 
 def _check(ok: bool, module: str, fn: str, what: str) -> None:
     if not ok:
-        raise RuntimeError(f"{module}.{fn}: {what} (as Apex's TORCH_CHECK; phantora stand-in, "
-                           f"interpose/device/apex_kernels.py)")
+        raise RuntimeError(f"phantora: rank {_rank()}: {module}.{fn}: {what} (Apex's check, in phantora's "
+                           f"stand-in interpose/device/apex_kernels.py); pass what the kernel accepts")
 
 
 def _half(t: torch.Tensor) -> bool:

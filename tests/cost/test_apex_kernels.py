@@ -18,7 +18,7 @@ from interpose.device import apex_kernels
 from phantora.cost.families import QUALIFIED_FAMILIES, classify
 from phantora.cost.gemm import GemmShape, gemm_kernel
 from phantora.cost.roofline import CostContext
-from phantora.ops import OpSignature, TensorMeta
+from phantora.ops import OpSignature
 from tests.cost.tensors import cuda_tensor
 
 BF16 = "bfloat16"
