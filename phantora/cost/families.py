@@ -25,6 +25,7 @@ from typing import Callable
 
 from phantora.cost import attention, conv, copies, fused, gemm, indexing, losses, movement, normalization
 from phantora.cost import optimizers, pointwise, recurrent, reductions, spectral
+from phantora.cost import transformer_engine
 from phantora.cost.roofline import CostContext, OpCost
 from phantora.ops import OpSignature
 
@@ -331,6 +332,14 @@ QUALIFIED_FAMILIES: dict[str, Family] = {
     # FlashAttention 3's kernels (interpose/device/flash_attn3.py), timed as aten's flash attention
     "flash_attn_3::fwd": Family("attention", attention.flash_attn_3),
     "flash_attn_3::bwd": Family("attention", attention.flash_attn_3),
+    # Transformer Engine's core-library kernels (interpose/device/transformer_engine/ops.py)
+    "nvte::cublas_gemm": Family("gemm", transformer_engine.cublas_gemm),
+    "nvte::layernorm_fwd": Family("norm", transformer_engine.norm_fwd),
+    "nvte::rmsnorm_fwd": Family("norm", transformer_engine.norm_fwd),
+    "nvte::layernorm_bwd": Family("norm", transformer_engine.norm_bwd),
+    "nvte::rmsnorm_bwd": Family("norm", transformer_engine.norm_bwd),
+    "nvte::activation": Family("pointwise", transformer_engine.activation),
+    "nvte::activation_bwd": Family("pointwise", transformer_engine.activation_bwd),
 }
 
 

@@ -1,0 +1,480 @@
+"""The virtual `transformer_engine_torch`: TE's PyTorch extension for a GPU that holds no data.
+
+native/extension.c's exec slot calls `populate(module)`, which gives the extension module what
+TE's pybind11 module defines (transformer_engine_torch 2.x, csrc/extensions/pybind.cpp and
+common/util/pybind_helper.h): its enums with their C values, its classes, and its functions.
+A modelled function does what the C++ one does around its kernels, in Python: it takes TE's
+Python tensors and quantizers, allocates the outputs the C++ allocates (same shapes, dtypes and
+buffers), and issues one `nvte::` op per kernel of the core library (ops.py) with the tensors that
+kernel reads and writes. A function phantora does not model yet raises NotImplementedError naming
+the rank, the function and what to change, when called; names the real extension does not have
+raise AttributeError as there.
+
+Modelled: BF16/FP16 GEMMs through cuBLASLt (generic_gemm, with bias, GELU and dbias/dGELU
+epilogues, accumulation into the output), LayerNorm and RMSNorm forward and backward, and the
+activations with their backward and fused bias gradient, each without quantized outputs.
+"""
+
+from __future__ import annotations
+
+import enum
+import types
+from typing import Any, Callable
+
+import torch
+
+from interpose.device.transformer_engine import ops as nvte_ops
+
+# --- enums (values from the core library's headers) --------------------------------------------
+
+
+class DType(enum.IntEnum):
+    kByte = 0
+    kInt32 = 2
+    kFloat32 = 4
+    kFloat16 = 5
+    kBFloat16 = 6
+    kFloat8E4M3 = 7
+    kFloat8E5M2 = 8
+    kFloat4E2M1 = 10
+
+
+class NVTE_Bias_Type(enum.IntEnum):
+    NVTE_NO_BIAS = 0
+    NVTE_PRE_SCALE_BIAS = 1
+    NVTE_POST_SCALE_BIAS = 2
+    NVTE_ALIBI = 3
+
+
+class NVTE_Mask_Type(enum.IntEnum):
+    NVTE_NO_MASK = 0
+    NVTE_PADDING_MASK = 1
+    NVTE_CAUSAL_MASK = 2
+    NVTE_PADDING_CAUSAL_MASK = 3
+    NVTE_CAUSAL_BOTTOM_RIGHT_MASK = 4
+    NVTE_PADDING_CAUSAL_BOTTOM_RIGHT_MASK = 5
+
+
+class NVTE_Softmax_Type(enum.IntEnum):
+    NVTE_VANILLA_SOFTMAX = 0
+    NVTE_OFF_BY_ONE_SOFTMAX = 1
+    NVTE_LEARNABLE_SOFTMAX = 2
+
+
+class NVTE_QKV_Format(enum.IntEnum):
+    NVTE_SBHD = 0
+    NVTE_BSHD = 1
+    NVTE_THD = 2
+    NVTE_BSHD_2SBHD = 3
+    NVTE_SBHD_2BSHD = 4
+    NVTE_THD_2BSHD = 5
+    NVTE_THD_2SBHD = 6
+    NVTE_BHSD = 7
+    NVTE_QKV_Format_NOT_SET = 8
+
+
+NVTE_QKV_Layout = enum.IntEnum("NVTE_QKV_Layout", [(name, i) for i, name in enumerate((
+    "NVTE_SB3HD", "NVTE_SBH3D", "NVTE_SBHD_SB2HD", "NVTE_SBHD_SBH2D", "NVTE_SBHD_SBHD_SBHD", "NVTE_BS3HD",
+    "NVTE_BSH3D", "NVTE_BSHD_BS2HD", "NVTE_BSHD_BSH2D", "NVTE_BSHD_BSHD_BSHD", "NVTE_T3HD", "NVTE_TH3D",
+    "NVTE_THD_T2HD", "NVTE_THD_TH2D", "NVTE_THD_THD_THD", "NVTE_SBHD_BSHD_BSHD", "NVTE_BSHD_SBHD_SBHD",
+    "NVTE_THD_BSHD_BSHD", "NVTE_THD_SBHD_SBHD", "NVTE_Paged_KV_BSHD_BSHD_BSHD", "NVTE_Paged_KV_BSHD_SBHD_SBHD",
+    "NVTE_Paged_KV_SBHD_BSHD_BSHD", "NVTE_Paged_KV_SBHD_SBHD_SBHD", "NVTE_Paged_KV_THD_BSHD_BSHD",
+    "NVTE_Paged_KV_THD_SBHD_SBHD", "NVTE_BHSD_BHSD_BHSD", "NVTE_QKV_Layout_NOT_SET"))])
+
+
+class NVTE_Fused_Attn_Backend(enum.IntEnum):
+    NVTE_No_Backend = -1
+    NVTE_F16_arbitrary_seqlen = 1
+    NVTE_FP8 = 2
+
+
+class NVTEScalingMode(enum.IntEnum):
+    NVTE_DELAYED_TENSOR_SCALING = 0
+    NVTE_MXFP8_1D_SCALING = 1
+    NVTE_BLOCK_SCALING_1D = 2
+    NVTE_BLOCK_SCALING_2D = 3
+    NVTE_NVFP4_1D_SCALING = 4
+    NVTE_INVALID_SCALING = 100
+
+
+class Float8BlockScaleTensorFormat(enum.IntEnum):
+    GEMM_READY = 0
+    COMPACT = 1
+    INVALID = 2
+
+
+class CommOverlapType(enum.IntEnum):
+    RS = 0
+    AG = 1
+
+
+CommOverlapAlgo = enum.IntEnum("CommOverlapAlgo", [(name, i) for i, name in enumerate((
+    "BULK_OVERLAP_AG", "BULK_OVERLAP_RS", "SPLIT_PIPELINED_AG_P2P", "SPLIT_PIPELINED_RS", "SPLIT_PIPELINED_RS_P2P",
+    "ATOMIC_GEMM_RS", "ATOMIC_GEMM_AG_P2P", "ATOMIC_GEMM_RS_P2P", "EXTERNAL_BULK_OVERLAP_AG"))])
+
+FP8FwdTensors = enum.IntEnum("FP8FwdTensors", [(name, i) for i, name in enumerate((
+    "GEMM1_INPUT", "GEMM1_WEIGHT", "GEMM1_OUTPUT", "GEMM2_INPUT", "GEMM2_WEIGHT", "GEMM2_OUTPUT",
+    "GEMM3_INPUT", "GEMM3_WEIGHT", "GEMM3_OUTPUT"))])
+FP8BwdTensors = enum.IntEnum("FP8BwdTensors", [(name, i) for i, name in enumerate((
+    "GRAD_OUTPUT1", "GRAD_INPUT1", "GRAD_OUTPUT2", "GRAD_INPUT2", "GRAD_OUTPUT3", "GRAD_INPUT3"))])
+
+
+class NVTERoutingMapFormat(enum.IntEnum):
+    BYTEMAP = 0
+    BITMAP_U8 = 1
+
+
+class NVTEQBHistogramMode(enum.IntEnum):
+    TWO_KERNEL = 0
+    FUSED_ATOMIC = 1
+
+
+ENUMS = (DType, NVTE_Bias_Type, NVTE_Mask_Type, NVTE_Softmax_Type, NVTE_QKV_Format, NVTE_QKV_Layout,
+         NVTE_Fused_Attn_Backend, NVTEScalingMode, Float8BlockScaleTensorFormat, CommOverlapType, CommOverlapAlgo,
+         FP8FwdTensors, FP8BwdTensors, NVTERoutingMapFormat, NVTEQBHistogramMode)
+
+TORCH_DTYPES = {
+    DType.kByte: torch.uint8, DType.kInt32: torch.int32, DType.kFloat32: torch.float32,
+    DType.kFloat16: torch.float16, DType.kBFloat16: torch.bfloat16, DType.kFloat8E4M3: torch.float8_e4m3fn,
+    DType.kFloat8E5M2: torch.float8_e5m2,
+}
+
+# What the virtual machine reports: the cuDNN that torch 2.14's CUDA 13 wheels bring (9.24.0,
+# encoded as cudnnGetVersion does) and cuBLASLt 13.1.1 (cublasLtGetVersion); the core library's
+# compute streams for grouped GEMMs (nvte_get_num_compute_streams).
+CUDNN_VERSION = 92400
+CUBLASLT_VERSION = 130101
+NUM_COMPUTE_STREAMS = 4
+
+
+def _rank() -> str:
+    from interpose import runtime as rt_mod
+    try:
+        return str(rt_mod.get().rank)
+    except Exception:  # outside a traced run (unit tests)
+        return "?"
+
+
+class NotModelledError(NotImplementedError):
+    pass
+
+
+def _not_modelled(what: str) -> NotModelledError:
+    return NotModelledError(
+        f"phantora: rank {_rank()}: Transformer Engine's {what} is not modelled by phantora's stand-in for "
+        f"transformer_engine_torch (interpose/device/transformer_engine/extension.py), which models BF16/FP16 "
+        f"GEMMs, LayerNorm/RMSNorm and activations. Run this layer in BF16 (no fp8_autocast / quantized "
+        f"outputs), or add the kernel there with a cost model in phantora/cost/transformer_engine.py.")
+
+
+def _unmodelled_function(name: str) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        raise _not_modelled(f"extension function transformer_engine_torch.{name}")
+    call.__name__ = name
+    return call
+
+
+class _Unmodelled:
+    """A class of the extension (comm+GEMM overlap with userbuffers, cuSolverMp, ...) whose
+    objects phantora cannot make yet: the class exists (TE names it in annotations and isinstance
+    checks); making one raises."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise _not_modelled(f"extension class transformer_engine_torch.{type(self).__name__}")
+
+
+class CommOverlapCore(_Unmodelled):
+    pass
+
+
+class CommOverlapBase(CommOverlapCore):
+    pass
+
+
+class CommOverlapP2PBase(CommOverlapCore):
+    pass
+
+
+class CommOverlap(CommOverlapBase):
+    pass
+
+
+class CommOverlapP2P(CommOverlapP2PBase):
+    pass
+
+
+class CommOverlapHelper(_Unmodelled):
+    pass
+
+
+class FP8TensorMeta:
+    def __init__(self) -> None:
+        self.scale: torch.Tensor | None = None
+        self.scale_inv: torch.Tensor | None = None
+        self.amax_history: torch.Tensor | None = None
+
+
+CLASSES = (CommOverlapCore, CommOverlapBase, CommOverlapP2PBase, CommOverlap, CommOverlapP2P, CommOverlapHelper,
+           FP8TensorMeta)
+
+
+# --- tensors ---------------------------------------------------------------------------------
+
+def _torch_dtype(dtype: Any) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    return TORCH_DTYPES[DType(int(dtype))]
+
+
+def _plain(t: Any, what: str) -> torch.Tensor:
+    """A high-precision tensor argument; a quantized one is not modelled here yet."""
+    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter or (
+            isinstance(t, torch.Tensor) and not hasattr(t, "_quantizer")):
+        return t
+    raise _not_modelled(f"{what} with a quantized ({type(t).__name__}) operand")
+
+
+def _empty(shape: Any, dtype: torch.dtype, device: torch.device, quantizer: Any, what: str) -> torch.Tensor:
+    if quantizer is not None:
+        raise _not_modelled(f"{what} with a quantized output ({type(quantizer).__name__})")
+    return torch.empty(tuple(int(s) for s in shape), dtype=dtype, device=device)
+
+
+def _flat2d(shape: Any) -> tuple[int, int]:
+    """get_2d_dims: every dimension but the last, flattened, and the last."""
+    if len(shape) == 0:
+        return 1, 1
+    rows = 1
+    for s in shape[:-1]:
+        rows *= int(s)
+    return rows, int(shape[-1])
+
+
+# --- GEMM --------------------------------------------------------------------------------------
+
+def gemm_output_shape(a_shape: Any, transa: bool, b_shape: Any, transb: bool) -> list[int]:
+    """The C++ extension's getGemmOutputShape (no comm+GEMM overlap)."""
+    a0, a1 = _flat2d(a_shape)
+    b0, b1 = _flat2d(b_shape)
+    if (a1 if transa else a0) != (b0 if transb else b1):
+        raise RuntimeError(f"Invalid matrix dimensions for GEMM (A=({a0},{a1}), transa={transa}, "
+                           f"B=({b0},{b1}), transb={transb})")
+    out = [b1] if transb else [int(s) for s in b_shape[:-1]]
+    out.append(a0 if transa else a1)
+    return out
+
+
+def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: Any, output_dtype: Any,
+                 bias: torch.Tensor | None, bias_type: Any, gelu: bool, gelu_in: torch.Tensor | None, grad: bool,
+                 workspace: torch.Tensor, workspace_size: int, accumulate: bool, use_split_accumulator: bool,
+                 comm_overlap: Any = None, comm_type: Any = None, extra_output: Any = None,
+                 bulk_overlap: bool = False, alpha: float = 1.0, beta: float | None = None) -> list[Any]:
+    """The extension's gemm(): one cuBLASLt GEMM (nvte_cublas_gemm_v2) with its epilogue."""
+    if comm_overlap is not None:
+        raise _not_modelled("comm+GEMM overlap (userbuffers, ub_overlap_*)")
+    a = _plain(A, "generic_gemm")
+    b = _plain(B, "generic_gemm")
+    if not accumulate and beta not in (None, 0.0):
+        raise RuntimeError("Trying to use non-zero beta while not accumulating into D tensor.")
+    d_shape = gemm_output_shape(a.shape, transA, b.shape, transB)
+    out_dtype = _torch_dtype(output_dtype) if output_dtype is not None else a.dtype
+    if D is None:
+        D = _empty(d_shape, out_dtype, workspace.device, quantizer, "GEMM")
+    elif quantizer is not None:
+        raise _not_modelled(f"GEMM with a quantized output ({type(quantizer).__name__})")
+    bias_arg = None
+    bias_grad = None
+    if bias is not None:
+        if grad:
+            bias_grad = torch.empty(int(b.shape[-1]), dtype=D.dtype, device=workspace.device)
+            bias_arg = bias_grad
+        else:
+            bias_arg = bias.contiguous()
+    pre_gelu_out = None
+    if gelu:
+        pre_gelu_out = gelu_in if grad else torch.empty(d_shape, dtype=D.dtype, device=workspace.device)
+    if a.numel() == 0 or b.numel() == 0:
+        if D.numel() != 0 and not accumulate:
+            D.zero_()
+        if bias_grad is not None and grad:
+            bias_grad.zero_()
+    else:
+        nvte_ops.define_ops()
+        torch.ops.nvte.cublas_gemm(a, bool(transA), b, bool(transB), D, bias_arg, pre_gelu_out, None, None,
+                                   workspace, bool(accumulate), bool(grad), bool(gelu))
+    return [D, bias_grad, pre_gelu_out if gelu and not grad else None, extra_output]
+
+
+# --- normalization -----------------------------------------------------------------------------
+
+def layernorm_fwd(input: Any, weight: Any, bias: Any, eps: float, ln_out: Any, quantizer: Any, otype: Any,
+                  sm_margin: int, zero_centered_gamma: bool) -> list[Any]:
+    x = _plain(input, "layernorm_fwd")
+    rows, _ = _flat2d(x.shape)
+    mu = torch.empty(rows, dtype=torch.float32, device=x.device)
+    rsigma = torch.empty(rows, dtype=torch.float32, device=x.device)
+    out = ln_out if ln_out is not None else _empty(x.shape, _torch_dtype(otype), x.device, quantizer, "LayerNorm")
+    nvte_ops.define_ops()
+    torch.ops.nvte.layernorm_fwd(x, _plain(weight, "layernorm_fwd"), bias, _plain(out, "layernorm_fwd output"),
+                                 mu, rsigma, float(eps), bool(zero_centered_gamma))
+    return [out, mu, rsigma]
+
+
+def rmsnorm_fwd(input: Any, weight: Any, eps: float, ln_out: Any, quantizer: Any, otype: Any, sm_margin: int,
+                zero_centered_gamma: bool) -> list[Any]:
+    x = _plain(input, "rmsnorm_fwd")
+    rows, _ = _flat2d(x.shape)
+    rsigma = torch.empty(rows, dtype=torch.float32, device=x.device)
+    out = ln_out if ln_out is not None else _empty(x.shape, _torch_dtype(otype), x.device, quantizer, "RMSNorm")
+    nvte_ops.define_ops()
+    torch.ops.nvte.rmsnorm_fwd(x, _plain(weight, "rmsnorm_fwd"), _plain(out, "rmsnorm_fwd output"), rsigma,
+                               float(eps), bool(zero_centered_gamma))
+    return [out, None, rsigma]
+
+
+def layernorm_bwd(dz: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, rsigma: torch.Tensor, gamma: torch.Tensor,
+                  sm_margin: int = 0, zero_centered_gamma: bool = False) -> list[Any]:
+    dz, x, mu, rsigma, gamma = (t.contiguous() for t in (dz, x, mu, rsigma, gamma))
+    dx, dgamma, dbeta = torch.empty_like(x), torch.empty_like(gamma), torch.empty_like(gamma)
+    nvte_ops.define_ops()
+    torch.ops.nvte.layernorm_bwd(dz, x, mu, rsigma, gamma, dx, dgamma, dbeta, bool(zero_centered_gamma))
+    return [dx, dgamma, dbeta]
+
+
+def rmsnorm_bwd(dz: torch.Tensor, x: torch.Tensor, rsigma: torch.Tensor, gamma: torch.Tensor, sm_margin: int = 0,
+                zero_centered_gamma: bool = False) -> list[Any]:
+    dz, x, rsigma, gamma = (t.contiguous() for t in (dz, x, rsigma, gamma))
+    dx, dgamma = torch.empty_like(x), torch.empty_like(gamma)
+    nvte_ops.define_ops()
+    torch.ops.nvte.rmsnorm_bwd(dz, x, rsigma, gamma, dx, dgamma, bool(zero_centered_gamma))
+    return [dx, dgamma]
+
+
+# --- activations -------------------------------------------------------------------------------
+
+# The extension's activations: name -> (kind, gated). Gated ones (GLU family) take [.., 2n] and
+# give [.., n].
+ACTIVATIONS = {
+    "gelu": False, "relu": False, "srelu": False, "qgelu": False, "silu": False,
+    "glu": True, "geglu": True, "reglu": True, "sreglu": True, "qgeglu": True, "swiglu": True,
+}
+
+
+def _activation(kind: str, gated: bool) -> Callable[..., Any]:
+    def forward(input: torch.Tensor, quantizer: Any) -> torch.Tensor:
+        x = _plain(input, kind).contiguous()
+        shape = list(x.shape)
+        if gated:
+            shape[-1] //= 2
+        y = _empty(shape, x.dtype, x.device, quantizer, f"activation {kind}")
+        nvte_ops.define_ops()
+        torch.ops.nvte.activation(x, y, kind)
+        return y
+    forward.__name__ = kind
+    return forward
+
+
+def _dactivation(kind: str) -> Callable[..., Any]:
+    def backward(grad: torch.Tensor, fwd_input: torch.Tensor, quantizer: Any) -> torch.Tensor:
+        dy, x = _plain(grad, f"d{kind}").contiguous(), _plain(fwd_input, f"d{kind}").contiguous()
+        dx = _empty(x.shape, x.dtype, x.device, quantizer, f"activation backward d{kind}")
+        nvte_ops.define_ops()
+        torch.ops.nvte.activation_bwd(dy, x, dx, None, kind)
+        return dx
+    backward.__name__ = f"d{kind}"
+    return backward
+
+
+def _dbias_dactivation(kind: str) -> Callable[..., Any]:
+    def backward(grad: torch.Tensor, fwd_input: torch.Tensor, quantizer: Any) -> list[Any]:
+        dy, x = _plain(grad, f"dbias_d{kind}").contiguous(), _plain(fwd_input, f"dbias_d{kind}").contiguous()
+        dx = _empty(x.shape, dy.dtype, x.device, quantizer, f"fused dbias + d{kind}")
+        dbias = torch.empty(int(x.shape[-1]), dtype=dy.dtype, device=x.device)
+        nvte_ops.define_ops()
+        torch.ops.nvte.activation_bwd(dy, x, dx, dbias, kind)
+        return [dbias, dx]
+    backward.__name__ = f"dbias_d{kind}"
+    return backward
+
+
+# --- the module --------------------------------------------------------------------------------
+
+def _modelled_functions() -> dict[str, Callable[..., Any]]:
+    fns: dict[str, Callable[..., Any]] = {
+        "generic_gemm": generic_gemm,
+        "layernorm_fwd": layernorm_fwd, "layernorm_bwd": layernorm_bwd,
+        "rmsnorm_fwd": rmsnorm_fwd, "rmsnorm_bwd": rmsnorm_bwd,
+        "get_cudnn_version": lambda: CUDNN_VERSION,
+        "get_cublasLt_version": lambda: CUBLASLT_VERSION,
+        "get_num_cublas_streams": lambda: NUM_COMPUTE_STREAMS,
+        "ubuf_built_with_mpi": lambda: False,
+        "nvte_built_with_cublasmp": lambda: False,
+        "device_supports_multicast": lambda device_id=-1: False,
+        "get_stream_priority_range": lambda device_id=-1: (0, -5),
+    }
+    for kind, gated in ACTIVATIONS.items():
+        fns[kind] = _activation(kind, gated)
+        fns[f"d{kind}"] = _dactivation(kind)
+    for kind in ("gelu", "silu", "relu", "qgelu", "srelu"):
+        fns[f"dbias_d{kind}"] = _dbias_dactivation(kind)
+    return fns
+
+
+# Every function the real extension defines (pybind.cpp's m.def and pybind_helper.h), so that a
+# program that calls one phantora does not model gets NotImplementedError, not AttributeError.
+EXTENSION_FUNCTIONS = """
+bgrad_group_quantize bgrad_quantize bulk_allocate bulk_overlap_ag_with_external_gemm clamped_dswiglu clamped_swiglu
+compute_amax convert_bshd_to_thd convert_thd_to_bshd copy_data_ptrs_to_device copy_to_kv_cache
+create_empty_quantized_tensor create_nvshmem_tensor cusolvermp_ctx_create cusolvermp_ctx_destroy dbias_dgelu
+dbias_dqgelu dbias_drelu dbias_dsilu dbias_dsrelu dequantize dgeglu dgelu dglu dqgeglu dqgelu dreglu drelu dropout_bwd
+dropout_fwd dsilu dsituglu dsreglu dsrelu dswiglu fa_prepare_bwd fa_prepare_fwd fp8_block_scaling_compute_partial_amax
+fp8_block_scaling_partial_cast fp8_transpose fused_amax_and_scale_update_after_reduction fused_attn_bwd fused_attn_fwd
+fused_moe_aux_loss_bwd fused_moe_aux_loss_fwd fused_moe_aux_loss_fwd_graph_safe fused_multi_row_padding
+fused_multi_row_unpadding fused_qkv_rope_backward fused_qkv_rope_forward fused_rope_backward fused_rope_forward
+fused_score_for_moe_aux_loss_bwd fused_score_for_moe_aux_loss_fwd fused_topk_with_score_function_bwd
+fused_topk_with_score_function_fwd fused_topk_with_score_function_qb_fwd geglu gelu generic_gemm
+get_cublasLt_version get_cudnn_version get_fused_attn_backend get_grouped_gemm_setup_workspace_size
+get_num_cublas_streams glu group_dequantize group_quantize group_requantize_inplace group_scaled_clamped_swiglu
+group_scaled_swiglu grouped_swizzle_for_gemm init_nvshmem_backend layernorm_bwd layernorm_fwd moe_permute_bwd
+moe_permute_fwd moe_unpermute_bwd moe_unpermute_fwd multi_tensor_adam multi_tensor_adam_capturable
+multi_tensor_adam_capturable_master multi_tensor_adam_fp8 multi_tensor_adam_param_remainder
+multi_tensor_compute_scale_and_scale_inv multi_tensor_compute_scale_inv_e8m0 multi_tensor_l2norm
+multi_tensor_pad_last_dim multi_tensor_quantize multi_tensor_scale multi_tensor_scale_tensor multi_tensor_sgd
+multi_tensor_swizzle_scales_for_gemm_ multi_tensor_transpose_to_bhsd multi_tensor_unscale_l2norm
+mxfp8_scaling_compute_partial_amax mxfp8_scaling_partial_cast newton_schulz nvfp4_2d_compute_partial_amax
+nvfp4_2d_multi_tensor_transpose nvfp4_2d_partial_cast nvfp4_compute_global_scale nvfp4_compute_per_block_scale
+nvfp4_data_transpose nvfp4_expand_scale_to_fp8 nvfp4_fused_scale nvfp4_group_quantize_with_amax
+nvfp4_multi_tensor_2d_partial_cast nvfp4_multi_tensor_compute_partial_amax nvfp4_multi_tensor_fused_scale
+nvfp4_quantize_with_amax nvshmem_finalize nvshmem_send_on_current_stream nvshmem_wait_on_current_stream qgeglu qgelu
+quantize reglu relu rmsnorm_bwd rmsnorm_bwd_add rmsnorm_fwd scaled_aligned_causal_masked_softmax_backward
+scaled_aligned_causal_masked_softmax_forward scaled_clamped_dswiglu scaled_clamped_swiglu scaled_dsituglu
+scaled_dsrelu scaled_dswiglu scaled_masked_softmax_backward scaled_masked_softmax_forward scaled_situglu
+scaled_softmax_backward scaled_softmax_forward scaled_srelu scaled_swiglu scaled_upper_triang_masked_softmax_backward
+scaled_upper_triang_masked_softmax_forward silu situglu split_quantize splits_to_offsets splits_to_offsets_multi
+sreglu srelu swap_first_dims swiglu swizzle_scales_for_gemm_ te_general_grouped_gemm
+te_general_grouped_gemm_for_discrete_in te_general_grouped_gemm_for_discrete_out
+te_general_grouped_gemm_for_grouped_tensor thd_copy_valid_tokens_from_per_split_to_rank_local
+thd_cp_rank_order_to_sequence_order thd_get_partitioned_indices thd_grad_correction thd_out_correction
+thd_read_half_tensor thd_read_second_half_lse thd_second_half_lse_correction thd_sequence_order_to_cp_rank_order
+device_supports_multicast get_stream_priority_range ubuf_built_with_mpi nvte_built_with_cublasmp
+""".split()
+
+
+def populate(module: Any) -> None:
+    """Fill the extension module (native/extension.c's exec slot)."""
+    for e in ENUMS:
+        setattr(module, e.__name__, e)
+        # pybind11 enums export their values into the module scope too (tex.kFloat32 is not used by
+        # TE, but the class attributes are: tex.DType.kFloat32)
+    for cls in CLASSES:
+        setattr(module, cls.__name__, cls)
+    modelled = _modelled_functions()
+    for name in EXTENSION_FUNCTIONS:
+        setattr(module, name, modelled.get(name) or _unmodelled_function(name))
+    for name, fn in modelled.items():
+        setattr(module, name, fn)
+    experimental = types.ModuleType(f"{module.__name__}.grouped_mlp_experimental")
+    experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights = _unmodelled_function(  # type: ignore[attr-defined]
+        "grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights")
+    module.grouped_mlp_experimental = experimental
+    module.__phantora_stand_in__ = True

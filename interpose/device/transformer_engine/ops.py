@@ -1,0 +1,57 @@
+"""The kernels of Transformer Engine's core library as torch ops (namespace `nvte`).
+
+Each op stands for one call of the core library's C API that TE's extension makes
+(nvte_cublas_gemm_v2, nvte_layernorm_fwd, ...). They write their results into tensors the caller
+allocated, as the C API does (the extension allocates with at::empty first, and so does
+extension.py, so the memory model sees the same buffers), and return nothing: their fake
+kernels have nothing to do. The observer reports them like any op and
+phantora/cost/transformer_engine.py times them (phantora/cost/families.py QUALIFIED_FAMILIES).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+NAMESPACE = "nvte"
+
+SCHEMAS = (
+    # D = op(B) @ op(A) in TE's (cuBLAS column-major) convention: A [.., K] with transa, B [.., K]
+    # without transb, D [.., N]; bias is read (forward) or written (grad: dbias epilogue);
+    # aux is the pre-GELU output (forward, gelu) or its input (grad, dgelu epilogue).
+    "cublas_gemm(Tensor A, bool transa, Tensor B, bool transb, Tensor(a!) D, Tensor(b!)? bias, "
+    "Tensor(c!)? aux, Tensor? A_scale_inv, Tensor? B_scale_inv, Tensor(d!) workspace, bool accumulate, "
+    "bool grad, bool gelu) -> ()",
+    "layernorm_fwd(Tensor x, Tensor gamma, Tensor? beta, Tensor(a!) z, Tensor(b!) mu, Tensor(c!) rsigma, "
+    "float eps, bool zero_centered_gamma) -> ()",
+    "rmsnorm_fwd(Tensor x, Tensor gamma, Tensor(a!) z, Tensor(b!) rsigma, float eps, "
+    "bool zero_centered_gamma) -> ()",
+    "layernorm_bwd(Tensor dz, Tensor x, Tensor mu, Tensor rsigma, Tensor gamma, Tensor(a!) dx, "
+    "Tensor(b!) dgamma, Tensor(c!) dbeta, bool zero_centered_gamma) -> ()",
+    "rmsnorm_bwd(Tensor dz, Tensor x, Tensor rsigma, Tensor gamma, Tensor(a!) dx, Tensor(b!) dgamma, "
+    "bool zero_centered_gamma) -> ()",
+    # an activation (gelu, swiglu, ...; gated ones halve the last dimension) and its backward, with
+    # the bias gradient fused in (dbias_d*) when dbias is given
+    "activation(Tensor x, Tensor(a!) y, str kind) -> ()",
+    "activation_bwd(Tensor dy, Tensor x, Tensor(a!) dx, Tensor(b!)? dbias, str kind) -> ()",
+)
+
+_lib: Any = None
+
+
+def define_ops() -> None:
+    global _lib
+    if _lib is not None:
+        return
+    _lib = torch.library.Library(NAMESPACE, "DEF")
+
+    def nothing(*args: Any) -> None:
+        return None
+
+    for schema in SCHEMAS:
+        _lib.define(schema)
+        name = schema.split("(", 1)[0]
+        # the kernels write through data pointers; no real implementation ever runs
+        _lib.impl(name, nothing, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{NAMESPACE}::{name}", nothing, lib=_lib)

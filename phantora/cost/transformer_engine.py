@@ -1,0 +1,103 @@
+"""Transformer Engine's kernels: the `nvte::` ops of phantora's TE extension stand-in.
+
+interpose/device/transformer_engine/ops.py issues one op per call of TE's core library (the
+schemas there). They are timed with the models of the kernels they are, on the same shapes:
+
+- nvte::cublas_gemm is a cuBLASLt GEMM: the GEMM model of phantora/cost/gemm.py (tile waves at
+  the GPU's peak for the operands' dtype, FP8 at the FP8 rate; memory roofline), with TE's shape
+  rule (the extension's getGemmOutputShape: A [.., K] read transposed when `transa`, B [.., K]
+  when not `transb`, D = op(B) op(A)^T) and its epilogue's bytes (bias read or dbias written, the
+  pre-GELU output written or read, D read back when accumulating).
+- nvte::layernorm_fwd / rmsnorm_fwd are TE's fused norm kernels: costed as torch's layer norm
+  kernel (normalization.py: the row read twice, written once; the params; mu and rsigma).
+- nvte::layernorm_bwd / rmsnorm_bwd: TE's tuned backward keeps a row's dz and x in registers, so
+  dz, x and the statistics are read once and dx written once; its per-CTA fp32 partial sums of
+  dgamma (and dbeta), one row per SM, are reduced by a second, finalize kernel.
+- nvte::activation / activation_bwd: elementwise kernels streaming their tensors (and the bias
+  gradient's column sums, fused in TE's dbias_d* kernels, written once).
+"""
+
+from __future__ import annotations
+
+from phantora.cost.gemm import GemmShape, gemm_kernel
+from phantora.cost.normalization import FLOPS_PER_ELEMENT as NORM_FLOPS_PER_ELEMENT
+from phantora.cost.roofline import CostContext, OpCost, footprint_bytes, single, streaming_kernel
+from phantora.ops import OpSignature, TensorMeta
+
+# Arithmetic per element of the activations (a GELU's tanh approximation is ~8 operations; the
+# gated ones add the product with the gate). The kernels are memory-bound; this only sets FLOPs.
+ACTIVATION_FLOPS = 8.0
+ACTIVATION_BWD_FLOPS = 12.0
+
+
+def _bytes(*ts: object) -> float:
+    return float(sum(footprint_bytes(t) for t in ts if isinstance(t, TensorMeta)))
+
+
+def _flat2d(shape: tuple[int, ...]) -> tuple[int, int]:
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    return rows, (shape[-1] if shape else 1)
+
+
+def gemm_shape(a: TensorMeta, transa: bool, b: TensorMeta, transb: bool) -> GemmShape:
+    """(M, N, K) of D[M, N] = op(B)[M, K] @ op(A)[K, N]^T, row-major, in TE's convention."""
+    a0, a1 = _flat2d(a.shape)
+    b0, b1 = _flat2d(b.shape)
+    n, k = (a0, a1) if transa else (a1, a0)
+    m = b1 if transb else b0
+    return GemmShape(m, n, k)
+
+
+def cublas_gemm(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::cublas_gemm(A, transa, B, transb, D, bias, aux, A_scale_inv, B_scale_inv, workspace,
+    accumulate, grad, gelu)."""
+    a, transa, b, transb, d, bias, aux, a_scale, b_scale = sig.args[:9]
+    accumulate = bool(sig.args[10])
+    shape = gemm_shape(a, bool(transa), b, bool(transb))
+    nbytes = _bytes(a, b, d, bias, aux, a_scale, b_scale) + (_bytes(d) if accumulate else 0.0)
+    return single(gemm_kernel(shape, a.dtype, d.dtype, nbytes, ctx))
+
+
+def norm_fwd(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::layernorm_fwd(x, gamma, beta, z, mu, rsigma, ..) / rmsnorm_fwd(x, gamma, z, rsigma, ..)."""
+    x = sig.args[0]
+    tensors = [t for t in sig.args[1:] if isinstance(t, TensorMeta)]
+    nbytes = 2.0 * footprint_bytes(x) + _bytes(*tensors)
+    layer = sig.short_name == "layernorm_fwd"
+    name = "transformer_engine::normalization::ln_fwd_tuned_kernel" if layer else \
+        "transformer_engine::normalization::rmsnorm_fwd_tuned_kernel"
+    return single(streaming_kernel(name, ctx.gpu, nbytes, NORM_FLOPS_PER_ELEMENT * x.numel))
+
+
+def norm_bwd(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::layernorm_bwd(dz, x, mu, rsigma, gamma, dx, dgamma, dbeta, ..) /
+    rmsnorm_bwd(dz, x, rsigma, gamma, dx, dgamma, ..)."""
+    layer = sig.short_name == "layernorm_bwd"
+    tensors = [t for t in sig.args if isinstance(t, TensorMeta)]
+    grads = tensors[-2:] if layer else tensors[-1:]  # dgamma (, dbeta)
+    dz, x = tensors[0], tensors[1]
+    _, hidden = _flat2d(x.shape)
+    partials = float(ctx.gpu.sm_count * hidden * 4 * len(grads))  # fp32 partial sums, one row per CTA
+    main_bytes = _bytes(*tensors[:-len(grads)]) + partials  # dz, x, stats, gamma read; dx written
+    prefix = "transformer_engine::normalization::" + ("ln" if layer else "rmsnorm")
+    main = streaming_kernel(f"{prefix}_bwd_tuned_kernel", ctx.gpu, main_bytes, 8.0 * x.numel)
+    finalize = streaming_kernel(f"{prefix}_bwd_finalize_tuned_kernel", ctx.gpu, partials + _bytes(*grads),
+                                float(ctx.gpu.sm_count * hidden * len(grads)))
+    del dz
+    return OpCost((main, finalize))
+
+
+def activation(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::activation(x, y, kind)."""
+    x, y, kind = sig.args[0], sig.args[1], sig.args[2]
+    return single(streaming_kernel(f"transformer_engine::{kind}_kernel", ctx.gpu, _bytes(x, y),
+                                   ACTIVATION_FLOPS * x.numel))
+
+
+def activation_bwd(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::activation_bwd(dy, x, dx, dbias, kind)."""
+    dy, x, dx, dbias, kind = sig.args[:5]
+    name = f"transformer_engine::d{kind}_kernel" if dbias is None else f"transformer_engine::dbias_d{kind}_kernel"
+    return single(streaming_kernel(name, ctx.gpu, _bytes(dy, x, dx, dbias), ACTIVATION_BWD_FLOPS * x.numel))
