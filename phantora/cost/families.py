@@ -340,6 +340,8 @@ QUALIFIED_FAMILIES: dict[str, Family] = {
     "nvte::rmsnorm_bwd": Family("norm", transformer_engine.norm_bwd),
     "nvte::activation": Family("pointwise", transformer_engine.activation),
     "nvte::activation_bwd": Family("pointwise", transformer_engine.activation_bwd),
+    "nvte::softmax_fwd": Family("softmax", transformer_engine.softmax_fwd),
+    "nvte::softmax_bwd": Family("softmax", transformer_engine.softmax_bwd),
 }
 
 

@@ -15,6 +15,9 @@ schemas there). They are timed with the models of the kernels they are, on the s
   dgamma (and dbeta), one row per SM, are reduced by a second, finalize kernel.
 - nvte::activation / activation_bwd: elementwise kernels streaming their tensors (and the bias
   gradient's column sums, fused in TE's dbias_d* kernels, written once).
+- nvte::softmax_fwd / softmax_bwd: TE's (Megatron's) warp softmax kernels keep a row in registers:
+  the scores (and the mask) read once and the probabilities written once; backward reads dy and
+  y once and writes dx.
 """
 
 from __future__ import annotations
@@ -101,3 +104,20 @@ def activation_bwd(sig: OpSignature, ctx: CostContext) -> OpCost:
     dy, x, dx, dbias, kind = sig.args[:5]
     name = f"transformer_engine::d{kind}_kernel" if dbias is None else f"transformer_engine::dbias_d{kind}_kernel"
     return single(streaming_kernel(name, ctx.gpu, _bytes(dy, x, dx, dbias), ACTIVATION_BWD_FLOPS * x.numel))
+
+
+SOFTMAX_FLOPS = 5.0  # scale, max, exp, sum, divide per element (memory-bound; sets FLOPs only)
+
+
+def softmax_fwd(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::softmax_fwd(x, mask, y, scale, kind)."""
+    x, mask, y, _, kind = sig.args[:5]
+    return single(streaming_kernel(f"{kind}_softmax_warp_forward", ctx.gpu, _bytes(x, mask, y),
+                                   SOFTMAX_FLOPS * x.numel))
+
+
+def softmax_bwd(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::softmax_bwd(dy, y, dx, scale, kind)."""
+    dy, y, dx, _, kind = sig.args[:5]
+    return single(streaming_kernel(f"{kind}_softmax_warp_backward", ctx.gpu, _bytes(dy, y, dx),
+                                   3.0 * dy.numel))

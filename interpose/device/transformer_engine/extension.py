@@ -11,8 +11,9 @@ the rank, the function and what to change, when called; names the real extension
 raise AttributeError as there.
 
 Modelled: BF16/FP16 GEMMs through cuBLASLt (generic_gemm, with bias, GELU and dbias/dGELU
-epilogues, accumulation into the output), LayerNorm and RMSNorm forward and backward, and the
-activations with their backward and fused bias gradient, each without quantized outputs.
+epilogues, accumulation into the output), LayerNorm and RMSNorm forward and backward, the
+activations with their backward and fused bias gradient, each without quantized outputs, and the
+scaled (masked) softmax kernels of TE's unfused attention.
 """
 
 from __future__ import annotations
@@ -163,8 +164,9 @@ def _not_modelled(what: str) -> NotModelledError:
     return NotModelledError(
         f"phantora: rank {_rank()}: Transformer Engine's {what} is not modelled by phantora's stand-in for "
         f"transformer_engine_torch (interpose/device/transformer_engine/extension.py), which models BF16/FP16 "
-        f"GEMMs, LayerNorm/RMSNorm and activations. Run this layer in BF16 (no fp8_autocast / quantized "
-        f"outputs), or add the kernel there with a cost model in phantora/cost/transformer_engine.py.")
+        f"GEMMs, LayerNorm/RMSNorm, activations and unfused attention's softmax. Run this layer in BF16 "
+        f"(no fp8_autocast / quantized outputs), or add the kernel there with a cost model in "
+        f"phantora/cost/transformer_engine.py.")
 
 
 def _unmodelled_function(name: str) -> Callable[..., Any]:
@@ -397,6 +399,36 @@ def _dbias_dactivation(kind: str) -> Callable[..., Any]:
     return backward
 
 
+# --- the softmax kernels of unfused attention ---------------------------------------------------
+
+SOFTMAX_KINDS = ("scaled", "scaled_masked", "scaled_upper_triang_masked", "scaled_aligned_causal_masked")
+
+
+def _softmax_forward(kind: str) -> Callable[..., Any]:
+    masked = kind == "scaled_masked"
+
+    def forward(input: torch.Tensor, *rest: Any) -> torch.Tensor:
+        mask, scale = (rest[0], rest[1]) if masked else (None, rest[0])
+        x = input.contiguous()
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        nvte_ops.define_ops()
+        torch.ops.nvte.softmax_fwd(x, None if mask is None else mask.contiguous(), y, float(scale), kind)
+        return y
+    forward.__name__ = f"{kind}_softmax_forward"
+    return forward
+
+
+def _softmax_backward(kind: str) -> Callable[..., Any]:
+    def backward(output_grads: torch.Tensor, softmax_results: torch.Tensor, scale: float) -> torch.Tensor:
+        dy, y = output_grads.contiguous(), softmax_results.contiguous()
+        dx = torch.empty(dy.shape, dtype=dy.dtype, device=dy.device)
+        nvte_ops.define_ops()
+        torch.ops.nvte.softmax_bwd(dy, y, dx, float(scale), kind)
+        return dx
+    backward.__name__ = f"{kind}_softmax_backward"
+    return backward
+
+
 # --- the module --------------------------------------------------------------------------------
 
 def _modelled_functions() -> dict[str, Callable[..., Any]]:
@@ -417,6 +449,9 @@ def _modelled_functions() -> dict[str, Callable[..., Any]]:
         fns[f"d{kind}"] = _dactivation(kind)
     for kind in ("gelu", "silu", "relu", "qgelu", "srelu"):
         fns[f"dbias_d{kind}"] = _dbias_dactivation(kind)
+    for kind in SOFTMAX_KINDS:
+        fns[f"{kind}_softmax_forward"] = _softmax_forward(kind)
+        fns[f"{kind}_softmax_backward"] = _softmax_backward(kind)
     return fns
 
 

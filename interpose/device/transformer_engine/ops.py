@@ -35,6 +35,10 @@ SCHEMAS = (
     # the bias gradient fused in (dbias_d*) when dbias is given
     "activation(Tensor x, Tensor(a!) y, str kind) -> ()",
     "activation_bwd(Tensor dy, Tensor x, Tensor(a!) dx, Tensor(b!)? dbias, str kind) -> ()",
+    # the scaled (masked) softmax kernels of unfused attention, kind: scaled, scaled_masked,
+    # scaled_upper_triang_masked, scaled_aligned_causal_masked
+    "softmax_fwd(Tensor x, Tensor? mask, Tensor(a!) y, float scale, str kind) -> ()",
+    "softmax_bwd(Tensor dy, Tensor y, Tensor(a!) dx, float scale, str kind) -> ()",
 )
 
 _lib: Any = None
