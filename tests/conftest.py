@@ -8,7 +8,8 @@ for `python -m venv` + `pip install torch==2.14.1` on the 2-core CI machine, 14 
 dependencies) and reused by later runs.
 
 `frameworks_cuda_python`: the same interpreter with the frameworks that need torch 2.14 installed
-into it as their docs tell a GPU user to (FRAMEWORKS_CUDA below): TorchTitan, and Megatron-Core,
+into it as their docs tell a GPU user to (FRAMEWORKS_CUDA below): TorchTitan, Transformer Engine's
+Python layer (phantora's `te` extra), and Megatron-Core,
 whose 0.19 wheels declare Python >= 3.12 but install and run on 3.11 with --ignore-requires-python.
 Both import `triton` without declaring it; the CUDA build of torch brings it. Measured about 25 s
 on top of the CUDA environment.
@@ -89,6 +90,8 @@ FRAMEWORKS_CUDA: tuple[tuple[str, ...], ...] = (
     ("torchtitan==0.3.0",),
     ("--ignore-requires-python", "megatron-core==0.19.2"),
     ("transformers==5.24.0", "accelerate==1.15.0"),
+    # Transformer Engine's Python layer, as `pip install "phantora[te]"` brings it
+    tuple(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["te"]),
 )
 
 

@@ -1,0 +1,22 @@
+"""Transformer Engine's own modules (pip transformer_engine) forward and backward in BF16 on a
+virtual H100: tests/virtual_gpu/test_transformer_engine.py."""
+import torch
+import transformer_engine.pytorch as te
+import transformer_engine_torch as tex
+
+assert getattr(tex, "__phantora_stand_in__", False), tex
+print("ok stand_in")
+s, b, h, f = 128, 2, 256, 1024
+x = torch.randn(s, b, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+mlp = te.LayerNormMLP(h, f, params_dtype=torch.bfloat16)
+y = mlp(x)
+y.sum().backward()
+assert y.shape == x.shape and x.grad.shape == x.shape and mlp.fc1_weight.grad.shape == (f, h)
+print("ok layernorm_mlp")
+dpa = te.DotProductAttention(4, 64, attn_mask_type="causal")
+q = torch.randn(s, b, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+o = dpa(q, q, q)
+o.sum().backward()
+assert o.shape == (s, b, 256) and q.grad.shape == q.shape
+print("ok dot_product_attention")
+torch.cuda.synchronize()

@@ -1,0 +1,182 @@
+"""Transformer Engine's compiled parts on a virtual GPU (interpose/device/transformer_engine).
+
+In-process checks of the stand-in without TE installed: the finder's overlay (a package that
+looks for its extension the way TE's common.load_framework_extension does gets phantora's
+compiled stand-in, with TE's native loads switched off only while the package imports), the
+outputs each modelled extension function allocates (the C++ extension's shapes and dtypes), and
+the cost of a cuBLASLt GEMM counted by hand. One traced run of the real TE (pip
+`transformer_engine`, its Python layer) is in test_te_layers_traced, on the CUDA build of torch
+where tests/conftest.py installs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from interpose.device.transformer_engine import extension as tex
+from interpose.device.transformer_engine import finder
+from phantora.cost import transformer_engine as te_cost
+from phantora.cost.families import classify
+from phantora.cost.gemm import GemmShape, gemm_kernel
+from phantora.cost.roofline import CostContext
+from phantora.hardware import lookup_gpu
+from phantora.ops import OpSignature
+from tests.cost.tensors import cuda_tensor
+from tests.virtual_gpu.harness import assert_ran, run_traced
+
+# A package that loads its extension as TE 2.x does: the first transformer_engine_torch*.so beside
+# the package's folder, by file path; and that records the native-load switch seen at import.
+FAKE_TE_INIT = '''
+import importlib.util, os, sys
+from pathlib import Path
+SKIPPED_NATIVE_LOADS = os.environ.get("NVTE_PROJECT_BUILDING")
+root = Path(__file__).parent.parent
+so = next(p for p in root.iterdir() if p.name.startswith("transformer_engine_torch") and p.suffix == ".so")
+spec = importlib.util.spec_from_file_location("transformer_engine_torch", so)
+ext = importlib.util.module_from_spec(spec)
+sys.modules["transformer_engine_torch"] = ext
+spec.loader.exec_module(ext)
+'''
+
+
+def test_finder_loads_the_stand_in_where_te_looks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    (site / "transformer_engine").mkdir(parents=True)
+    (site / "transformer_engine" / "__init__.py").write_text(FAKE_TE_INIT)
+    monkeypatch.setenv("PHANTORA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("NVTE_PROJECT_BUILDING", raising=False)
+    monkeypatch.syspath_prepend(str(site))
+    te_finder = finder.TransformerEngineFinder()
+    sys.meta_path.insert(0, te_finder)
+    try:
+        te = importlib.import_module("transformer_engine")
+        ext = sys.modules["transformer_engine_torch"]
+    finally:
+        sys.meta_path.remove(te_finder)
+        for name in ("transformer_engine", "transformer_engine_torch"):
+            sys.modules.pop(name, None)
+    assert te.SKIPPED_NATIVE_LOADS == "1"
+    assert "NVTE_PROJECT_BUILDING" not in __import__("os").environ  # restored after the import
+    assert Path(te.__file__).parent.resolve() == (site / "transformer_engine").resolve()  # TE's own files
+    assert Path(te.__file__).parent.parent.parent == tmp_path / "cache" / "transformer_engine"
+    assert ext.__phantora_stand_in__ and ext.DType.kFloat8E4M3 == 7 and ext.generic_gemm is tex.generic_gemm
+
+
+def _module() -> types.ModuleType:
+    module = types.ModuleType("transformer_engine_torch")
+    tex.populate(module)
+    return module
+
+
+def test_extension_surface() -> None:
+    ext = _module()
+    # the C enums' values (transformer_engine.h, fused_attn.h)
+    assert (ext.DType.kBFloat16, ext.DType.kFloat8E5M2, ext.NVTE_QKV_Layout.NVTE_BSHD_BSHD_BSHD,
+            ext.NVTE_Fused_Attn_Backend.NVTE_No_Backend, ext.NVTEScalingMode.NVTE_INVALID_SCALING) == (6, 8, 9, -1, 100)
+    with pytest.raises(NotImplementedError, match="transformer_engine_torch.fused_attn_fwd"):
+        ext.fused_attn_fwd()
+    with pytest.raises(NotImplementedError, match="CommOverlap"):
+        ext.CommOverlap()
+    with pytest.raises(AttributeError):
+        ext.no_such_function  # noqa: B018
+
+
+def test_gemm_outputs_follow_the_extension() -> None:
+    """Linear's three GEMMs on [s, b, in] activations, weight [out, in] (module.linear: fprop TN,
+    dgrad NN, wgrad NT), with bias, GELU and dbias epilogues."""
+    s, b, n_in, n_out = 8, 2, 16, 24
+    x = torch.empty(s, b, n_in, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(n_out, n_in, dtype=torch.bfloat16, device="meta")
+    bias = torch.empty(n_out, dtype=torch.bfloat16, device="meta")
+    dy = torch.empty(s, b, n_out, dtype=torch.bfloat16, device="meta")
+    ws = torch.empty(1024, dtype=torch.uint8, device="meta")
+    y, no_grad, pre_gelu, _ = tex.generic_gemm(w, True, x, False, None, None, tex.DType.kBFloat16, bias,
+                                               tex.DType.kBFloat16, True, None, False, ws, 1024, False, False)
+    assert (y.shape, y.dtype, no_grad, pre_gelu.shape) == ((s, b, n_out), torch.bfloat16, None, (s, b, n_out))
+    dx, *_ = tex.generic_gemm(w, False, dy, False, None, None, tex.DType.kBFloat16, None, tex.DType.kBFloat16,
+                              False, None, True, ws, 1024, False, False)
+    assert dx.shape == (s, b, n_in)
+    dw, dbias, none, _ = tex.generic_gemm(x.view(-1, n_in), False, dy.view(-1, n_out), True, None, None,
+                                          tex.DType.kFloat32, bias, tex.DType.kBFloat16, False, None, True, ws,
+                                          1024, False, False)
+    assert (dw.shape, dw.dtype, dbias.shape, dbias.dtype, none) == ((n_out, n_in), torch.float32, (n_out,),
+                                                                    torch.float32, None)
+    with pytest.raises(RuntimeError, match="Invalid matrix dimensions"):
+        tex.generic_gemm(w, False, x, False, None, None, None, None, tex.DType.kBFloat16, False, None, False, ws,
+                         1024, False, False)
+
+
+def test_norm_and_activation_outputs() -> None:
+    x = torch.empty(8, 2, 16, dtype=torch.bfloat16, device="meta")
+    g = torch.empty(16, dtype=torch.bfloat16, device="meta")
+    z, mu, rsigma = tex.layernorm_fwd(x, g, g, 1e-5, None, None, tex.DType.kBFloat16, 0, False)
+    assert (z.shape, z.dtype, mu.shape, mu.dtype, rsigma.shape) == (x.shape, torch.bfloat16, (16,), torch.float32,
+                                                                    (16,))
+    z, none, rsigma = tex.rmsnorm_fwd(x, g, 1e-5, None, None, tex.DType.kBFloat16, 0, False)
+    assert none is None and rsigma.shape == (16,)
+    dx, dgamma, dbeta = tex.layernorm_bwd(z, x, mu, rsigma, g, 0, False)
+    assert (dx.shape, dgamma.shape, dbeta.shape) == (x.shape, g.shape, g.shape)
+    ext = _module()
+    assert ext.swiglu(x, None).shape == (8, 2, 8) and ext.dswiglu(x[..., :8], x, None).shape == x.shape
+    dbias, dgelu = ext.dbias_dgelu(x, x, None)
+    assert dbias.shape == (16,) and dgelu.shape == x.shape
+    with pytest.raises(NotImplementedError, match="quantized output"):
+        ext.gelu(x, object())
+    scores = torch.empty(2, 4, 8, 8, dtype=torch.bfloat16, device="meta")
+    probs = ext.scaled_masked_softmax_forward(scores, torch.empty(2, 1, 8, 8, dtype=torch.bool, device="meta"), 0.1)
+    assert probs.shape == scores.shape and ext.scaled_masked_softmax_backward(probs, probs, 0.1).shape == scores.shape
+
+
+def test_cublas_gemm_hand_count() -> None:
+    """fprop of a [4096 -> 1024] Linear on 2048 tokens: FLOPs 2 M N K; bytes: A, B and D once,
+    the bias once; D read back when accumulating (wgrad into main_grad); FP8 operands at the FP8
+    rate (the same kernel model as aten's GEMMs, phantora/cost/gemm.py)."""
+    gpu = lookup_gpu("h100-sxm-80gb")
+    ctx = CostContext(gpu)
+    m, n, k = 2048, 1024, 4096
+
+    def sig(dtype: str, accumulate: bool) -> OpSignature:
+        a, b = cuda_tensor((n, k), dtype), cuda_tensor((m, k), dtype)
+        d, bias, ws = cuda_tensor((m, n), "bfloat16"), cuda_tensor((n,), "bfloat16"), cuda_tensor((33555456,), "uint8")
+        return OpSignature("nvte::cublas_gemm", "default",
+                           (a, True, b, False, d, bias, None, None, None, ws, accumulate, False, False), (None,))
+
+    assert classify("nvte::cublas_gemm").name == "gemm"
+    kernel, = te_cost.cublas_gemm(sig("bfloat16", False), ctx).kernels
+    assert kernel.flops == 2.0 * m * n * k
+    assert kernel.bytes == 2.0 * (n * k + m * k + m * n + n)
+    assert kernel == gemm_kernel(GemmShape(m, n, k), "bfloat16", "bfloat16", kernel.bytes, ctx)
+    accumulating, = te_cost.cublas_gemm(sig("bfloat16", True), ctx).kernels
+    assert accumulating.bytes == kernel.bytes + 2.0 * m * n
+    fp8, = te_cost.cublas_gemm(sig("float8_e4m3fn", False), ctx).kernels
+    assert fp8.bytes == n * k + m * k + 2.0 * (m * n + n)
+    assert fp8.name == "sm90_xmma_gemm_e4m3e4m3_bf16f32"
+    assert fp8.duration_ns < 0.6 * kernel.duration_ns  # twice the tensor-core rate, compute-bound
+
+
+TE_SCRIPT = Path(__file__).resolve().parent / "scripts" / "transformer_engine_layers.py"
+
+
+@pytest.mark.parametrize("user_python", ["cuda-build"], indirect=True)
+def test_te_layers_traced(tmp_path: Path, user_python: str, frameworks_cuda_python: str) -> None:
+    """TE's own LayerNormMLP and DotProductAttention (pip transformer_engine, installed by
+    tests/conftest.py FRAMEWORKS_CUDA) forward and backward on the virtual H100."""
+    from phantora.trace.check import load_chrome_trace
+
+    proc, trace = run_traced(tmp_path, frameworks_cuda_python, TE_SCRIPT)
+    assert_ran(proc, "stand_in", "layernorm_mlp", "dot_product_attention")
+    kernels = [e for e in load_chrome_trace(trace)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    gemms = [k for k in kernels if k["args"].get("op") == "nvte::cublas_gemm.default"]
+    # LayerNormMLP: FC1 and FC2, each fprop, dgrad and wgrad
+    assert len(gemms) == 6, [k["name"] for k in kernels]
+    s, b, h, f = 128, 2, 256, 1024  # the script's sizes
+    assert sorted(k["args"]["flops"] for k in gemms) == [2.0 * s * b * h * f] * 6
+    names = {k["name"] for k in kernels}
+    assert {"transformer_engine::normalization::ln_fwd_tuned_kernel",
+            "scaled_masked_softmax_warp_forward", "scaled_masked_softmax_warp_backward"} <= names, names
