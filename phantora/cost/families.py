@@ -342,6 +342,12 @@ QUALIFIED_FAMILIES: dict[str, Family] = {
     "nvte::activation_bwd": Family("pointwise", transformer_engine.activation_bwd),
     "nvte::softmax_fwd": Family("softmax", transformer_engine.softmax_fwd),
     "nvte::softmax_bwd": Family("softmax", transformer_engine.softmax_bwd),
+    "nvte::cast_transpose": Family("copy", transformer_engine.cast_transpose),
+    "nvte::compute_amax": Family("reduction", transformer_engine.compute_amax),
+    "nvte::compute_scale": Family("pointwise", transformer_engine.compute_scale),
+    "nvte::fp8_transpose": Family("movement", transformer_engine.fp8_transpose),
+    "nvte::dequantize": Family("copy", transformer_engine.dequantize),
+    "nvte::amax_and_scale_update": Family("pointwise", transformer_engine.amax_and_scale_update),
 }
 
 

@@ -121,3 +121,56 @@ def softmax_bwd(sig: OpSignature, ctx: CostContext) -> OpCost:
     dy, y, dx, _, kind = sig.args[:5]
     return single(streaming_kernel(f"{kind}_softmax_warp_backward", ctx.gpu, _bytes(dy, y, dx),
                                    3.0 * dy.numel))
+
+
+# --- FP8 per-tensor scaling ----------------------------------------------------------------------
+
+
+def cast_transpose(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::cast_transpose(x, dy, scale, amax, scale_inv, data, transpose, dbias, act): TE's cast
+    (data only), cast_transpose (both) and their fusions with an activation (act; its backward when
+    dy is given) and the bias gradient: x (and dy) read once, each FP8 output written once."""
+    x, dy, scale, amax, scale_inv, data, transpose, dbias, act = sig.args[:9]
+    nbytes = _bytes(x, dy, scale, amax, scale_inv, data, transpose, dbias)
+    both = isinstance(data, TensorMeta) and isinstance(transpose, TensorMeta)
+    base = "cast_transpose" if both else ("transpose" if isinstance(transpose, TensorMeta) else "cast")
+    if act:
+        base += f"_fused_d{act}" if isinstance(dy, TensorMeta) else f"_fused_{act}"
+    if isinstance(dbias, TensorMeta):
+        base += "_dbias"
+    flops = (ACTIVATION_BWD_FLOPS if isinstance(dy, TensorMeta) else ACTIVATION_FLOPS) * x.numel if act else 2.0 * x.numel
+    return single(streaming_kernel(f"transformer_engine::{base}_kernel", ctx.gpu, nbytes, flops))
+
+
+def compute_amax(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::compute_amax(x, amax): one read of x (current scaling)."""
+    x, amax = sig.args[:2]
+    return single(streaming_kernel("transformer_engine::amax_kernel", ctx.gpu, _bytes(x, amax), float(x.numel)))
+
+
+def compute_scale(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::compute_scale(amax, scale, scale_inv): a one-thread kernel (launch-bound)."""
+    return single(streaming_kernel("transformer_engine::compute_scale_from_amax_kernel", ctx.gpu,
+                                   _bytes(*sig.args[:3]), 4.0))
+
+
+def fp8_transpose(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::fp8_transpose(x, out): FP8 data read once, its transpose written once."""
+    x, out = sig.args[:2]
+    return single(streaming_kernel("transformer_engine::transpose_kernel", ctx.gpu, _bytes(x, out)))
+
+
+def dequantize(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::dequantize(x, scale_inv, out)."""
+    x, scale_inv, out = sig.args[:3]
+    return single(streaming_kernel("transformer_engine::dequantize_kernel", ctx.gpu, _bytes(x, scale_inv, out),
+                                   float(x.numel)))
+
+
+def amax_and_scale_update(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::amax_and_scale_update(buffer, amax_histories, scales): the delayed-scaling recipe's one
+    kernel: the reduced amaxes read, each history read and written (rolled), each scale written."""
+    buffer, histories, scales = sig.args[:3]
+    nbytes = _bytes(buffer) + 2.0 * _bytes(*histories) + 2.0 * _bytes(*scales)
+    return single(streaming_kernel("transformer_engine::delayed_scaling::kernel", ctx.gpu, nbytes,
+                                   float(sum(h.numel for h in histories))))

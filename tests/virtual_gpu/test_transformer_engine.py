@@ -126,7 +126,7 @@ def test_norm_and_activation_outputs() -> None:
     assert ext.swiglu(x, None).shape == (8, 2, 8) and ext.dswiglu(x[..., :8], x, None).shape == x.shape
     dbias, dgelu = ext.dbias_dgelu(x, x, None)
     assert dbias.shape == (16,) and dgelu.shape == x.shape
-    with pytest.raises(NotImplementedError, match="quantized output"):
+    with pytest.raises(NotImplementedError, match="activation gelu with a object output"):
         ext.gelu(x, object())
     scores = torch.empty(2, 4, 8, 8, dtype=torch.bfloat16, device="meta")
     probs = ext.scaled_masked_softmax_forward(scores, torch.empty(2, 1, 8, 8, dtype=torch.bool, device="meta"), 0.1)
@@ -165,18 +165,24 @@ TE_SCRIPT = Path(__file__).resolve().parent / "scripts" / "transformer_engine_la
 
 @pytest.mark.parametrize("user_python", ["cuda-build"], indirect=True)
 def test_te_layers_traced(tmp_path: Path, user_python: str, frameworks_cuda_python: str) -> None:
-    """TE's own LayerNormMLP and DotProductAttention (pip transformer_engine, installed by
-    tests/conftest.py FRAMEWORKS_CUDA) forward and backward on the virtual H100."""
+    """TE's own LayerNormMLP and DotProductAttention in BF16, and a Linear of FC1's shape under
+    FP8 delayed scaling (pip transformer_engine, installed by tests/conftest.py FRAMEWORKS_CUDA),
+    forward and backward on the virtual H100."""
     from phantora.trace.check import load_chrome_trace
 
     proc, trace = run_traced(tmp_path, frameworks_cuda_python, TE_SCRIPT)
-    assert_ran(proc, "stand_in", "layernorm_mlp", "dot_product_attention")
+    assert_ran(proc, "stand_in", "layernorm_mlp", "dot_product_attention", "fp8_linear")
     kernels = [e for e in load_chrome_trace(trace)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
     gemms = [k for k in kernels if k["args"].get("op") == "nvte::cublas_gemm.default"]
-    # LayerNormMLP: FC1 and FC2, each fprop, dgrad and wgrad
-    assert len(gemms) == 6, [k["name"] for k in kernels]
-    s, b, h, f = 128, 2, 256, 1024  # the script's sizes
-    assert sorted(k["args"]["flops"] for k in gemms) == [2.0 * s * b * h * f] * 6
+    bf16 = [k for k in gemms if k["name"] == "sm90_xmma_gemm_bf16bf16_bf16f32"]
+    fp8 = [k for k in gemms if k["name"] == "sm90_xmma_gemm_e4m3e4m3_bf16f32"]
+    # LayerNormMLP: FC1 and FC2, each fprop, dgrad and wgrad; the FP8 Linear: its three
+    assert (len(bf16), len(fp8)) == (6, 3), [k["name"] for k in gemms]
+    s, b, h, f = 512, 2, 1024, 4096  # the script's sizes
+    assert [k["args"]["flops"] for k in bf16 + fp8] == [2.0 * s * b * h * f] * 9
+    # the same three products at the FP8 rate (wgrad included: both operands read as transposes)
+    assert sum(k["dur"] for k in fp8) < 0.75 * sum(k["dur"] for k in bf16) / 2
     names = {k["name"] for k in kernels}
-    assert {"transformer_engine::normalization::ln_fwd_tuned_kernel",
-            "scaled_masked_softmax_warp_forward", "scaled_masked_softmax_warp_backward"} <= names, names
+    assert {"transformer_engine::normalization::ln_fwd_tuned_kernel", "scaled_masked_softmax_warp_forward",
+            "scaled_masked_softmax_warp_backward", "transformer_engine::cast_transpose_kernel",
+            "transformer_engine::delayed_scaling::kernel"} <= names, names

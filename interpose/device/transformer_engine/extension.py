@@ -10,10 +10,17 @@ kernel reads and writes. A function phantora does not model yet raises NotImplem
 the rank, the function and what to change, when called; names the real extension does not have
 raise AttributeError as there.
 
-Modelled: BF16/FP16 GEMMs through cuBLASLt (generic_gemm, with bias, GELU and dbias/dGELU
-epilogues, accumulation into the output), LayerNorm and RMSNorm forward and backward, the
-activations with their backward and fused bias gradient, each without quantized outputs, and the
-scaled (masked) softmax kernels of TE's unfused attention.
+Modelled: GEMMs through cuBLASLt (generic_gemm: BF16/FP16 and per-tensor FP8 operands, FP8 read
+in the TN form Hopper needs, with bias, GELU and dbias/dGELU epilogues, accumulation into the
+output), LayerNorm and RMSNorm forward and backward, the activations with their backward and fused
+bias gradient, the scaled (masked) softmax kernels of TE's unfused attention, and per-tensor FP8
+scaling (Float8Quantizer for delayed scaling, Float8CurrentScalingQuantizer): the FP8 tensors the
+C++ quantizer allocates (uint8 data, its transpose on Hopper, scale_inv), the casts (fused with
+the norm, the activation or the bias gradient as the C++ chooses), the amax and scale kernels of
+current scaling (with its amax all-reduce), and the delayed-scaling recipe's amax/scale update.
+Not modelled (raising NotImplementedError): MXFP8, FP8 block scaling, NVFP4, fused attention
+(cuDNN), comm+GEMM overlap, grouped GEMMs, MoE permutation and router kernels, fused RoPE, the
+multi-tensor optimizers' kernels.
 """
 
 from __future__ import annotations
@@ -164,9 +171,9 @@ def _not_modelled(what: str) -> NotModelledError:
     return NotModelledError(
         f"phantora: rank {_rank()}: Transformer Engine's {what} is not modelled by phantora's stand-in for "
         f"transformer_engine_torch (interpose/device/transformer_engine/extension.py), which models BF16/FP16 "
-        f"GEMMs, LayerNorm/RMSNorm, activations and unfused attention's softmax. Run this layer in BF16 "
-        f"(no fp8_autocast / quantized outputs), or add the kernel there with a cost model in "
-        f"phantora/cost/transformer_engine.py.")
+        f"and per-tensor FP8 (delayed or current scaling) GEMMs, LayerNorm/RMSNorm, activations and unfused "
+        f"attention's softmax. Use those (e.g. the DelayedScaling or Float8CurrentScaling recipe), or add the "
+        f"kernel there with a cost model in phantora/cost/transformer_engine.py.")
 
 
 def _unmodelled_function(name: str) -> Callable[..., Any]:
@@ -252,6 +259,186 @@ def _flat2d(shape: Any) -> tuple[int, int]:
     return rows, int(shape[-1])
 
 
+# --- FP8 tensors (per-tensor scaling: delayed and current) ------------------------------------------
+
+def _te_classes() -> types.SimpleNamespace:
+    """TE's Python classes the extension builds and recognizes (the C++ extension imports them at
+    init: Float8Tensor, Float8TensorStorage, the quantizers)."""
+    from transformer_engine.pytorch.tensor.float8_tensor import (
+        Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor)
+    from transformer_engine.pytorch.tensor.storage.float8_tensor_storage import Float8TensorStorage
+    return types.SimpleNamespace(Float8Quantizer=Float8Quantizer, Float8CurrentScalingQuantizer=Float8CurrentScalingQuantizer,
+                                 Float8Tensor=Float8Tensor, Float8TensorStorage=Float8TensorStorage)
+
+
+def _non_tn_fp8_gemm() -> bool:
+    """nvte_is_non_tn_fp8_gemm_supported: Blackwell (SM 10.x, 11.x) and SM 13+ take FP8 GEMM operands
+    in any layout; Hopper needs both in TN form, so FP8 tensors keep a transpose for that."""
+    major, minor = torch.cuda.get_device_capability()
+    return (10, 0) <= (major, minor) < (12, 0) or (major, minor) >= (13, 0)
+
+
+def _per_tensor_fp8(quantizer: Any) -> str | None:
+    """"delayed" / "current" for TE's per-tensor FP8 quantizers, None for any other."""
+    if quantizer is None or not type(quantizer).__module__.startswith("transformer_engine."):
+        return None
+    te = _te_classes()
+    if isinstance(quantizer, te.Float8Quantizer):
+        return "delayed"
+    if isinstance(quantizer, te.Float8CurrentScalingQuantizer):
+        return "current"
+    return None
+
+
+def _make_float8(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device: Any) -> Any:
+    """Float8Quantizer::create_tensor: uint8 data (rowwise usage, or any usage where non-TN GEMMs
+    exist), its transpose [last, rest..] (columnwise usage on Hopper), a [1] fp32 scale_inv; a
+    Float8TensorStorage for an internal quantizer, else a Float8Tensor."""
+    te = _te_classes()
+    shape = [int(s) for s in shape]
+    non_tn = _non_tn_fp8_gemm()
+    data = torch.empty(shape, dtype=torch.uint8, device=device) if quantizer.rowwise_usage or non_tn else None
+    transpose = None
+    if quantizer.columnwise_usage and not non_tn:
+        transpose = torch.empty([shape[-1], *shape[:-1]], dtype=torch.uint8, device=device)
+    scale_inv = torch.empty(1, dtype=torch.float32, device=device)
+    if quantizer.internal:
+        return te.Float8TensorStorage(data=data, fp8_scale_inv=scale_inv, fp8_dtype=quantizer.dtype,
+                                      data_transpose=transpose, quantizer=quantizer, fake_dtype=fake_dtype)
+    stride = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        stride[i] = stride[i + 1] * shape[i + 1]
+    return te.Float8Tensor(shape=shape, stride=stride, dtype=fake_dtype, data=data, fp8_scale_inv=scale_inv,
+                           fp8_dtype=quantizer.dtype, data_transpose=transpose, quantizer=quantizer, device=device)
+
+
+def _quantized_empty(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device: Any, what: str) -> Any:
+    if _per_tensor_fp8(quantizer) is None:
+        raise _not_modelled(f"{what} with a {type(quantizer).__name__} output (only per-tensor FP8 scaling, "
+                            f"Float8Quantizer and Float8CurrentScalingQuantizer, is modelled)")
+    return _make_float8(quantizer, shape, fake_dtype, device)
+
+
+def _fp8_view(data: torch.Tensor | None, fp8_dtype: Any) -> torch.Tensor | None:
+    return None if data is None else data.view(_torch_dtype(fp8_dtype))
+
+
+def _quantize_into(x: torch.Tensor, quantizer: Any, out: Any, *, dy: torch.Tensor | None = None,
+                   dbias: torch.Tensor | None = None, act: str = "", noop: Any = None,
+                   amax_computed: bool = False) -> None:
+    """Float8Quantizer::quantize (delayed: one cast(+transpose) kernel reading the quantizer's scale
+    and updating its amax) / Float8CurrentScalingQuantizer::quantize (the amax first, all-reduced
+    over the quantizer's group when asked, the scale from it, then the cast). `amax_computed`: the
+    kernel that produced x computed its amax as well (TE's FUSED_NORM_AMAX_FP8 and
+    FUSED_ACTIVATION_AMAX_FP8), so no amax kernel reads x again."""
+    kind = _per_tensor_fp8(quantizer)
+    nvte_ops.define_ops()
+    data, transpose = _fp8_view(out._data, out._fp8_dtype), _fp8_view(out._transpose, out._fp8_dtype)
+    if kind == "delayed":
+        torch.ops.nvte.cast_transpose(x, dy, quantizer.scale, quantizer.amax, out._scale_inv, data, transpose,
+                                      dbias, act)
+        return
+    if kind != "current":
+        raise _not_modelled(f"quantization with {type(quantizer).__name__}")
+    amax = torch.empty(1, dtype=torch.float32, device=x.device)
+    scale = torch.empty(1, dtype=torch.float32, device=x.device)
+    if act:  # the activation is computed in high precision, with its amax, then cast
+        hp = torch.empty(x.shape if dy is None else dy.shape, dtype=x.dtype, device=x.device)
+        torch.ops.nvte.activation(x, hp, act) if dy is None else torch.ops.nvte.activation_bwd(dy, x, hp, dbias, act)
+        x, dy, dbias, act, amax_computed = hp, None, None, "", True
+    if not amax_computed:
+        torch.ops.nvte.compute_amax(x, amax)
+    if quantizer.with_amax_reduction:
+        import torch.distributed as dist
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=quantizer.amax_reduction_group)
+    torch.ops.nvte.compute_scale(amax, scale, out._scale_inv)
+    torch.ops.nvte.cast_transpose(x, None, scale, None, out._scale_inv, data, transpose, dbias, "")
+
+
+def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: Any = None) -> Any:
+    x = _plain(tensor, "quantize").contiguous()
+    out = output if output is not None else _quantized_empty(quantizer, x.shape, x.dtype, x.device, "quantize")
+    if x.numel() != 0:
+        _quantize_into(x, quantizer, out, noop=noop)
+    return out
+
+
+def create_empty_quantized_tensor(quantizer: Any, shape: Any, dtype: torch.dtype, device: Any,
+                                  pin_memory: bool = False) -> Any:
+    return _quantized_empty(quantizer, shape, dtype, device, "create_empty_quantized_tensor")
+
+
+def bgrad_quantize(input: torch.Tensor, quantizer: Any) -> list[Any]:
+    """The bias gradient (column sums) and the quantized input, in one cast+transpose+dbias kernel."""
+    x = _plain(input, "bgrad_quantize").contiguous()
+    dbias = torch.empty(int(x.shape[-1]), dtype=x.dtype, device=x.device)
+    if quantizer is None:
+        raise _not_modelled("bgrad_quantize without a quantizer")
+    out = _quantized_empty(quantizer, x.shape, x.dtype, x.device, "bgrad_quantize")
+    _quantize_into(x, quantizer, out, dbias=dbias)
+    return [dbias, out]
+
+
+def dequantize(input: Any, otype: Any) -> torch.Tensor:
+    if _per_tensor_fp8(getattr(input, "_quantizer", None)) is None and not hasattr(input, "_transpose"):
+        raise _not_modelled(f"dequantize of a {type(input).__name__}")
+    data = input._data if input._data is not None else None
+    if data is None:
+        raise _not_modelled("dequantize of an FP8 tensor that holds only its transpose")
+    out = torch.empty(data.shape, dtype=_torch_dtype(otype), device=data.device)
+    nvte_ops.define_ops()
+    torch.ops.nvte.dequantize(_fp8_view(data, input._fp8_dtype), input._scale_inv, out)
+    return out
+
+
+def fp8_transpose(input: torch.Tensor, dtype: Any, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    rows, cols = _flat2d(input.shape)
+    if out is None:
+        out = torch.empty([int(input.shape[-1]), *[int(s) for s in input.shape[:-1]]], dtype=input.dtype,
+                          device=input.device)
+    nvte_ops.define_ops()
+    torch.ops.nvte.fp8_transpose(_fp8_view(input, dtype), _fp8_view(out, dtype))
+    return out
+
+
+def fused_amax_and_scale_update_after_reduction(amax_reduction_buffer: torch.Tensor, amax_histories: list,
+                                                scales: list, amax_compute_algo: str, fp8_dtype: Any,
+                                                margin: float) -> None:
+    nvte_ops.define_ops()
+    torch.ops.nvte.amax_and_scale_update(amax_reduction_buffer, list(amax_histories), list(scales))
+
+
+def _gemm_operand(t: Any, trans: bool, is_a: bool) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+    """The buffer a GEMM operand is read from, its scale_inv, and the layout flag it is read with.
+    FP8 operands on Hopper are read in TN form (A transposed, B not): the rowwise data when the
+    GEMM reads the operand that way, else its transpose, with the flag flipped (cuBLASLt's operand
+    canonicalization in TE's core library)."""
+    if not hasattr(t, "_fp8_dtype"):
+        return _plain(t, "generic_gemm"), None, trans
+    if not hasattr(t, "_transpose"):
+        raise _not_modelled(f"GEMM with a {type(t).__name__} operand (only per-tensor FP8 is modelled)")
+    wanted_rowwise = trans if is_a else not trans
+    if _non_tn_fp8_gemm() or (wanted_rowwise and t._data is not None):
+        if t._data is None:
+            raise RuntimeError(f"GEMM operand {type(t).__name__} has no rowwise data")
+        return _fp8_view(t._data, t._fp8_dtype), t._scale_inv, trans
+    source = t._transpose if not wanted_rowwise else None
+    if source is None:
+        raise RuntimeError(f"GEMM needs the {'rowwise' if wanted_rowwise else 'columnwise'} FP8 data of a "
+                           f"{type(t).__name__}, which it does not hold (Hopper FP8 GEMMs are TN only)")
+    # the transpose of the operand's 2D form [rows, cols] is [cols, rows], whatever its N-D shape
+    return _fp8_view(source.reshape(source.shape[0], -1), t._fp8_dtype), t._scale_inv, not trans
+
+
+def _logical_shape(t: Any) -> list[int]:
+    if not hasattr(t, "_fp8_dtype"):
+        return list(t.shape)
+    if t._data is not None:
+        return list(t._data.shape)
+    shape = list(t._transpose.shape)
+    return [*shape[1:], shape[0]]
+
+
 # --- GEMM --------------------------------------------------------------------------------------
 
 def gemm_output_shape(a_shape: Any, transa: bool, b_shape: Any, transb: bool) -> list[int]:
@@ -274,40 +461,77 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
     """The extension's gemm(): one cuBLASLt GEMM (nvte_cublas_gemm_v2) with its epilogue."""
     if comm_overlap is not None:
         raise _not_modelled("comm+GEMM overlap (userbuffers, ub_overlap_*)")
-    a = _plain(A, "generic_gemm")
-    b = _plain(B, "generic_gemm")
     if not accumulate and beta not in (None, 0.0):
         raise RuntimeError("Trying to use non-zero beta while not accumulating into D tensor.")
-    d_shape = gemm_output_shape(a.shape, transA, b.shape, transB)
+    a_shape, b_shape = _logical_shape(A), _logical_shape(B)
+    d_shape = gemm_output_shape(a_shape, transA, b_shape, transB)
+    a, a_scale_inv, transa = _gemm_operand(A, bool(transA), is_a=True)
+    b, b_scale_inv, transb = _gemm_operand(B, bool(transB), is_a=False)
+    low_precision = a_scale_inv is not None or b_scale_inv is not None
+    device = workspace.device
     out_dtype = _torch_dtype(output_dtype) if output_dtype is not None else a.dtype
     if D is None:
-        D = _empty(d_shape, out_dtype, workspace.device, quantizer, "GEMM")
-    elif quantizer is not None:
-        raise _not_modelled(f"GEMM with a quantized output ({type(quantizer).__name__})")
+        D = torch.empty(d_shape, dtype=out_dtype, device=device) if quantizer is None else \
+            _quantized_empty(quantizer, d_shape, out_dtype, device, "GEMM")
+    # a quantized output is written by the GEMM itself only for per-tensor FP8 inputs and a delayed
+    # scaling quantizer; otherwise the GEMM writes high precision and the extension quantizes it
+    fused_quantize = quantizer is not None and low_precision and _per_tensor_fp8(quantizer) == "delayed"
+    if quantizer is None:
+        d_buffer = _plain(D, "generic_gemm output")
+    elif fused_quantize:
+        d_buffer = _fp8_view(D._data, D._fp8_dtype)
+    else:
+        d_buffer = torch.empty(d_shape, dtype=out_dtype, device=device)
     bias_arg = None
     bias_grad = None
     if bias is not None:
         if grad:
-            bias_grad = torch.empty(int(b.shape[-1]), dtype=D.dtype, device=workspace.device)
+            bias_grad = torch.empty(int(b_shape[-1]), dtype=d_buffer.dtype if quantizer is None else out_dtype,
+                                    device=device)
             bias_arg = bias_grad
         else:
             bias_arg = bias.contiguous()
     pre_gelu_out = None
     if gelu:
-        pre_gelu_out = gelu_in if grad else torch.empty(d_shape, dtype=D.dtype, device=workspace.device)
+        gelu_dtype = _torch_dtype(bias_type) if low_precision else out_dtype
+        pre_gelu_out = gelu_in if grad else torch.empty(d_shape, dtype=gelu_dtype, device=device)
     if a.numel() == 0 or b.numel() == 0:
-        if D.numel() != 0 and not accumulate:
-            D.zero_()
+        if d_buffer.numel() != 0 and not accumulate:
+            d_buffer.zero_()
         if bias_grad is not None and grad:
             bias_grad.zero_()
     else:
         nvte_ops.define_ops()
-        torch.ops.nvte.cublas_gemm(a, bool(transA), b, bool(transB), D, bias_arg, pre_gelu_out, None, None,
-                                   workspace, bool(accumulate), bool(grad), bool(gelu))
+        torch.ops.nvte.cublas_gemm(a, transa, b, transb, d_buffer, bias_arg, pre_gelu_out, a_scale_inv,
+                                   b_scale_inv, workspace, bool(accumulate), bool(grad), bool(gelu))
+    if quantizer is not None and not fused_quantize:
+        _quantize_into(d_buffer, quantizer, D)
     return [D, bias_grad, pre_gelu_out if gelu and not grad else None, extra_output]
 
 
 # --- normalization -----------------------------------------------------------------------------
+
+def _norm_output(x: torch.Tensor, ln_out: Any, quantizer: Any, otype: Any, what: str) -> tuple[Any, torch.Tensor, bool]:
+    """(the output TE returns, the buffer the norm kernel writes, whether a cast follows). A
+    delayed-scaling FP8 output is written by the norm kernel itself (FULLY_FUSED), its transpose by
+    a transpose kernel after it; any other quantized output is normalized in high precision, then
+    quantized (current scaling: the amax, the scale and the cast)."""
+    out_dtype = _torch_dtype(otype)
+    if quantizer is None:
+        out = ln_out if ln_out is not None else torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        return out, _plain(out, f"{what} output"), False
+    out = ln_out if ln_out is not None else _quantized_empty(quantizer, x.shape, out_dtype, x.device, what)
+    if _per_tensor_fp8(quantizer) == "delayed" and out._data is not None:
+        return out, _fp8_view(out._data, out._fp8_dtype), False
+    return out, torch.empty(x.shape, dtype=out_dtype, device=x.device), True
+
+
+def _finish_norm_output(out: Any, written: torch.Tensor, quantizer: Any, cast: bool) -> None:
+    if cast:  # current scaling: the norm kernel computed the amax too (FUSED_NORM_AMAX_FP8)
+        _quantize_into(written, quantizer, out, amax_computed=_per_tensor_fp8(quantizer) == "current")
+    elif quantizer is not None and out._transpose is not None:
+        torch.ops.nvte.fp8_transpose(written, _fp8_view(out._transpose, out._fp8_dtype))
+
 
 def layernorm_fwd(input: Any, weight: Any, bias: Any, eps: float, ln_out: Any, quantizer: Any, otype: Any,
                   sm_margin: int, zero_centered_gamma: bool) -> list[Any]:
@@ -315,10 +539,11 @@ def layernorm_fwd(input: Any, weight: Any, bias: Any, eps: float, ln_out: Any, q
     rows, _ = _flat2d(x.shape)
     mu = torch.empty(rows, dtype=torch.float32, device=x.device)
     rsigma = torch.empty(rows, dtype=torch.float32, device=x.device)
-    out = ln_out if ln_out is not None else _empty(x.shape, _torch_dtype(otype), x.device, quantizer, "LayerNorm")
+    out, written, cast = _norm_output(x, ln_out, quantizer, otype, "LayerNorm")
     nvte_ops.define_ops()
-    torch.ops.nvte.layernorm_fwd(x, _plain(weight, "layernorm_fwd"), bias, _plain(out, "layernorm_fwd output"),
-                                 mu, rsigma, float(eps), bool(zero_centered_gamma))
+    torch.ops.nvte.layernorm_fwd(x, _plain(weight, "layernorm_fwd"), bias, written, mu, rsigma, float(eps),
+                                 bool(zero_centered_gamma))
+    _finish_norm_output(out, written, quantizer, cast)
     return [out, mu, rsigma]
 
 
@@ -327,10 +552,11 @@ def rmsnorm_fwd(input: Any, weight: Any, eps: float, ln_out: Any, quantizer: Any
     x = _plain(input, "rmsnorm_fwd")
     rows, _ = _flat2d(x.shape)
     rsigma = torch.empty(rows, dtype=torch.float32, device=x.device)
-    out = ln_out if ln_out is not None else _empty(x.shape, _torch_dtype(otype), x.device, quantizer, "RMSNorm")
+    out, written, cast = _norm_output(x, ln_out, quantizer, otype, "RMSNorm")
     nvte_ops.define_ops()
-    torch.ops.nvte.rmsnorm_fwd(x, _plain(weight, "rmsnorm_fwd"), _plain(out, "rmsnorm_fwd output"), rsigma,
-                               float(eps), bool(zero_centered_gamma))
+    torch.ops.nvte.rmsnorm_fwd(x, _plain(weight, "rmsnorm_fwd"), written, rsigma, float(eps),
+                               bool(zero_centered_gamma))
+    _finish_norm_output(out, written, quantizer, cast)
     return [out, None, rsigma]
 
 
@@ -363,39 +589,38 @@ ACTIVATIONS = {
 
 
 def _activation(kind: str, gated: bool) -> Callable[..., Any]:
-    def forward(input: torch.Tensor, quantizer: Any) -> torch.Tensor:
+    def forward(input: torch.Tensor, quantizer: Any) -> Any:
         x = _plain(input, kind).contiguous()
         shape = list(x.shape)
         if gated:
             shape[-1] //= 2
-        y = _empty(shape, x.dtype, x.device, quantizer, f"activation {kind}")
         nvte_ops.define_ops()
-        torch.ops.nvte.activation(x, y, kind)
+        if quantizer is None:
+            y = torch.empty(shape, dtype=x.dtype, device=x.device)
+            torch.ops.nvte.activation(x, y, kind)
+            return y
+        y = _quantized_empty(quantizer, shape, x.dtype, x.device, f"activation {kind}")
+        _quantize_into(x, quantizer, y, act=kind)  # activation, cast (and transpose) in one kernel
         return y
     forward.__name__ = kind
     return forward
 
 
-def _dactivation(kind: str) -> Callable[..., Any]:
-    def backward(grad: torch.Tensor, fwd_input: torch.Tensor, quantizer: Any) -> torch.Tensor:
-        dy, x = _plain(grad, f"d{kind}").contiguous(), _plain(fwd_input, f"d{kind}").contiguous()
-        dx = _empty(x.shape, x.dtype, x.device, quantizer, f"activation backward d{kind}")
-        nvte_ops.define_ops()
-        torch.ops.nvte.activation_bwd(dy, x, dx, None, kind)
-        return dx
-    backward.__name__ = f"d{kind}"
-    return backward
+def _dactivation(kind: str, with_dbias: bool) -> Callable[..., Any]:
+    name = f"dbias_d{kind}" if with_dbias else f"d{kind}"
 
-
-def _dbias_dactivation(kind: str) -> Callable[..., Any]:
-    def backward(grad: torch.Tensor, fwd_input: torch.Tensor, quantizer: Any) -> list[Any]:
-        dy, x = _plain(grad, f"dbias_d{kind}").contiguous(), _plain(fwd_input, f"dbias_d{kind}").contiguous()
-        dx = _empty(x.shape, dy.dtype, x.device, quantizer, f"fused dbias + d{kind}")
-        dbias = torch.empty(int(x.shape[-1]), dtype=dy.dtype, device=x.device)
+    def backward(grad: torch.Tensor, fwd_input: torch.Tensor, quantizer: Any) -> Any:
+        dy, x = _plain(grad, name).contiguous(), _plain(fwd_input, name).contiguous()
+        dbias = torch.empty(int(x.shape[-1]), dtype=dy.dtype, device=x.device) if with_dbias else None
         nvte_ops.define_ops()
-        torch.ops.nvte.activation_bwd(dy, x, dx, dbias, kind)
-        return [dbias, dx]
-    backward.__name__ = f"dbias_d{kind}"
+        if quantizer is None:
+            dx = torch.empty(x.shape, dtype=dy.dtype, device=x.device)
+            torch.ops.nvte.activation_bwd(dy, x, dx, dbias, kind)
+        else:
+            dx = _quantized_empty(quantizer, x.shape, dy.dtype, x.device, f"activation backward {name}")
+            _quantize_into(x, quantizer, dx, dy=dy, dbias=dbias, act=kind)
+        return [dbias, dx] if with_dbias else dx
+    backward.__name__ = name
     return backward
 
 
@@ -436,6 +661,9 @@ def _modelled_functions() -> dict[str, Callable[..., Any]]:
         "generic_gemm": generic_gemm,
         "layernorm_fwd": layernorm_fwd, "layernorm_bwd": layernorm_bwd,
         "rmsnorm_fwd": rmsnorm_fwd, "rmsnorm_bwd": rmsnorm_bwd,
+        "quantize": quantize, "create_empty_quantized_tensor": create_empty_quantized_tensor,
+        "bgrad_quantize": bgrad_quantize, "dequantize": dequantize, "fp8_transpose": fp8_transpose,
+        "fused_amax_and_scale_update_after_reduction": fused_amax_and_scale_update_after_reduction,
         "get_cudnn_version": lambda: CUDNN_VERSION,
         "get_cublasLt_version": lambda: CUBLASLT_VERSION,
         "get_num_cublas_streams": lambda: NUM_COMPUTE_STREAMS,
@@ -446,9 +674,9 @@ def _modelled_functions() -> dict[str, Callable[..., Any]]:
     }
     for kind, gated in ACTIVATIONS.items():
         fns[kind] = _activation(kind, gated)
-        fns[f"d{kind}"] = _dactivation(kind)
+        fns[f"d{kind}"] = _dactivation(kind, with_dbias=False)
     for kind in ("gelu", "silu", "relu", "qgelu", "srelu"):
-        fns[f"dbias_d{kind}"] = _dbias_dactivation(kind)
+        fns[f"dbias_d{kind}"] = _dactivation(kind, with_dbias=True)
     for kind in SOFTMAX_KINDS:
         fns[f"{kind}_softmax_forward"] = _softmax_forward(kind)
         fns[f"{kind}_softmax_backward"] = _softmax_backward(kind)

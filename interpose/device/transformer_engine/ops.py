@@ -39,6 +39,20 @@ SCHEMAS = (
     # scaled_upper_triang_masked, scaled_aligned_causal_masked
     "softmax_fwd(Tensor x, Tensor? mask, Tensor(a!) y, float scale, str kind) -> ()",
     "softmax_bwd(Tensor dy, Tensor y, Tensor(a!) dx, float scale, str kind) -> ()",
+    # FP8 per-tensor scaling: x cast to FP8 with `scale` (rowwise data and/or its transpose), amax
+    # of x written (delayed scaling: into the quantizer's amax; current scaling computes it first,
+    # nvte::compute_amax), scale_inv written; `dbias` given: the column sums of x too (bgrad_quantize);
+    # `act` names an activation (or its backward, with dy) fused before the cast
+    "cast_transpose(Tensor x, Tensor? dy, Tensor scale, Tensor(a!)? amax, Tensor(b!) scale_inv, Tensor(c!)? data, "
+    "Tensor(d!)? transpose, Tensor(e!)? dbias, str act) -> ()",
+    "compute_amax(Tensor x, Tensor(a!) amax) -> ()",
+    "compute_scale(Tensor amax, Tensor(a!) scale, Tensor(b!) scale_inv) -> ()",
+    # an FP8 tensor's transpose (fp8_transpose) or its conversion back to high precision
+    "fp8_transpose(Tensor x, Tensor(a!) out) -> ()",
+    "dequantize(Tensor x, Tensor scale_inv, Tensor(a!) out) -> ()",
+    # the delayed-scaling recipe's update: each amax history rolled with the reduced amax, each
+    # scale recomputed (one multi-tensor kernel)
+    "amax_and_scale_update(Tensor amax_reduction_buffer, Tensor(a!)[] amax_histories, Tensor(b!)[] scales) -> ()",
 )
 
 _lib: Any = None

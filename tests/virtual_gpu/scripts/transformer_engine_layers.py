@@ -6,17 +6,25 @@ import transformer_engine_torch as tex
 
 assert getattr(tex, "__phantora_stand_in__", False), tex
 print("ok stand_in")
-s, b, h, f = 128, 2, 256, 1024
+s, b, h, f = 512, 2, 1024, 4096
 x = torch.randn(s, b, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 mlp = te.LayerNormMLP(h, f, params_dtype=torch.bfloat16)
 y = mlp(x)
 y.sum().backward()
 assert y.shape == x.shape and x.grad.shape == x.shape and mlp.fc1_weight.grad.shape == (f, h)
 print("ok layernorm_mlp")
-dpa = te.DotProductAttention(4, 64, attn_mask_type="causal")
-q = torch.randn(s, b, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+dpa = te.DotProductAttention(16, 64, attn_mask_type="causal")
+q = torch.randn(s, b, 16, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 o = dpa(q, q, q)
 o.sum().backward()
-assert o.shape == (s, b, 256) and q.grad.shape == q.shape
+assert o.shape == (s, b, 1024) and q.grad.shape == q.shape
 print("ok dot_product_attention")
+from transformer_engine.common.recipe import DelayedScaling, Format  # noqa: E402
+
+lin = te.Linear(h, f, params_dtype=torch.bfloat16)
+with te.autocast(enabled=True, recipe=DelayedScaling(fp8_format=Format.HYBRID)):
+    y = lin(x)
+y.sum().backward()
+assert y.shape == (s, b, f) and lin.weight.grad.shape == (f, h)
+print("ok fp8_linear")
 torch.cuda.synchronize()
