@@ -348,6 +348,7 @@ QUALIFIED_FAMILIES: dict[str, Family] = {
     "nvte::fp8_transpose": Family("movement", transformer_engine.fp8_transpose),
     "nvte::dequantize": Family("copy", transformer_engine.dequantize),
     "nvte::amax_and_scale_update": Family("pointwise", transformer_engine.amax_and_scale_update),
+    "nvte::rope": Family("pointwise", transformer_engine.rope),
 }
 
 

@@ -174,3 +174,10 @@ def amax_and_scale_update(sig: OpSignature, ctx: CostContext) -> OpCost:
     nbytes = _bytes(buffer) + 2.0 * _bytes(*histories) + 2.0 * _bytes(*scales)
     return single(streaming_kernel("transformer_engine::delayed_scaling::kernel", ctx.gpu, nbytes,
                                    float(sum(h.numel for h in histories))))
+
+
+def rope(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::rope(x, freqs, y, backward): x and the fp32 freqs read once, y written once."""
+    x, freqs, y, backward = sig.args[:4]
+    name = "transformer_engine::fused_rope_backward_kernel" if backward else "transformer_engine::fused_rope_forward_kernel"
+    return single(streaming_kernel(name, ctx.gpu, _bytes(x, freqs, y), 4.0 * x.numel))

@@ -654,6 +654,31 @@ def _softmax_backward(kind: str) -> Callable[..., Any]:
     return backward
 
 
+# --- rotary position embedding and the optimizer ---------------------------------------------------
+
+def _rope(backward: bool) -> Callable[..., Any]:
+    def apply(t: torch.Tensor, freqs: torch.Tensor, start_positions: Any, qkv_format: Any, interleaved: bool,
+              cu_seqlens: Any, cp_size: int, cp_rank: int) -> torch.Tensor:
+        if freqs.dim() != 4 or freqs.dtype != torch.float32:
+            raise RuntimeError("expected a 4D float32 freqs tensor")
+        y = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        nvte_ops.define_ops()
+        torch.ops.nvte.rope(t, freqs, y, backward)
+        return y
+    apply.__name__ = "fused_rope_backward" if backward else "fused_rope_forward"
+    return apply
+
+
+def multi_tensor_adam(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Any, *args: Any) -> None:
+    """multi_tensor_adam over [grads, params, exp_avgs, exp_avg_sqs]: the multi-tensor Adam kernel that
+    DeepSpeed's and Apex's extensions share (interpose/device/cuda_extensions.py, its cost model)."""
+    from interpose.device.cuda_extensions import multi_tensor_adam as shared_kernel
+    if len(tensor_lists) != 4:
+        raise _not_modelled(f"multi_tensor_adam with {len(tensor_lists)} tensor lists (FusedAdam with "
+                            f"master_weights)")
+    shared_kernel(chunk_size, noop_flag, tensor_lists, *args)
+
+
 # --- the module --------------------------------------------------------------------------------
 
 def _modelled_functions() -> dict[str, Callable[..., Any]]:
@@ -661,6 +686,8 @@ def _modelled_functions() -> dict[str, Callable[..., Any]]:
         "generic_gemm": generic_gemm,
         "layernorm_fwd": layernorm_fwd, "layernorm_bwd": layernorm_bwd,
         "rmsnorm_fwd": rmsnorm_fwd, "rmsnorm_bwd": rmsnorm_bwd,
+        "fused_rope_forward": _rope(False), "fused_rope_backward": _rope(True),
+        "multi_tensor_adam": multi_tensor_adam,
         "quantize": quantize, "create_empty_quantized_tensor": create_empty_quantized_tensor,
         "bgrad_quantize": bgrad_quantize, "dequantize": dequantize, "fp8_transpose": fp8_transpose,
         "fused_amax_and_scale_update_after_reduction": fused_amax_and_scale_update_after_reduction,

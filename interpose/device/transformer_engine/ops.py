@@ -53,6 +53,8 @@ SCHEMAS = (
     # the delayed-scaling recipe's update: each amax history rolled with the reduced amax, each
     # scale recomputed (one multi-tensor kernel)
     "amax_and_scale_update(Tensor amax_reduction_buffer, Tensor(a!)[] amax_histories, Tensor(b!)[] scales) -> ()",
+    # rotary position embedding applied to x (or its gradient, backward) with fp32 freqs [s, 1, 1, d]
+    "rope(Tensor x, Tensor freqs, Tensor(a!) y, bool backward) -> ()",
 )
 
 _lib: Any = None
