@@ -349,6 +349,8 @@ QUALIFIED_FAMILIES: dict[str, Family] = {
     "nvte::dequantize": Family("copy", transformer_engine.dequantize),
     "nvte::amax_and_scale_update": Family("pointwise", transformer_engine.amax_and_scale_update),
     "nvte::rope": Family("pointwise", transformer_engine.rope),
+    "nvte::multi_tensor_scale": Family("foreach", transformer_engine.multi_tensor_scale),
+    "nvte::multi_tensor_l2norm": Family("foreach", transformer_engine.multi_tensor_l2norm),
 }
 
 

@@ -23,6 +23,7 @@ schemas there). They are timed with the models of the kernels they are, on the s
 from __future__ import annotations
 
 from phantora.cost.gemm import GemmShape, gemm_kernel
+from phantora.cost.optimizers import multi_tensor_kernels
 from phantora.cost.normalization import FLOPS_PER_ELEMENT as NORM_FLOPS_PER_ELEMENT
 from phantora.cost.roofline import CostContext, OpCost, footprint_bytes, single, streaming_kernel
 from phantora.ops import OpSignature, TensorMeta
@@ -181,3 +182,24 @@ def rope(sig: OpSignature, ctx: CostContext) -> OpCost:
     x, freqs, y, backward = sig.args[:4]
     name = "transformer_engine::fused_rope_backward_kernel" if backward else "transformer_engine::fused_rope_forward_kernel"
     return single(streaming_kernel(name, ctx.gpu, _bytes(x, freqs, y), 4.0 * x.numel))
+
+
+def multi_tensor_scale(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::multi_tensor_scale(noop, src, dst, scale): multi_tensor_apply over 2 lists, each
+    source read and each destination written once."""
+    src, dst = list(sig.args[1]), list(sig.args[2])
+    return OpCost(multi_tensor_kernels("multi_tensor_apply_kernel<ScaleFunctor>", [t.numel for t in src], 2,
+                                       _bytes(*src, *dst), 1.0, ctx))
+
+
+def multi_tensor_l2norm(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::multi_tensor_l2norm(noop, tensors, partials, norm, partials_per_tensor, norm_per_tensor):
+    multi_tensor_apply over 1 list (each tensor read once into per-block partial sums), then the
+    cleanup kernel reducing the partials into the norm(s)."""
+    tensors = list(sig.args[1])
+    partials, norm, partials_pt, norm_pt = sig.args[2:6]
+    kernels = multi_tensor_kernels("multi_tensor_apply_kernel<L2NormFunctor>", [t.numel for t in tensors], 1,
+                                   _bytes(*tensors, partials, partials_pt), 2.0, ctx)
+    cleanup = streaming_kernel("cleanup", ctx.gpu, _bytes(partials, norm, partials_pt, norm_pt),
+                               float(partials.numel + partials_pt.numel))
+    return OpCost((*kernels, cleanup)) if kernels else OpCost(())

@@ -6,7 +6,7 @@ compiled stand-in, with TE's native loads switched off only while the package im
 outputs each modelled extension function allocates (the C++ extension's shapes and dtypes), and
 the cost of a cuBLASLt GEMM counted by hand. One traced run of the real TE (pip
 `transformer_engine`, its Python layer) is in test_te_layers_traced, on the CUDA build of torch
-where tests/conftest.py installs it.
+(tests/conftest.py te_cuda_python).
 """
 
 from __future__ import annotations
@@ -133,6 +133,32 @@ def test_norm_and_activation_outputs() -> None:
     assert probs.shape == scores.shape and ext.scaled_masked_softmax_backward(probs, probs, 0.1).shape == scores.shape
 
 
+def test_rope_and_multi_tensor_outputs() -> None:
+    """Fused RoPE keeps the input's shape and dtype; multi_tensor_l2norm returns the norm and the
+    per-tensor norms in fp32 (the C++ multi_tensor_l2norm_cuda); the l2norm op is timed as one
+    read of every tensor plus the cleanup kernel."""
+    ext = _module()
+    x = torch.empty(16, 2, 4, 64, dtype=torch.bfloat16, device="meta")
+    freqs = torch.empty(16, 1, 1, 64, dtype=torch.float32, device="meta")
+    y = ext.fused_rope_forward(x, freqs, None, ext.NVTE_QKV_Format.NVTE_SBHD, False, None, 1, 0)
+    assert (y.shape, y.dtype) == (x.shape, x.dtype) and ext.fused_rope_backward(y, freqs, None, 0, False, None, 1,
+                                                                                  0).shape == x.shape
+    grads = [torch.empty(1000, dtype=torch.float32, device="meta"), torch.empty(70000, dtype=torch.float32,
+                                                                                device="meta")]
+    noop = torch.empty(1, dtype=torch.int32, device="meta")
+    norm, per_tensor = ext.multi_tensor_l2norm(65536, noop, [grads], True)
+    assert (norm.shape, norm.dtype, per_tensor.shape) == ((1,), torch.float32, (2,))
+    ext.multi_tensor_scale(65536, noop, [grads, grads], 0.5)
+
+    gpu = lookup_gpu("h100-sxm-80gb")
+    ts = [cuda_tensor((1000,)), cuda_tensor((70000,))]
+    sig = OpSignature("nvte::multi_tensor_l2norm", "default",
+                      (cuda_tensor((1,), "int32"), ts, cuda_tensor((320,)), cuda_tensor((1,)), cuda_tensor((0,)),
+                       cuda_tensor((0,))), ())
+    kernels = te_cost.multi_tensor_l2norm(sig, CostContext(gpu)).kernels
+    assert kernels[-1].name == "cleanup" and sum(k.bytes for k in kernels[:-1]) == 4.0 * (71000 + 320)
+
+
 def test_cublas_gemm_hand_count() -> None:
     """fprop of a [4096 -> 1024] Linear on 2048 tokens: FLOPs 2 M N K; bytes: A, B and D once,
     the bias once; D read back when accumulating (wgrad into main_grad); FP8 operands at the FP8
@@ -163,14 +189,13 @@ def test_cublas_gemm_hand_count() -> None:
 TE_SCRIPT = Path(__file__).resolve().parent / "scripts" / "transformer_engine_layers.py"
 
 
-@pytest.mark.parametrize("user_python", ["cuda-build"], indirect=True)
-def test_te_layers_traced(tmp_path: Path, user_python: str, frameworks_cuda_python: str) -> None:
+def test_te_layers_traced(tmp_path: Path, te_cuda_python: str) -> None:
     """TE's own LayerNormMLP and DotProductAttention in BF16, and a Linear of FC1's shape under
-    FP8 delayed scaling (pip transformer_engine, installed by tests/conftest.py FRAMEWORKS_CUDA),
+    FP8 delayed scaling (phantora's `te` extra, installed by tests/conftest.py te_cuda_python),
     forward and backward on the virtual H100."""
     from phantora.trace.check import load_chrome_trace
 
-    proc, trace = run_traced(tmp_path, frameworks_cuda_python, TE_SCRIPT)
+    proc, trace = run_traced(tmp_path, te_cuda_python, TE_SCRIPT)
     assert_ran(proc, "stand_in", "layernorm_mlp", "dot_product_attention", "fp8_linear")
     kernels = [e for e in load_chrome_trace(trace)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
     gemms = [k for k in kernels if k["args"].get("op") == "nvte::cublas_gemm.default"]

@@ -19,8 +19,8 @@ C++ quantizer allocates (uint8 data, its transpose on Hopper, scale_inv), the ca
 the norm, the activation or the bias gradient as the C++ chooses), the amax and scale kernels of
 current scaling (with its amax all-reduce), and the delayed-scaling recipe's amax/scale update.
 Not modelled (raising NotImplementedError): MXFP8, FP8 block scaling, NVFP4, fused attention
-(cuDNN), comm+GEMM overlap, grouped GEMMs, MoE permutation and router kernels, fused RoPE, the
-multi-tensor optimizers' kernels.
+(cuDNN), comm+GEMM overlap, grouped GEMMs, MoE permutation and router kernels, the FP8 and master-weight variants of
+multi_tensor_adam, multi_tensor_unscale_l2norm and SGD.
 """
 
 from __future__ import annotations
@@ -679,6 +679,34 @@ def multi_tensor_adam(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: An
     shared_kernel(chunk_size, noop_flag, tensor_lists, *args)
 
 
+def multi_tensor_scale(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Any, scale: Any) -> None:
+    """multi_tensor_scale / multi_tensor_scale_tensor: [src, dst], dst = src * scale."""
+    src, dst = (list(lst) for lst in tensor_lists)
+    nvte_ops.define_ops()
+    torch.ops.nvte.multi_tensor_scale(noop_flag, src, dst, scale if isinstance(scale, torch.Tensor) else None)
+
+
+def multi_tensor_l2norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Any,
+                        per_tensor: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The C++ multi_tensor_l2norm_cuda: zeroed partial sums (320 blocks), the norm, and per tensor
+    (when asked) one partial per chunk and one norm per tensor."""
+    tensors = list(tensor_lists[0])
+    device = tensors[0].device if tensors else noop_flag.device
+    f32 = torch.float32
+    partials = torch.zeros(320, dtype=f32, device=device)
+    norm = torch.empty(1, dtype=f32, device=device)
+    if per_tensor:
+        max_chunks = max((-(-t.numel() // int(chunk_size)) for t in tensors), default=0)
+        partials_per_tensor = torch.zeros(len(tensors) * max_chunks, dtype=f32, device=device)
+        norm_per_tensor = torch.empty(len(tensors), dtype=f32, device=device)
+    else:
+        partials_per_tensor = torch.empty(0, dtype=f32, device=device)
+        norm_per_tensor = torch.empty(0, dtype=f32, device=device)
+    nvte_ops.define_ops()
+    torch.ops.nvte.multi_tensor_l2norm(noop_flag, tensors, partials, norm, partials_per_tensor, norm_per_tensor)
+    return norm, norm_per_tensor
+
+
 # --- the module --------------------------------------------------------------------------------
 
 def _modelled_functions() -> dict[str, Callable[..., Any]]:
@@ -687,7 +715,8 @@ def _modelled_functions() -> dict[str, Callable[..., Any]]:
         "layernorm_fwd": layernorm_fwd, "layernorm_bwd": layernorm_bwd,
         "rmsnorm_fwd": rmsnorm_fwd, "rmsnorm_bwd": rmsnorm_bwd,
         "fused_rope_forward": _rope(False), "fused_rope_backward": _rope(True),
-        "multi_tensor_adam": multi_tensor_adam,
+        "multi_tensor_adam": multi_tensor_adam, "multi_tensor_scale": multi_tensor_scale,
+        "multi_tensor_scale_tensor": multi_tensor_scale, "multi_tensor_l2norm": multi_tensor_l2norm,
         "quantize": quantize, "create_empty_quantized_tensor": create_empty_quantized_tensor,
         "bgrad_quantize": bgrad_quantize, "dequantize": dequantize, "fp8_transpose": fp8_transpose,
         "fused_amax_and_scale_update_after_reduction": fused_amax_and_scale_update_after_reduction,

@@ -55,6 +55,12 @@ SCHEMAS = (
     "amax_and_scale_update(Tensor amax_reduction_buffer, Tensor(a!)[] amax_histories, Tensor(b!)[] scales) -> ()",
     # rotary position embedding applied to x (or its gradient, backward) with fp32 freqs [s, 1, 1, d]
     "rope(Tensor x, Tensor freqs, Tensor(a!) y, bool backward) -> ()",
+    # multi-tensor apply kernels (chunks of every tensor of the lists in a few launches): dst = src *
+    # scale with a non-finite check into noop; the L2 norm of a list (partial sums per chunk, then a
+    # cleanup kernel into norm, and per tensor when asked)
+    "multi_tensor_scale(Tensor(a!) noop, Tensor[] src, Tensor(b!)[] dst, Tensor? scale) -> ()",
+    "multi_tensor_l2norm(Tensor(a!) noop, Tensor[] tensors, Tensor(b!) partials, Tensor(c!) norm, "
+    "Tensor(d!) partials_per_tensor, Tensor(e!) norm_per_tensor) -> ()",
 )
 
 _lib: Any = None
