@@ -190,24 +190,37 @@ TE_SCRIPT = Path(__file__).resolve().parent / "scripts" / "transformer_engine_la
 
 
 def test_te_layers_traced(tmp_path: Path, te_cuda_python: str) -> None:
-    """TE's own LayerNormMLP and DotProductAttention in BF16, and a Linear of FC1's shape under
-    FP8 delayed scaling (phantora's `te` extra, installed by tests/conftest.py te_cuda_python),
-    forward and backward on the virtual H100."""
+    """TE's own LayerNormMLP and DotProductAttention in BF16, and a LayerNormLinear of FC1's shape
+    under FP8 delayed scaling (phantora's `te` extra, installed by tests/conftest.py
+    te_cuda_python), forward and backward on the virtual H100."""
     from phantora.trace.check import load_chrome_trace
 
     proc, trace = run_traced(tmp_path, te_cuda_python, TE_SCRIPT)
-    assert_ran(proc, "stand_in", "layernorm_mlp", "dot_product_attention", "fp8_linear")
+    assert_ran(proc, "stand_in", "layernorm_mlp", "dot_product_attention", "fp8_layernorm_linear")
     kernels = [e for e in load_chrome_trace(trace)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
     gemms = [k for k in kernels if k["args"].get("op") == "nvte::cublas_gemm.default"]
     bf16 = [k for k in gemms if k["name"] == "sm90_xmma_gemm_bf16bf16_bf16f32"]
     fp8 = [k for k in gemms if k["name"] == "sm90_xmma_gemm_e4m3e4m3_bf16f32"]
-    # LayerNormMLP: FC1 and FC2, each fprop, dgrad and wgrad; the FP8 Linear: its three
+    # LayerNormMLP: FC1 and FC2, each fprop, dgrad and wgrad; the FP8 LayerNormLinear: its three
     assert (len(bf16), len(fp8)) == (6, 3), [k["name"] for k in gemms]
     s, b, h, f = 512, 2, 1024, 4096  # the script's sizes
-    assert [k["args"]["flops"] for k in bf16 + fp8] == [2.0 * s * b * h * f] * 9
+    t = s * b
+    assert [k["args"]["flops"] for k in bf16 + fp8] == [2.0 * t * h * f] * 9
     # the same three products at the FP8 rate (wgrad included: both operands read as transposes)
     assert sum(k["dur"] for k in fp8) < 0.75 * sum(k["dur"] for k in bf16) / 2
+    # The casts FP8 adds to a LayerNormLinear, counted by hand (bytes moved; scale, amax and
+    # scale_inv are 4 bytes each): forward, the norm writes its output in FP8 (1 byte per element)
+    # and a transpose kernel makes the copy wgrad reads; the weight is cast with its transpose (for
+    # dgrad); backward, the output gradient is cast with its transpose and the bias gradient.
+    casts = sorted((k["name"], k["args"]["bytes"]) for k in kernels
+                   if k["args"].get("op") in ("nvte::cast_transpose.default", "nvte::fp8_transpose.default"))
+    assert casts == sorted([
+        ("transformer_engine::transpose_kernel", 2.0 * t * h),
+        ("transformer_engine::cast_transpose_kernel", 2.0 * f * h + 2 * f * h + 12),
+        ("transformer_engine::cast_transpose_dbias_kernel", 2.0 * t * f + 2 * t * f + 2 * f + 12),
+    ])
+    fp8_norm = [k for k in kernels if k["args"].get("op") == "nvte::layernorm_fwd.default"][-1]
+    assert fp8_norm["args"]["bytes"] == 2 * 2.0 * t * h + 2 * 2 * h + t * h + 2 * 4 * t  # x twice, gamma, beta, z, mu, rsigma
     names = {k["name"] for k in kernels}
     assert {"transformer_engine::normalization::ln_fwd_tuned_kernel", "scaled_masked_softmax_warp_forward",
-            "scaled_masked_softmax_warp_backward", "transformer_engine::cast_transpose_kernel",
-            "transformer_engine::delayed_scaling::kernel"} <= names, names
+            "scaled_masked_softmax_warp_backward", "transformer_engine::delayed_scaling::kernel"} <= names, names

@@ -21,10 +21,10 @@ assert o.shape == (s, b, 1024) and q.grad.shape == q.shape
 print("ok dot_product_attention")
 from transformer_engine.common.recipe import DelayedScaling, Format  # noqa: E402
 
-lin = te.Linear(h, f, params_dtype=torch.bfloat16)
+lnl = te.LayerNormLinear(h, f, params_dtype=torch.bfloat16)
 with te.autocast(enabled=True, recipe=DelayedScaling(fp8_format=Format.HYBRID)):
-    y = lin(x)
+    y = lnl(x)
 y.sum().backward()
-assert y.shape == (s, b, f) and lin.weight.grad.shape == (f, h)
-print("ok fp8_linear")
+assert y.shape == (s, b, f) and lnl.weight.grad.shape == (f, h)
+print("ok fp8_layernorm_linear")
 torch.cuda.synchronize()
