@@ -334,6 +334,7 @@ QUALIFIED_FAMILIES: dict[str, Family] = {
     "flash_attn_3::bwd": Family("attention", attention.flash_attn_3),
     # Transformer Engine's core-library kernels (interpose/device/transformer_engine/ops.py)
     "nvte::cublas_gemm": Family("gemm", transformer_engine.cublas_gemm),
+    "nvte::grouped_gemm": Family("gemm", transformer_engine.grouped_gemm),
     "nvte::layernorm_fwd": Family("norm", transformer_engine.norm_fwd),
     "nvte::rmsnorm_fwd": Family("norm", transformer_engine.norm_fwd),
     "nvte::layernorm_bwd": Family("norm", transformer_engine.norm_bwd),

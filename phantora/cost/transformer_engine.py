@@ -22,10 +22,12 @@ schemas there). They are timed with the models of the kernels they are, on the s
 
 from __future__ import annotations
 
-from phantora.cost.gemm import GemmShape, gemm_kernel
-from phantora.cost.optimizers import multi_tensor_kernels
+from phantora.cost.gemm import (OPERAND_STREAMING_EFFICIENCY, GemmShape, gemm_kernel, gemm_kernel_name,
+                                grouped_gemm_compute_ns)
 from phantora.cost.normalization import FLOPS_PER_ELEMENT as NORM_FLOPS_PER_ELEMENT
-from phantora.cost.roofline import CostContext, OpCost, footprint_bytes, single, streaming_kernel
+from phantora.cost.optimizers import multi_tensor_kernels
+from phantora.cost.roofline import (CostContext, Kernel, OpCost, footprint_bytes, matmul_compute_type, memory_ns,
+                                    single, streaming_kernel)
 from phantora.ops import OpSignature, TensorMeta
 
 # Arithmetic per element of the activations (a GELU's tanh approximation is ~8 operations; the
@@ -203,3 +205,22 @@ def multi_tensor_l2norm(sig: OpSignature, ctx: CostContext) -> OpCost:
     cleanup = streaming_kernel("cleanup", ctx.gpu, _bytes(partials, norm, partials_pt, norm_pt),
                                float(partials.numel + partials_pt.numel))
     return OpCost((*kernels, cleanup)) if kernels else OpCost(())
+
+
+def grouped_gemm(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::grouped_gemm(A[], transa, B[], transb, D[], bias[], accumulate, grad): the core library
+    runs the group's cuBLAS GEMMs on its compute streams (4), so they overlap on the GPU; timed as
+    one grouped kernel over every group's tiles (gemm.grouped_gemm_compute_ns, as torch's grouped
+    GEMM: a group smaller than a tile costs a tile), at least the memory time of all operands."""
+    a_list, transa, b_list, transb, d_list, bias_list, accumulate = sig.args[:7]
+    problems = [gemm_shape(a, bool(transa), b, bool(transb)) for a, b in zip(a_list, b_list)]
+    if not problems:
+        return OpCost(())
+    gpu = ctx.gpu
+    compute_type = matmul_compute_type(a_list[0].dtype, ctx.allow_tf32)
+    nbytes = _bytes(*a_list, *b_list, *d_list, *bias_list) + (_bytes(*d_list) if accumulate else 0.0)
+    flops = sum(p.flops for p in problems)
+    compute = grouped_gemm_compute_ns(problems, compute_type, gpu)
+    memory = memory_ns(nbytes, gpu, OPERAND_STREAMING_EFFICIENCY) - gpu.kernel_ramp_ns
+    name = gemm_kernel_name(gpu, compute_type, d_list[0].dtype) + f" (multi-stream x{len(problems)})"
+    return single(Kernel(name, max(compute, memory) + gpu.kernel_ramp_ns, flops, nbytes))

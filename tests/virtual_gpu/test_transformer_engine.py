@@ -159,6 +159,43 @@ def test_rope_and_multi_tensor_outputs() -> None:
     assert kernels[-1].name == "cleanup" and sum(k.bytes for k in kernels[:-1]) == 4.0 * (71000 + 320)
 
 
+def test_grouped_gemm_follows_the_groups() -> None:
+    """GroupedLinear's forward on 4 experts (m_splits 300, 0, 700, 24 tokens): one output of
+    [1024, n] whose row blocks are the groups' outputs; the empty group launches nothing; the GEMMs
+    are timed as one grouped kernel over the groups' own tiles (FLOPs 2 m_g n k summed)."""
+    ext = _module()
+    k, n, splits = 64, 128, [300, 0, 700, 24]
+    xs = [torch.empty(m, k, dtype=torch.bfloat16, device="meta") for m in splits]
+    ws = [torch.empty(n, k, dtype=torch.bfloat16, device="meta") for _ in splits]
+    out = torch.empty(sum(splits), n, dtype=torch.bfloat16, device="meta")
+    empty = torch.empty(0, dtype=torch.bfloat16, device="meta")
+    workspace = [torch.empty(1024, dtype=torch.uint8, device="meta")]
+    calls = []
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append((func, args))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        ext.te_general_grouped_gemm(ws, True, xs, False, [out], ext.DType.kBFloat16, splits, [empty] * 4,
+                                    ext.DType.kBFloat16, True, [empty] * 4, False, workspace, 1024, False, False, 0)
+    grouped = [args for func, args in calls if func is torch.ops.nvte.grouped_gemm.default]
+    assert len(grouped) == 1 and len(grouped[0][0]) == 3  # the empty group is left out
+    assert [d.shape for d in grouped[0][4]] == [(300, n), (700, n), (24, n)]
+
+    gpu = lookup_gpu("h100-sxm-80gb")
+    sig = OpSignature("nvte::grouped_gemm", "default",
+                      ([cuda_tensor((n, k), "bfloat16")] * 3, True,
+                       [cuda_tensor((m, k), "bfloat16") for m in (300, 700, 24)], False,
+                       [cuda_tensor((m, n), "bfloat16") for m in (300, 700, 24)], [cuda_tensor((0,), "bfloat16")] * 3,
+                       False, False), ())
+    kernel, = te_cost.grouped_gemm(sig, CostContext(gpu)).kernels
+    assert kernel.flops == 2.0 * 1024 * n * k
+    assert kernel.bytes == 2.0 * (3 * n * k + 1024 * k + 1024 * n)
+
+
 def test_cublas_gemm_hand_count() -> None:
     """fprop of a [4096 -> 1024] Linear on 2048 tokens: FLOPs 2 M N K; bytes: A, B and D once,
     the bias once; D read back when accumulating (wgrad into main_grad); FP8 operands at the FP8

@@ -12,7 +12,7 @@ raise AttributeError as there.
 
 Modelled: GEMMs through cuBLASLt (generic_gemm: BF16/FP16 and per-tensor FP8 operands, FP8 read
 in the TN form Hopper needs, with bias, GELU and dbias/dGELU epilogues, accumulation into the
-output), LayerNorm and RMSNorm forward and backward, the activations with their backward and fused
+output; te_general_grouped_gemm for GroupedLinear), LayerNorm and RMSNorm forward and backward, the activations with their backward and fused
 bias gradient, the scaled (masked) softmax kernels of TE's unfused attention, and per-tensor FP8
 scaling (Float8Quantizer for delayed scaling, Float8CurrentScalingQuantizer): the FP8 tensors the
 C++ quantizer allocates (uint8 data, its transpose on Hopper, scale_inv), the casts (fused with
@@ -363,6 +363,23 @@ def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: Any
     return out
 
 
+def multi_tensor_quantize(tensor_list: list, quantizer_list: list) -> list:
+    """Each tensor quantized with its quantizer (the C++ fuses the per-tensor casts into one
+    multi-tensor cast+transpose launch; here each is its own cast kernel)."""
+    return [quantize(t, q) for t, q in zip(tensor_list, quantizer_list)]
+
+
+def split_quantize(tensor: torch.Tensor, split_sections: Any, quantizer_list: list,
+                   disable_bulk_allocation: bool = False) -> list:
+    """The input split along dim 0 into `split_sections` rows (GroupedLinear's per-expert
+    tokens), each part quantized with its quantizer."""
+    x = _plain(tensor, "split_quantize").contiguous()
+    if len(quantizer_list) != len(split_sections):
+        raise RuntimeError(f"Expected {len(split_sections)} quantizers, but got {len(quantizer_list)}")
+    parts = torch.split(x, [int(n) for n in split_sections], dim=0)
+    return [quantize(part, q) for part, q in zip(parts, quantizer_list)]
+
+
 def create_empty_quantized_tensor(quantizer: Any, shape: Any, dtype: torch.dtype, device: Any,
                                   pin_memory: bool = False) -> Any:
     return _quantized_empty(quantizer, shape, dtype, device, "create_empty_quantized_tensor")
@@ -507,6 +524,51 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
     if quantizer is not None and not fused_quantize:
         _quantize_into(d_buffer, quantizer, D)
     return [D, bias_grad, pre_gelu_out if gelu and not grad else None, extra_output]
+
+
+def te_general_grouped_gemm(A: list, transa: bool, B: list, transb: bool, D: Any, D_type: Any, m_splits: Any,
+                            bias: list, bias_type: Any, single_output: bool, pre_gelu_out: list, grad: bool,
+                            workspace: list, workspaceSize: int, accumulate: bool, use_split_accumulator: bool,
+                            math_sm_count: int = 0) -> list:
+    """The extension's te_general_grouped_gemm: each group's GEMM (output shapes by
+    getGemmOutputShape; with single_output, consecutive row blocks of D[0]), empty groups
+    zeroed, the rest in one nvte_multi_stream_cublas_gemm call."""
+    if single_output and D is None:
+        raise RuntimeError("not implemented, D should be allocated for single output case.")
+    dtype = _torch_dtype(D_type)
+    device = workspace[0].device
+    a_used, b_used, d_used, bias_used = [], [], [], []
+    flags: tuple[bool, bool] | None = None
+    row = 0
+    for i in range(len(A)):
+        shape = gemm_output_shape(_logical_shape(A[i]), transa, _logical_shape(B[i]), transb)
+        if single_output:
+            out = D[0][row:row + shape[0]]
+            row += shape[0]
+        elif D is None:
+            out = torch.empty(shape, dtype=dtype, device=device)
+        else:
+            out = D[i]
+        a, _, ta = _gemm_operand(A[i], bool(transa), is_a=True)
+        b, _, tb = _gemm_operand(B[i], bool(transb), is_a=False)
+        if a.numel() == 0 or b.numel() == 0:
+            if out.numel() != 0 and not accumulate:
+                out.zero_()
+            if bias[i].numel() != 0 and grad:
+                bias[i].zero_()
+            continue
+        if pre_gelu_out[i].numel() != 0:
+            raise _not_modelled("grouped GEMM with a GELU epilogue")
+        flags = (ta, tb)
+        a_used.append(a)
+        b_used.append(b)
+        d_used.append(out)
+        bias_used.append(bias[i])
+    if flags is not None:
+        nvte_ops.define_ops()
+        torch.ops.nvte.grouped_gemm(a_used, flags[0], b_used, flags[1], d_used, bias_used, bool(accumulate),
+                                    bool(grad))
+    return bias
 
 
 # --- normalization -----------------------------------------------------------------------------
@@ -715,9 +777,11 @@ def _modelled_functions() -> dict[str, Callable[..., Any]]:
         "layernorm_fwd": layernorm_fwd, "layernorm_bwd": layernorm_bwd,
         "rmsnorm_fwd": rmsnorm_fwd, "rmsnorm_bwd": rmsnorm_bwd,
         "fused_rope_forward": _rope(False), "fused_rope_backward": _rope(True),
+        "te_general_grouped_gemm": te_general_grouped_gemm,
         "multi_tensor_adam": multi_tensor_adam, "multi_tensor_scale": multi_tensor_scale,
         "multi_tensor_scale_tensor": multi_tensor_scale, "multi_tensor_l2norm": multi_tensor_l2norm,
         "quantize": quantize, "create_empty_quantized_tensor": create_empty_quantized_tensor,
+        "split_quantize": split_quantize, "multi_tensor_quantize": multi_tensor_quantize,
         "bgrad_quantize": bgrad_quantize, "dequantize": dequantize, "fp8_transpose": fp8_transpose,
         "fused_amax_and_scale_update_after_reduction": fused_amax_and_scale_update_after_reduction,
         "get_cudnn_version": lambda: CUDNN_VERSION,

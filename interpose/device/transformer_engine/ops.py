@@ -61,6 +61,11 @@ SCHEMAS = (
     "multi_tensor_scale(Tensor(a!) noop, Tensor[] src, Tensor(b!)[] dst, Tensor? scale) -> ()",
     "multi_tensor_l2norm(Tensor(a!) noop, Tensor[] tensors, Tensor(b!) partials, Tensor(c!) norm, "
     "Tensor(d!) partials_per_tensor, Tensor(e!) norm_per_tensor) -> ()",
+    # the GEMMs of a group (GroupedLinear: one per expert), each as cublas_gemm's D_i = op(B_i) op(A_i)^T,
+    # run by the core library on its compute streams (nvte_multi_stream_cublas_gemm); bias_i read, or
+    # written (grad)
+    "grouped_gemm(Tensor[] A, bool transa, Tensor[] B, bool transb, Tensor(a!)[] D, Tensor(b!)[] bias, "
+    "bool accumulate, bool grad) -> ()",
 )
 
 _lib: Any = None
