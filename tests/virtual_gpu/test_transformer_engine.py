@@ -229,11 +229,12 @@ TE_SCRIPT = Path(__file__).resolve().parent / "scripts" / "transformer_engine_la
 def test_te_layers_traced(tmp_path: Path, te_cuda_python: str) -> None:
     """TE's own LayerNormMLP and DotProductAttention in BF16, and a LayerNormLinear of FC1's shape
     under FP8 delayed scaling (phantora's `te` extra, installed by tests/conftest.py
-    te_cuda_python), forward and backward on the virtual H100."""
+    te_cuda_python), forward and backward on the virtual H100; and the memory of FP8 weights
+    (the script checks it against a hand count)."""
     from phantora.trace.check import load_chrome_trace
 
     proc, trace = run_traced(tmp_path, te_cuda_python, TE_SCRIPT)
-    assert_ran(proc, "stand_in", "layernorm_mlp", "dot_product_attention", "fp8_layernorm_linear")
+    assert_ran(proc, "stand_in", "layernorm_mlp", "dot_product_attention", "fp8_layernorm_linear", "fp8_weights")
     kernels = [e for e in load_chrome_trace(trace)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
     gemms = [k for k in kernels if k["args"].get("op") == "nvte::cublas_gemm.default"]
     bf16 = [k for k in gemms if k["name"] == "sm90_xmma_gemm_bf16bf16_bf16f32"]
@@ -255,6 +256,8 @@ def test_te_layers_traced(tmp_path: Path, te_cuda_python: str) -> None:
         ("transformer_engine::transpose_kernel", 2.0 * t * h),
         ("transformer_engine::cast_transpose_kernel", 2.0 * f * h + 2 * f * h + 12),
         ("transformer_engine::cast_transpose_dbias_kernel", 2.0 * t * f + 2 * t * f + 2 * f + 12),
+        # quantized_model_init's [2048, 2048] weight, cast once with its transpose after initialization
+        ("transformer_engine::cast_transpose_kernel", 4.0 * 2048 * 2048 + 12),
     ])
     fp8_norm = [k for k in kernels if k["args"].get("op") == "nvte::layernorm_fwd.default"][-1]
     assert fp8_norm["args"]["bytes"] == 2 * 2.0 * t * h + 2 * 2 * h + t * h + 2 * 4 * t  # x twice, gamma, beta, z, mu, rsigma

@@ -27,4 +27,17 @@ with te.autocast(enabled=True, recipe=DelayedScaling(fp8_format=Format.HYBRID)):
 y.sum().backward()
 assert y.shape == (s, b, f) and lnl.weight.grad.shape == (f, h)
 print("ok fp8_layernorm_linear")
+
+# FP8 weights (quantized_model_init): on Hopper a Float8Tensor parameter holds its FP8 data and its
+# FP8 transpose (for dgrad), 1 byte each per element, so 2 bytes per weight as in BF16, plus the
+# recipe's small amax histories and scales
+n = 2048
+before = torch.cuda.memory_allocated()
+with te.quantized_model_init(enabled=True, recipe=DelayedScaling(fp8_format=Format.HYBRID)):
+    w8 = te.Linear(n, n, params_dtype=torch.bfloat16, bias=False)
+grown = torch.cuda.memory_allocated() - before
+assert type(w8.weight).__name__ == "Float8Tensor" and w8.weight._data.shape == (n, n), type(w8.weight)
+assert w8.weight._transpose is not None and w8.weight._transpose.shape == (n, n)
+assert 2 * n * n <= grown <= 2 * n * n + 256 * 1024, grown
+print("ok fp8_weights")
 torch.cuda.synchronize()
