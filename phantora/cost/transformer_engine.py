@@ -224,3 +224,19 @@ def grouped_gemm(sig: OpSignature, ctx: CostContext) -> OpCost:
     memory = memory_ns(nbytes, gpu, OPERAND_STREAMING_EFFICIENCY) - gpu.kernel_ramp_ns
     name = gemm_kernel_name(gpu, compute_type, d_list[0].dtype) + f" (multi-stream x{len(problems)})"
     return single(Kernel(name, max(compute, memory) + gpu.kernel_ramp_ns, flops, nbytes))
+
+
+def quantize_mxfp8(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::quantize_mxfp8(x, dy, rowwise, rowwise_scale_inv, columnwise, columnwise_scale_inv,
+    dbias, act): one pass over x (and dy), each requested FP8 copy and its E8M0 scales (one byte
+    per 32 elements) written once."""
+    x, dy, rowwise, rowwise_scale, columnwise, columnwise_scale, dbias, act = sig.args[:8]
+    nbytes = _bytes(x, dy, rowwise, rowwise_scale, columnwise, columnwise_scale, dbias)
+    both = isinstance(rowwise, TensorMeta) and isinstance(columnwise, TensorMeta)
+    base = "quantize_mxfp8" + ("_rowwise_colwise" if both else "")
+    if act:
+        base += f"_fused_d{act}" if isinstance(dy, TensorMeta) else f"_fused_{act}"
+    if isinstance(dbias, TensorMeta):
+        base += "_dbias"
+    flops = (ACTIVATION_BWD_FLOPS if isinstance(dy, TensorMeta) else ACTIVATION_FLOPS) * x.numel if act else 3.0 * x.numel
+    return single(streaming_kernel(f"transformer_engine::{base}_kernel", ctx.gpu, nbytes, flops))

@@ -13,12 +13,15 @@ raise AttributeError as there.
 Modelled: GEMMs through cuBLASLt (generic_gemm: BF16/FP16 and per-tensor FP8 operands, FP8 read
 in the TN form Hopper needs, with bias, GELU and dbias/dGELU epilogues, accumulation into the
 output; te_general_grouped_gemm for GroupedLinear), LayerNorm and RMSNorm forward and backward, the activations with their backward and fused
-bias gradient, the scaled (masked) softmax kernels of TE's unfused attention, and per-tensor FP8
+bias gradient, the scaled (masked) softmax kernels of TE's unfused attention, MXFP8 (the tensors
+from the quantizer's own buffer description, one cast kernel per quantization, GEMMs on the block
+scales), and per-tensor FP8
 scaling (Float8Quantizer for delayed scaling, Float8CurrentScalingQuantizer): the FP8 tensors the
 C++ quantizer allocates (uint8 data, its transpose on Hopper, scale_inv), the casts (fused with
 the norm, the activation or the bias gradient as the C++ chooses), the amax and scale kernels of
 current scaling (with its amax all-reduce), and the delayed-scaling recipe's amax/scale update.
-Not modelled (raising NotImplementedError): MXFP8, FP8 block scaling, NVFP4, fused attention
+Not modelled (raising NotImplementedError): FP8 block scaling, NVFP4, the scale swizzles of MXFP8
+GEMM inputs not quantized for a GEMM, fused attention
 (cuDNN), comm+GEMM overlap, grouped GEMMs, MoE permutation and router kernels, the FP8 and master-weight variants of
 multi_tensor_adam, multi_tensor_unscale_l2norm and SGD.
 """
@@ -266,9 +269,12 @@ def _te_classes() -> types.SimpleNamespace:
     init: Float8Tensor, Float8TensorStorage, the quantizers)."""
     from transformer_engine.pytorch.tensor.float8_tensor import (
         Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor)
+    from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
     from transformer_engine.pytorch.tensor.storage.float8_tensor_storage import Float8TensorStorage
+    from transformer_engine.pytorch.tensor.storage.mxfp8_tensor_storage import MXFP8TensorStorage
     return types.SimpleNamespace(Float8Quantizer=Float8Quantizer, Float8CurrentScalingQuantizer=Float8CurrentScalingQuantizer,
-                                 Float8Tensor=Float8Tensor, Float8TensorStorage=Float8TensorStorage)
+                                 Float8Tensor=Float8Tensor, Float8TensorStorage=Float8TensorStorage,
+                                 MXFP8Quantizer=MXFP8Quantizer, MXFP8TensorStorage=MXFP8TensorStorage)
 
 
 def _non_tn_fp8_gemm() -> bool:
@@ -279,7 +285,8 @@ def _non_tn_fp8_gemm() -> bool:
 
 
 def _per_tensor_fp8(quantizer: Any) -> str | None:
-    """"delayed" / "current" for TE's per-tensor FP8 quantizers, None for any other."""
+    """"delayed" / "current" for TE's per-tensor FP8 quantizers, "mxfp8" for its MXFP8 one, None for
+    any other."""
     if quantizer is None or not type(quantizer).__module__.startswith("transformer_engine."):
         return None
     te = _te_classes()
@@ -287,7 +294,22 @@ def _per_tensor_fp8(quantizer: Any) -> str | None:
         return "delayed"
     if isinstance(quantizer, te.Float8CurrentScalingQuantizer):
         return "current"
+    if isinstance(quantizer, te.MXFP8Quantizer):
+        return "mxfp8"
     return None
+
+
+def _make_from_spec(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device: Any) -> Any:
+    """A quantized tensor from the quantizer's own description of the buffers the C++ allocates
+    (Quantizer.inner_tensor_specs / storage_metadata, which TE keeps slot-for-slot equal to
+    csrc/quantizer.cpp for torch.compile's fake tensors)."""
+    shape = tuple(int(s) for s in shape)
+    inner = quantizer.alloc_tensors(shape, device=device)
+    ctx = quantizer.create_metadata(shape, dtype=fake_dtype)
+    stride = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        stride[i] = stride[i + 1] * shape[i + 1]
+    return ctx["cls"].__tensor_unflatten__(inner, ctx, shape, tuple(stride))
 
 
 def _make_float8(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device: Any) -> Any:
@@ -313,9 +335,12 @@ def _make_float8(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device: An
 
 
 def _quantized_empty(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device: Any, what: str) -> Any:
-    if _per_tensor_fp8(quantizer) is None:
-        raise _not_modelled(f"{what} with a {type(quantizer).__name__} output (only per-tensor FP8 scaling, "
-                            f"Float8Quantizer and Float8CurrentScalingQuantizer, is modelled)")
+    kind = _per_tensor_fp8(quantizer)
+    if kind is None:
+        raise _not_modelled(f"{what} with a {type(quantizer).__name__} output (only FP8 with per-tensor "
+                            f"scaling, Float8Quantizer and Float8CurrentScalingQuantizer, and MXFP8 are modelled)")
+    if kind == "mxfp8":
+        return _make_from_spec(quantizer, shape, fake_dtype, device)
     return _make_float8(quantizer, shape, fake_dtype, device)
 
 
@@ -333,6 +358,11 @@ def _quantize_into(x: torch.Tensor, quantizer: Any, out: Any, *, dy: torch.Tenso
     FUSED_ACTIVATION_AMAX_FP8), so no amax kernel reads x again."""
     kind = _per_tensor_fp8(quantizer)
     nvte_ops.define_ops()
+    if kind == "mxfp8":  # one kernel: the block amaxes and E8M0 scales are computed as it casts
+        torch.ops.nvte.quantize_mxfp8(x, dy, _fp8_view(out._rowwise_data, out._fp8_dtype), out._rowwise_scale_inv,
+                                      _fp8_view(out._columnwise_data, out._fp8_dtype), out._columnwise_scale_inv,
+                                      dbias, act)
+        return
     data, transpose = _fp8_view(out._data, out._fp8_dtype), _fp8_view(out._transpose, out._fp8_dtype)
     if kind == "delayed":
         torch.ops.nvte.cast_transpose(x, dy, quantizer.scale, quantizer.amax, out._scale_inv, data, transpose,
@@ -432,6 +462,16 @@ def _gemm_operand(t: Any, trans: bool, is_a: bool) -> tuple[torch.Tensor, torch.
     canonicalization in TE's core library)."""
     if not hasattr(t, "_fp8_dtype"):
         return _plain(t, "generic_gemm"), None, trans
+    if isinstance(t, _te_classes().MXFP8TensorStorage):
+        # MXFP8 keeps both usages in the logical layout, each with its own block scales: a GEMM
+        # reads the rowwise copy where it reads the operand along K by rows, else the columnwise one
+        rowwise = trans if is_a else not trans
+        data, scale = (t._rowwise_data, t._rowwise_scale_inv) if rowwise else (t._columnwise_data,
+                                                                             t._columnwise_scale_inv)
+        if data is None:
+            raise RuntimeError(f"GEMM needs the {'rowwise' if rowwise else 'columnwise'} MXFP8 data of a "
+                               f"{type(t).__name__}, which it does not hold")
+        return _fp8_view(data, t._fp8_dtype), scale, trans
     if not hasattr(t, "_transpose"):
         raise _not_modelled(f"GEMM with a {type(t).__name__} operand (only per-tensor FP8 is modelled)")
     wanted_rowwise = trans if is_a else not trans
@@ -450,6 +490,8 @@ def _gemm_operand(t: Any, trans: bool, is_a: bool) -> tuple[torch.Tensor, torch.
 def _logical_shape(t: Any) -> list[int]:
     if not hasattr(t, "_fp8_dtype"):
         return list(t.shape)
+    if hasattr(t, "_rowwise_data"):  # MXFP8: both copies in the logical layout
+        return list((t._rowwise_data if t._rowwise_data is not None else t._columnwise_data).shape)
     if t._data is not None:
         return list(t._data.shape)
     shape = list(t._transpose.shape)
