@@ -173,10 +173,11 @@ class NotModelledError(NotImplementedError):
 def _not_modelled(what: str) -> NotModelledError:
     return NotModelledError(
         f"phantora: rank {_rank()}: Transformer Engine's {what} is not modelled by phantora's stand-in for "
-        f"transformer_engine_torch (interpose/device/transformer_engine/extension.py), which models BF16/FP16 "
-        f"and per-tensor FP8 (delayed or current scaling) GEMMs, LayerNorm/RMSNorm, activations and unfused "
-        f"attention's softmax. Use those (e.g. the DelayedScaling or Float8CurrentScaling recipe), or add the "
-        f"kernel there with a cost model in phantora/cost/transformer_engine.py.")
+        f"transformer_engine_torch (interpose/device/transformer_engine/extension.py), which models BF16/FP16, "
+        f"per-tensor FP8 (delayed or current scaling) and MXFP8 GEMMs and grouped GEMMs, LayerNorm/RMSNorm, "
+        f"activations, RoPE, unfused attention's softmax and the optimizers' multi-tensor kernels. Use those "
+        f"(e.g. the DelayedScaling, Float8CurrentScaling or MXFP8BlockScaling recipe), or add the kernel there "
+        f"with a cost model in phantora/cost/transformer_engine.py.")
 
 
 def _unmodelled_function(name: str) -> Callable[..., Any]:
