@@ -345,7 +345,7 @@ QUALIFIED_FAMILIES: dict[str, Family] = {
     "nvte::softmax_bwd": Family("softmax", transformer_engine.softmax_bwd),
     "nvte::cast_transpose": Family("copy", transformer_engine.cast_transpose),
     "nvte::compute_amax": Family("reduction", transformer_engine.compute_amax),
-    "nvte::quantize_mxfp8": Family("copy", transformer_engine.quantize_mxfp8),
+    "nvte::quantize_blocks": Family("copy", transformer_engine.quantize_blocks),
     "nvte::compute_scale": Family("pointwise", transformer_engine.compute_scale),
     "nvte::fp8_transpose": Family("movement", transformer_engine.fp8_transpose),
     "nvte::dequantize": Family("copy", transformer_engine.dequantize),

@@ -226,14 +226,14 @@ def grouped_gemm(sig: OpSignature, ctx: CostContext) -> OpCost:
     return single(Kernel(name, max(compute, memory) + gpu.kernel_ramp_ns, flops, nbytes))
 
 
-def quantize_mxfp8(sig: OpSignature, ctx: CostContext) -> OpCost:
-    """nvte::quantize_mxfp8(x, dy, rowwise, rowwise_scale_inv, columnwise, columnwise_scale_inv,
-    dbias, act): one pass over x (and dy), each requested FP8 copy and its E8M0 scales (one byte
-    per 32 elements) written once."""
-    x, dy, rowwise, rowwise_scale, columnwise, columnwise_scale, dbias, act = sig.args[:8]
+def quantize_blocks(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::quantize_blocks(x, dy, rowwise, rowwise_scale_inv, columnwise, columnwise_scale_inv,
+    dbias, act, recipe): one pass over x (and dy), each requested FP8 copy and its block scales
+    written once (MXFP8: E8M0, one byte per 32 elements; block scaling: fp32 per 128 or 128x128)."""
+    x, dy, rowwise, rowwise_scale, columnwise, columnwise_scale, dbias, act, recipe = sig.args[:9]
     nbytes = _bytes(x, dy, rowwise, rowwise_scale, columnwise, columnwise_scale, dbias)
     both = isinstance(rowwise, TensorMeta) and isinstance(columnwise, TensorMeta)
-    base = "quantize_mxfp8" + ("_rowwise_colwise" if both else "")
+    base = ("quantize_mxfp8" if recipe == "mxfp8" else f"quantize_fp8_{recipe}") + ("_rowwise_colwise" if both else "")
     if act:
         base += f"_fused_d{act}" if isinstance(dy, TensorMeta) else f"_fused_{act}"
     if isinstance(dbias, TensorMeta):

@@ -20,7 +20,9 @@ scaling (Float8Quantizer for delayed scaling, Float8CurrentScalingQuantizer): th
 C++ quantizer allocates (uint8 data, its transpose on Hopper, scale_inv), the casts (fused with
 the norm, the activation or the bias gradient as the C++ chooses), the amax and scale kernels of
 current scaling (with its amax all-reduce), and the delayed-scaling recipe's amax/scale update.
-Not modelled (raising NotImplementedError): FP8 block scaling, NVFP4, the scale swizzles of MXFP8
+FP8 block scaling (Float8BlockScaling: the same cast op with 1x128 / 128x128 blocks, the
+columnwise copy transposed, activations cast unfused as the C++ does). Not modelled (raising
+NotImplementedError): NVFP4, the scale swizzles of MXFP8
 GEMM inputs not quantized for a GEMM, fused attention
 (cuDNN), comm+GEMM overlap, grouped GEMMs, MoE permutation and router kernels, the FP8 and master-weight variants of
 multi_tensor_adam, multi_tensor_unscale_l2norm and SGD.
@@ -270,12 +272,17 @@ def _te_classes() -> types.SimpleNamespace:
     init: Float8Tensor, Float8TensorStorage, the quantizers)."""
     from transformer_engine.pytorch.tensor.float8_tensor import (
         Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor)
+    from transformer_engine.pytorch.tensor.float8_blockwise_tensor import Float8BlockQuantizer
     from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
+    from transformer_engine.pytorch.tensor.storage.float8_blockwise_tensor_storage import (
+        Float8BlockwiseQTensorStorage)
     from transformer_engine.pytorch.tensor.storage.float8_tensor_storage import Float8TensorStorage
     from transformer_engine.pytorch.tensor.storage.mxfp8_tensor_storage import MXFP8TensorStorage
     return types.SimpleNamespace(Float8Quantizer=Float8Quantizer, Float8CurrentScalingQuantizer=Float8CurrentScalingQuantizer,
                                  Float8Tensor=Float8Tensor, Float8TensorStorage=Float8TensorStorage,
-                                 MXFP8Quantizer=MXFP8Quantizer, MXFP8TensorStorage=MXFP8TensorStorage)
+                                 MXFP8Quantizer=MXFP8Quantizer, MXFP8TensorStorage=MXFP8TensorStorage,
+                                 Float8BlockQuantizer=Float8BlockQuantizer,
+                                 Float8BlockwiseQTensorStorage=Float8BlockwiseQTensorStorage)
 
 
 def _non_tn_fp8_gemm() -> bool:
@@ -286,8 +293,8 @@ def _non_tn_fp8_gemm() -> bool:
 
 
 def _per_tensor_fp8(quantizer: Any) -> str | None:
-    """"delayed" / "current" for TE's per-tensor FP8 quantizers, "mxfp8" for its MXFP8 one, None for
-    any other."""
+    """"delayed" / "current" for TE's per-tensor FP8 quantizers, "mxfp8" for its MXFP8 one,
+    "block1d" / "block2d" for FP8 block scaling, None for any other."""
     if quantizer is None or not type(quantizer).__module__.startswith("transformer_engine."):
         return None
     te = _te_classes()
@@ -297,6 +304,8 @@ def _per_tensor_fp8(quantizer: Any) -> str | None:
         return "current"
     if isinstance(quantizer, te.MXFP8Quantizer):
         return "mxfp8"
+    if isinstance(quantizer, te.Float8BlockQuantizer):
+        return f"block{quantizer.block_scaling_dim}d"
     return None
 
 
@@ -338,11 +347,12 @@ def _make_float8(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device: An
 def _quantized_empty(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device: Any, what: str) -> Any:
     kind = _per_tensor_fp8(quantizer)
     if kind is None:
-        raise _not_modelled(f"{what} with a {type(quantizer).__name__} output (only FP8 with per-tensor "
-                            f"scaling, Float8Quantizer and Float8CurrentScalingQuantizer, and MXFP8 are modelled)")
-    if kind == "mxfp8":
-        return _make_from_spec(quantizer, shape, fake_dtype, device)
-    return _make_float8(quantizer, shape, fake_dtype, device)
+        raise _not_modelled(f"{what} with a {type(quantizer).__name__} output (FP8 with per-tensor scaling, "
+                            f"Float8Quantizer and Float8CurrentScalingQuantizer, MXFP8 and FP8 block scaling are "
+                            f"modelled)")
+    if kind in ("delayed", "current"):
+        return _make_float8(quantizer, shape, fake_dtype, device)
+    return _make_from_spec(quantizer, shape, fake_dtype, device)
 
 
 def _fp8_view(data: torch.Tensor | None, fp8_dtype: Any) -> torch.Tensor | None:
@@ -359,10 +369,14 @@ def _quantize_into(x: torch.Tensor, quantizer: Any, out: Any, *, dy: torch.Tenso
     FUSED_ACTIVATION_AMAX_FP8), so no amax kernel reads x again."""
     kind = _per_tensor_fp8(quantizer)
     nvte_ops.define_ops()
-    if kind == "mxfp8":  # one kernel: the block amaxes and E8M0 scales are computed as it casts
-        torch.ops.nvte.quantize_mxfp8(x, dy, _fp8_view(out._rowwise_data, out._fp8_dtype), out._rowwise_scale_inv,
-                                      _fp8_view(out._columnwise_data, out._fp8_dtype), out._columnwise_scale_inv,
-                                      dbias, act)
+    if kind in ("mxfp8", "block1d", "block2d"):  # one kernel: block amaxes and scales computed as it casts
+        if act and kind != "mxfp8":  # the C++ fuses activations only into MXFP8's cast (UNFUSED otherwise)
+            hp = torch.empty(x.shape if dy is None else dy.shape, dtype=x.dtype, device=x.device)
+            torch.ops.nvte.activation(x, hp, act) if dy is None else torch.ops.nvte.activation_bwd(dy, x, hp, dbias, act)
+            x, dy, dbias, act = hp, None, None, ""
+        torch.ops.nvte.quantize_blocks(x, dy, _fp8_view(out._rowwise_data, out._fp8_dtype), out._rowwise_scale_inv,
+                                       _fp8_view(out._columnwise_data, out._fp8_dtype), out._columnwise_scale_inv,
+                                       dbias, act, kind)
         return
     data, transpose = _fp8_view(out._data, out._fp8_dtype), _fp8_view(out._transpose, out._fp8_dtype)
     if kind == "delayed":
@@ -473,8 +487,19 @@ def _gemm_operand(t: Any, trans: bool, is_a: bool) -> tuple[torch.Tensor, torch.
             raise RuntimeError(f"GEMM needs the {'rowwise' if rowwise else 'columnwise'} MXFP8 data of a "
                                f"{type(t).__name__}, which it does not hold")
         return _fp8_view(data, t._fp8_dtype), scale, trans
+    if isinstance(t, _te_classes().Float8BlockwiseQTensorStorage):
+        # FP8 block scaling keeps its columnwise copy transposed, as per-tensor FP8 on Hopper: read in
+        # TN form (on Blackwell the core library converts the scales to MXFP8's first; not modelled)
+        rowwise = trans if is_a else not trans
+        if rowwise and t._rowwise_data is not None:
+            return _fp8_view(t._rowwise_data, t._fp8_dtype), t._rowwise_scale_inv, trans
+        if t._columnwise_data is None:
+            raise RuntimeError(f"GEMM needs the columnwise FP8 data of a {type(t).__name__}, which it does not hold")
+        data = t._columnwise_data
+        return _fp8_view(data.reshape(data.shape[0], -1), t._fp8_dtype), t._columnwise_scale_inv, not trans
     if not hasattr(t, "_transpose"):
-        raise _not_modelled(f"GEMM with a {type(t).__name__} operand (only per-tensor FP8 is modelled)")
+        raise _not_modelled(f"GEMM with a {type(t).__name__} operand (only per-tensor FP8, MXFP8 and FP8 block "
+                            f"scaling are modelled)")
     wanted_rowwise = trans if is_a else not trans
     if _non_tn_fp8_gemm() or (wanted_rowwise and t._data is not None):
         if t._data is None:
@@ -491,8 +516,11 @@ def _gemm_operand(t: Any, trans: bool, is_a: bool) -> tuple[torch.Tensor, torch.
 def _logical_shape(t: Any) -> list[int]:
     if not hasattr(t, "_fp8_dtype"):
         return list(t.shape)
-    if hasattr(t, "_rowwise_data"):  # MXFP8: both copies in the logical layout
-        return list((t._rowwise_data if t._rowwise_data is not None else t._columnwise_data).shape)
+    if hasattr(t, "_rowwise_data"):  # MXFP8: both copies in the logical layout; block scaling: columnwise transposed
+        if t._rowwise_data is not None:
+            return list(t._rowwise_data.shape)
+        shape = list(t._columnwise_data.shape)
+        return shape if isinstance(t, _te_classes().MXFP8TensorStorage) else [*shape[1:], shape[0]]
     if t._data is not None:
         return list(t._data.shape)
     shape = list(t._transpose.shape)

@@ -46,11 +46,12 @@ SCHEMAS = (
     "cast_transpose(Tensor x, Tensor? dy, Tensor scale, Tensor(a!)? amax, Tensor(b!) scale_inv, Tensor(c!)? data, "
     "Tensor(d!)? transpose, Tensor(e!)? dbias, str act) -> ()",
     "compute_amax(Tensor x, Tensor(a!) amax) -> ()",
-    # MXFP8: x cast to FP8 in blocks of 32 with an E8M0 scale per block, along rows (rowwise data
-    # and scales) and/or along columns (columnwise), optionally fused with an activation (its
-    # backward with dy) and the bias gradient
-    "quantize_mxfp8(Tensor x, Tensor? dy, Tensor(a!)? rowwise, Tensor(b!)? rowwise_scale_inv, "
-    "Tensor(c!)? columnwise, Tensor(d!)? columnwise_scale_inv, Tensor(e!)? dbias, str act) -> ()",
+    # block-scaled FP8: x cast in blocks with a scale per block, along rows (rowwise data and scales)
+    # and/or along columns (columnwise; stored transposed for FP8 block scaling), optionally fused
+    # with an activation (its backward with dy) and the bias gradient. recipe: "mxfp8" (blocks of
+    # 32, E8M0 scales), "block1d" / "block2d" (1x128 / 128x128 blocks, fp32 scales)
+    "quantize_blocks(Tensor x, Tensor? dy, Tensor(a!)? rowwise, Tensor(b!)? rowwise_scale_inv, "
+    "Tensor(c!)? columnwise, Tensor(d!)? columnwise_scale_inv, Tensor(e!)? dbias, str act, str recipe) -> ()",
     "compute_scale(Tensor amax, Tensor(a!) scale, Tensor(b!) scale_inv) -> ()",
     # an FP8 tensor's transpose (fp8_transpose) or its conversion back to high precision
     "fp8_transpose(Tensor x, Tensor(a!) out) -> ()",
