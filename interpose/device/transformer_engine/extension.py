@@ -292,7 +292,7 @@ def _non_tn_fp8_gemm() -> bool:
     return (10, 0) <= (major, minor) < (12, 0) or (major, minor) >= (13, 0)
 
 
-def _per_tensor_fp8(quantizer: Any) -> str | None:
+def _scaling_kind(quantizer: Any) -> str | None:
     """"delayed" / "current" for TE's per-tensor FP8 quantizers, "mxfp8" for its MXFP8 one,
     "block1d" / "block2d" for FP8 block scaling, None for any other."""
     if quantizer is None or not type(quantizer).__module__.startswith("transformer_engine."):
@@ -309,6 +309,13 @@ def _per_tensor_fp8(quantizer: Any) -> str | None:
     return None
 
 
+def _contiguous_strides(shape: list[int] | tuple[int, ...]) -> list[int]:
+    stride = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        stride[i] = stride[i + 1] * shape[i + 1]
+    return stride
+
+
 def _make_from_spec(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device: Any) -> Any:
     """A quantized tensor from the quantizer's own description of the buffers the C++ allocates
     (Quantizer.inner_tensor_specs / storage_metadata, which TE keeps slot-for-slot equal to
@@ -316,10 +323,7 @@ def _make_from_spec(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device:
     shape = tuple(int(s) for s in shape)
     inner = quantizer.alloc_tensors(shape, device=device)
     ctx = quantizer.create_metadata(shape, dtype=fake_dtype)
-    stride = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        stride[i] = stride[i + 1] * shape[i + 1]
-    return ctx["cls"].__tensor_unflatten__(inner, ctx, shape, tuple(stride))
+    return ctx["cls"].__tensor_unflatten__(inner, ctx, shape, tuple(_contiguous_strides(shape)))
 
 
 def _make_float8(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device: Any) -> Any:
@@ -337,15 +341,12 @@ def _make_float8(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device: An
     if quantizer.internal:
         return te.Float8TensorStorage(data=data, fp8_scale_inv=scale_inv, fp8_dtype=quantizer.dtype,
                                       data_transpose=transpose, quantizer=quantizer, fake_dtype=fake_dtype)
-    stride = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        stride[i] = stride[i + 1] * shape[i + 1]
-    return te.Float8Tensor(shape=shape, stride=stride, dtype=fake_dtype, data=data, fp8_scale_inv=scale_inv,
+    return te.Float8Tensor(shape=shape, stride=_contiguous_strides(shape), dtype=fake_dtype, data=data, fp8_scale_inv=scale_inv,
                            fp8_dtype=quantizer.dtype, data_transpose=transpose, quantizer=quantizer, device=device)
 
 
 def _quantized_empty(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device: Any, what: str) -> Any:
-    kind = _per_tensor_fp8(quantizer)
+    kind = _scaling_kind(quantizer)
     if kind is None:
         raise _not_modelled(f"{what} with a {type(quantizer).__name__} output (FP8 with per-tensor scaling, "
                             f"Float8Quantizer and Float8CurrentScalingQuantizer, MXFP8 and FP8 block scaling are "
@@ -360,14 +361,13 @@ def _fp8_view(data: torch.Tensor | None, fp8_dtype: Any) -> torch.Tensor | None:
 
 
 def _quantize_into(x: torch.Tensor, quantizer: Any, out: Any, *, dy: torch.Tensor | None = None,
-                   dbias: torch.Tensor | None = None, act: str = "", noop: Any = None,
-                   amax_computed: bool = False) -> None:
+                   dbias: torch.Tensor | None = None, act: str = "", amax_computed: bool = False) -> None:
     """Float8Quantizer::quantize (delayed: one cast(+transpose) kernel reading the quantizer's scale
     and updating its amax) / Float8CurrentScalingQuantizer::quantize (the amax first, all-reduced
     over the quantizer's group when asked, the scale from it, then the cast). `amax_computed`: the
     kernel that produced x computed its amax as well (TE's FUSED_NORM_AMAX_FP8 and
     FUSED_ACTIVATION_AMAX_FP8), so no amax kernel reads x again."""
-    kind = _per_tensor_fp8(quantizer)
+    kind = _scaling_kind(quantizer)
     nvte_ops.define_ops()
     if kind in ("mxfp8", "block1d", "block2d"):  # one kernel: block amaxes and scales computed as it casts
         if act and kind != "mxfp8":  # the C++ fuses activations only into MXFP8's cast (UNFUSED otherwise)
@@ -403,8 +403,8 @@ def _quantize_into(x: torch.Tensor, quantizer: Any, out: Any, *, dy: torch.Tenso
 def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: Any = None) -> Any:
     x = _plain(tensor, "quantize").contiguous()
     out = output if output is not None else _quantized_empty(quantizer, x.shape, x.dtype, x.device, "quantize")
-    if x.numel() != 0:
-        _quantize_into(x, quantizer, out, noop=noop)
+    if x.numel() != 0:  # the kernel launches whatever `noop` holds (it skips its work on the GPU)
+        _quantize_into(x, quantizer, out)
     return out
 
 
@@ -442,9 +442,10 @@ def bgrad_quantize(input: torch.Tensor, quantizer: Any) -> list[Any]:
 
 
 def dequantize(input: Any, otype: Any) -> torch.Tensor:
-    if _per_tensor_fp8(getattr(input, "_quantizer", None)) is None and not hasattr(input, "_transpose"):
+    """A per-tensor FP8 tensor back in high precision, from its rowwise data."""
+    if not hasattr(input, "_transpose"):
         raise _not_modelled(f"dequantize of a {type(input).__name__}")
-    data = input._data if input._data is not None else None
+    data = input._data
     if data is None:
         raise _not_modelled("dequantize of an FP8 tensor that holds only its transpose")
     out = torch.empty(data.shape, dtype=_torch_dtype(otype), device=data.device)
@@ -454,7 +455,6 @@ def dequantize(input: Any, otype: Any) -> torch.Tensor:
 
 
 def fp8_transpose(input: torch.Tensor, dtype: Any, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    rows, cols = _flat2d(input.shape)
     if out is None:
         out = torch.empty([int(input.shape[-1]), *[int(s) for s in input.shape[:-1]]], dtype=input.dtype,
                           device=input.device)
@@ -563,7 +563,7 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
             _quantized_empty(quantizer, d_shape, out_dtype, device, "GEMM")
     # a quantized output is written by the GEMM itself only for per-tensor FP8 inputs and a delayed
     # scaling quantizer; otherwise the GEMM writes high precision and the extension quantizes it
-    fused_quantize = quantizer is not None and low_precision and _per_tensor_fp8(quantizer) == "delayed"
+    fused_quantize = quantizer is not None and low_precision and _scaling_kind(quantizer) == "delayed"
     if quantizer is None:
         d_buffer = _plain(D, "generic_gemm output")
     elif fused_quantize:
@@ -654,14 +654,14 @@ def _norm_output(x: torch.Tensor, ln_out: Any, quantizer: Any, otype: Any, what:
         out = ln_out if ln_out is not None else torch.empty(x.shape, dtype=out_dtype, device=x.device)
         return out, _plain(out, f"{what} output"), False
     out = ln_out if ln_out is not None else _quantized_empty(quantizer, x.shape, out_dtype, x.device, what)
-    if _per_tensor_fp8(quantizer) == "delayed" and out._data is not None:
+    if _scaling_kind(quantizer) == "delayed" and out._data is not None:
         return out, _fp8_view(out._data, out._fp8_dtype), False
     return out, torch.empty(x.shape, dtype=out_dtype, device=x.device), True
 
 
 def _finish_norm_output(out: Any, written: torch.Tensor, quantizer: Any, cast: bool) -> None:
     if cast:  # current scaling: the norm kernel computed the amax too (FUSED_NORM_AMAX_FP8)
-        _quantize_into(written, quantizer, out, amax_computed=_per_tensor_fp8(quantizer) == "current")
+        _quantize_into(written, quantizer, out, amax_computed=_scaling_kind(quantizer) == "current")
     elif quantizer is not None and out._transpose is not None:
         torch.ops.nvte.fp8_transpose(written, _fp8_view(out._transpose, out._fp8_dtype))
 
