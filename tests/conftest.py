@@ -12,6 +12,11 @@ into it as their docs tell a GPU user to (FRAMEWORKS_CUDA below): TorchTitan, an
 whose 0.19 wheels declare Python >= 3.12 but install and run on 3.11 with --ignore-requires-python.
 Both import `triton` without declaring it; the CUDA build of torch brings it. Measured about 25 s
 on top of the CUDA environment.
+
+`te_cuda_python`: the CUDA build of torch with Transformer Engine's Python layer installed as
+`pip install "phantora[te]"` installs it (the `te` extra). Its own environment, which sees the
+CUDA environment's packages through a .pth file: with TE importable, Megatron-Core switches to TE's
+optimizers and multi-tensor kernels, so the frameworks' environment stays without it.
 """
 
 from __future__ import annotations
@@ -109,3 +114,29 @@ def frameworks_cuda_python(cuda_torch_python: str) -> str:
                     pytest.fail(f"could not install {' '.join(args)} into {venv}:\n{proc.stderr[-3000:]}")
             ready.write_text(wanted)
     return cuda_torch_python
+
+
+@pytest.fixture(scope="session")
+def te_cuda_python(cuda_torch_python: str) -> str:
+    if os.environ.get("PHANTORA_CUDA_TORCH_PYTHON"):
+        return cuda_torch_python  # the user's own environment: they installed TE
+    venv = cache_dir() / "test-venv-te"
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["te"]
+    ready = venv / ".phantora-ready"
+    wanted = repr(extra) + "\n"
+    with open(venv.parent / ".test-venv-te.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ready.exists() or ready.read_text() != wanted:
+            subprocess.run([cuda_torch_python, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
+            purelib = subprocess.run([cuda_torch_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                     capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+            python = str(venv / "bin" / "python")
+            own = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+            (Path(own) / "phantora_cuda_torch.pth").write_text(purelib + "\n")
+            proc = subprocess.run([python, "-m", "pip", "install", "--quiet", *extra], capture_output=True, text=True,
+                                  timeout=1200)
+            if proc.returncode != 0:
+                pytest.fail(f"could not install {' '.join(extra)} into {venv}:\n{proc.stderr[-3000:]}")
+            ready.write_text(wanted)
+    return str(venv / "bin" / "python")

@@ -199,3 +199,8 @@ def install_import_hook() -> None:
     if "torch" in sys.modules:
         raise InterpositionError("phantora: torch was imported before the interposition hook could run")
     sys.meta_path.insert(0, _TorchImportHook())
+    # Transformer Engine's package imports without torch (transformer_engine.common), so its finder
+    # is installed now, not with torch's (interpose/device/transformer_engine)
+    from interpose.device.transformer_engine import install_transformer_engine
+
+    install_transformer_engine()

@@ -25,6 +25,7 @@ from typing import Callable
 
 from phantora.cost import apex, attention, conv, copies, fused, gemm, indexing, losses, movement, normalization
 from phantora.cost import optimizers, pointwise, recurrent, reductions, spectral
+from phantora.cost import transformer_engine
 from phantora.cost.roofline import CostContext, OpCost
 from phantora.ops import OpSignature
 
@@ -343,6 +344,27 @@ QUALIFIED_FAMILIES: dict[str, Family] = {
     "apex::wgrad_gemm_accum": Family("gemm", apex.wgrad_gemm_accum),
     **_ops(Family("foreach", apex.multi_tensor),
            "apex::multi_tensor_scale apex::multi_tensor_axpby apex::multi_tensor_l2norm"),
+    # Transformer Engine's core-library kernels (interpose/device/transformer_engine/ops.py)
+    "nvte::cublas_gemm": Family("gemm", transformer_engine.cublas_gemm),
+    "nvte::grouped_gemm": Family("gemm", transformer_engine.grouped_gemm),
+    "nvte::layernorm_fwd": Family("norm", transformer_engine.norm_fwd),
+    "nvte::rmsnorm_fwd": Family("norm", transformer_engine.norm_fwd),
+    "nvte::layernorm_bwd": Family("norm", transformer_engine.norm_bwd),
+    "nvte::rmsnorm_bwd": Family("norm", transformer_engine.norm_bwd),
+    "nvte::activation": Family("pointwise", transformer_engine.activation),
+    "nvte::activation_bwd": Family("pointwise", transformer_engine.activation_bwd),
+    "nvte::softmax_fwd": Family("softmax", transformer_engine.softmax_fwd),
+    "nvte::softmax_bwd": Family("softmax", transformer_engine.softmax_bwd),
+    "nvte::cast_transpose": Family("copy", transformer_engine.cast_transpose),
+    "nvte::compute_amax": Family("reduction", transformer_engine.compute_amax),
+    "nvte::quantize_blocks": Family("copy", transformer_engine.quantize_blocks),
+    "nvte::compute_scale": Family("pointwise", transformer_engine.compute_scale),
+    "nvte::fp8_transpose": Family("movement", transformer_engine.fp8_transpose),
+    "nvte::dequantize": Family("copy", transformer_engine.dequantize),
+    "nvte::amax_and_scale_update": Family("pointwise", transformer_engine.amax_and_scale_update),
+    "nvte::rope": Family("pointwise", transformer_engine.rope),
+    "nvte::multi_tensor_scale": Family("foreach", transformer_engine.multi_tensor_scale),
+    "nvte::multi_tensor_l2norm": Family("foreach", transformer_engine.multi_tensor_l2norm),
 }
 
 

@@ -1,0 +1,242 @@
+"""Transformer Engine's kernels: the `nvte::` ops of phantora's TE extension stand-in.
+
+interpose/device/transformer_engine/ops.py issues one op per call of TE's core library (the
+schemas there). They are timed with the models of the kernels they are, on the same shapes:
+
+- nvte::cublas_gemm is a cuBLASLt GEMM: the GEMM model of phantora/cost/gemm.py (tile waves at
+  the GPU's peak for the operands' dtype, FP8 at the FP8 rate; memory roofline), with TE's shape
+  rule (the extension's getGemmOutputShape: A [.., K] read transposed when `transa`, B [.., K]
+  when not `transb`, D = op(B) op(A)^T) and its epilogue's bytes (bias read or dbias written, the
+  pre-GELU output written or read, D read back when accumulating).
+- nvte::layernorm_fwd / rmsnorm_fwd are TE's fused norm kernels: costed as torch's layer norm
+  kernel (normalization.py: the row read twice, written once; the params; mu and rsigma).
+- nvte::layernorm_bwd / rmsnorm_bwd: TE's tuned backward keeps a row's dz and x in registers, so
+  dz, x and the statistics are read once and dx written once; its per-CTA fp32 partial sums of
+  dgamma (and dbeta), one row per SM, are reduced by a second, finalize kernel.
+- nvte::activation / activation_bwd: elementwise kernels streaming their tensors (and the bias
+  gradient's column sums, fused in TE's dbias_d* kernels, written once).
+- nvte::softmax_fwd / softmax_bwd: TE's (Megatron's) warp softmax kernels keep a row in registers:
+  the scores (and the mask) read once and the probabilities written once; backward reads dy and
+  y once and writes dx.
+"""
+
+from __future__ import annotations
+
+from phantora.cost.gemm import (OPERAND_STREAMING_EFFICIENCY, GemmShape, gemm_kernel, gemm_kernel_name,
+                                grouped_gemm_compute_ns)
+from phantora.cost.normalization import FLOPS_PER_ELEMENT as NORM_FLOPS_PER_ELEMENT
+from phantora.cost.optimizers import multi_tensor_kernels
+from phantora.cost.roofline import (CostContext, Kernel, OpCost, footprint_bytes, matmul_compute_type, memory_ns,
+                                    single, streaming_kernel)
+from phantora.ops import OpSignature, TensorMeta
+
+# Arithmetic per element of the activations (a GELU's tanh approximation is ~8 operations; the
+# gated ones add the product with the gate). The kernels are memory-bound; this only sets FLOPs.
+ACTIVATION_FLOPS = 8.0
+ACTIVATION_BWD_FLOPS = 12.0
+
+
+def _bytes(*ts: object) -> float:
+    return float(sum(footprint_bytes(t) for t in ts if isinstance(t, TensorMeta)))
+
+
+def _flat2d(shape: tuple[int, ...]) -> tuple[int, int]:
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    return rows, (shape[-1] if shape else 1)
+
+
+def gemm_shape(a: TensorMeta, transa: bool, b: TensorMeta, transb: bool) -> GemmShape:
+    """(M, N, K) of D[M, N] = op(B)[M, K] @ op(A)[K, N]^T, row-major, in TE's convention."""
+    a0, a1 = _flat2d(a.shape)
+    b0, b1 = _flat2d(b.shape)
+    n, k = (a0, a1) if transa else (a1, a0)
+    m = b1 if transb else b0
+    return GemmShape(m, n, k)
+
+
+def cublas_gemm(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::cublas_gemm(A, transa, B, transb, D, bias, aux, A_scale_inv, B_scale_inv, workspace,
+    accumulate, grad, gelu)."""
+    a, transa, b, transb, d, bias, aux, a_scale, b_scale = sig.args[:9]
+    accumulate = bool(sig.args[10])
+    shape = gemm_shape(a, bool(transa), b, bool(transb))
+    nbytes = _bytes(a, b, d, bias, aux, a_scale, b_scale) + (_bytes(d) if accumulate else 0.0)
+    return single(gemm_kernel(shape, a.dtype, d.dtype, nbytes, ctx))
+
+
+def norm_fwd(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::layernorm_fwd(x, gamma, beta, z, mu, rsigma, ..) / rmsnorm_fwd(x, gamma, z, rsigma, ..)."""
+    x = sig.args[0]
+    tensors = [t for t in sig.args[1:] if isinstance(t, TensorMeta)]
+    nbytes = 2.0 * footprint_bytes(x) + _bytes(*tensors)
+    layer = sig.short_name == "layernorm_fwd"
+    name = "transformer_engine::normalization::ln_fwd_tuned_kernel" if layer else \
+        "transformer_engine::normalization::rmsnorm_fwd_tuned_kernel"
+    return single(streaming_kernel(name, ctx.gpu, nbytes, NORM_FLOPS_PER_ELEMENT * x.numel))
+
+
+def norm_bwd(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::layernorm_bwd(dz, x, mu, rsigma, gamma, dx, dgamma, dbeta, ..) /
+    rmsnorm_bwd(dz, x, rsigma, gamma, dx, dgamma, ..)."""
+    layer = sig.short_name == "layernorm_bwd"
+    tensors = [t for t in sig.args if isinstance(t, TensorMeta)]
+    grads = tensors[-2:] if layer else tensors[-1:]  # dgamma (, dbeta)
+    dz, x = tensors[0], tensors[1]
+    _, hidden = _flat2d(x.shape)
+    partials = float(ctx.gpu.sm_count * hidden * 4 * len(grads))  # fp32 partial sums, one row per CTA
+    main_bytes = _bytes(*tensors[:-len(grads)]) + partials  # dz, x, stats, gamma read; dx written
+    prefix = "transformer_engine::normalization::" + ("ln" if layer else "rmsnorm")
+    main = streaming_kernel(f"{prefix}_bwd_tuned_kernel", ctx.gpu, main_bytes, 8.0 * x.numel)
+    finalize = streaming_kernel(f"{prefix}_bwd_finalize_tuned_kernel", ctx.gpu, partials + _bytes(*grads),
+                                float(ctx.gpu.sm_count * hidden * len(grads)))
+    del dz
+    return OpCost((main, finalize))
+
+
+def activation(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::activation(x, y, kind)."""
+    x, y, kind = sig.args[0], sig.args[1], sig.args[2]
+    return single(streaming_kernel(f"transformer_engine::{kind}_kernel", ctx.gpu, _bytes(x, y),
+                                   ACTIVATION_FLOPS * x.numel))
+
+
+def activation_bwd(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::activation_bwd(dy, x, dx, dbias, kind)."""
+    dy, x, dx, dbias, kind = sig.args[:5]
+    name = f"transformer_engine::d{kind}_kernel" if dbias is None else f"transformer_engine::dbias_d{kind}_kernel"
+    return single(streaming_kernel(name, ctx.gpu, _bytes(dy, x, dx, dbias), ACTIVATION_BWD_FLOPS * x.numel))
+
+
+SOFTMAX_FLOPS = 5.0  # scale, max, exp, sum, divide per element (memory-bound; sets FLOPs only)
+
+
+def softmax_fwd(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::softmax_fwd(x, mask, y, scale, kind)."""
+    x, mask, y, _, kind = sig.args[:5]
+    return single(streaming_kernel(f"{kind}_softmax_warp_forward", ctx.gpu, _bytes(x, mask, y),
+                                   SOFTMAX_FLOPS * x.numel))
+
+
+def softmax_bwd(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::softmax_bwd(dy, y, dx, scale, kind)."""
+    dy, y, dx, _, kind = sig.args[:5]
+    return single(streaming_kernel(f"{kind}_softmax_warp_backward", ctx.gpu, _bytes(dy, y, dx),
+                                   3.0 * dy.numel))
+
+
+# --- FP8 per-tensor scaling ----------------------------------------------------------------------
+
+
+def cast_transpose(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::cast_transpose(x, dy, scale, amax, scale_inv, data, transpose, dbias, act): TE's cast
+    (data only), cast_transpose (both) and their fusions with an activation (act; its backward when
+    dy is given) and the bias gradient: x (and dy) read once, each FP8 output written once."""
+    x, dy, scale, amax, scale_inv, data, transpose, dbias, act = sig.args[:9]
+    nbytes = _bytes(x, dy, scale, amax, scale_inv, data, transpose, dbias)
+    both = isinstance(data, TensorMeta) and isinstance(transpose, TensorMeta)
+    base = "cast_transpose" if both else ("transpose" if isinstance(transpose, TensorMeta) else "cast")
+    if act:
+        base += f"_fused_d{act}" if isinstance(dy, TensorMeta) else f"_fused_{act}"
+    if isinstance(dbias, TensorMeta):
+        base += "_dbias"
+    flops = (ACTIVATION_BWD_FLOPS if isinstance(dy, TensorMeta) else ACTIVATION_FLOPS) * x.numel if act else 2.0 * x.numel
+    return single(streaming_kernel(f"transformer_engine::{base}_kernel", ctx.gpu, nbytes, flops))
+
+
+def compute_amax(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::compute_amax(x, amax): one read of x (current scaling)."""
+    x, amax = sig.args[:2]
+    return single(streaming_kernel("transformer_engine::amax_kernel", ctx.gpu, _bytes(x, amax), float(x.numel)))
+
+
+def compute_scale(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::compute_scale(amax, scale, scale_inv): a one-thread kernel (launch-bound)."""
+    return single(streaming_kernel("transformer_engine::compute_scale_from_amax_kernel", ctx.gpu,
+                                   _bytes(*sig.args[:3]), 4.0))
+
+
+def fp8_transpose(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::fp8_transpose(x, out): FP8 data read once, its transpose written once."""
+    x, out = sig.args[:2]
+    return single(streaming_kernel("transformer_engine::transpose_kernel", ctx.gpu, _bytes(x, out)))
+
+
+def dequantize(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::dequantize(x, scale_inv, out)."""
+    x, scale_inv, out = sig.args[:3]
+    return single(streaming_kernel("transformer_engine::dequantize_kernel", ctx.gpu, _bytes(x, scale_inv, out),
+                                   float(x.numel)))
+
+
+def amax_and_scale_update(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::amax_and_scale_update(buffer, amax_histories, scales): the delayed-scaling recipe's one
+    kernel: the reduced amaxes read, each history read and written (rolled), each scale written."""
+    buffer, histories, scales = sig.args[:3]
+    nbytes = _bytes(buffer) + 2.0 * _bytes(*histories) + 2.0 * _bytes(*scales)
+    return single(streaming_kernel("transformer_engine::delayed_scaling::kernel", ctx.gpu, nbytes,
+                                   float(sum(h.numel for h in histories))))
+
+
+def rope(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::rope(x, freqs, y, backward): x and the fp32 freqs read once, y written once."""
+    x, freqs, y, backward = sig.args[:4]
+    name = "transformer_engine::fused_rope_backward_kernel" if backward else "transformer_engine::fused_rope_forward_kernel"
+    return single(streaming_kernel(name, ctx.gpu, _bytes(x, freqs, y), 4.0 * x.numel))
+
+
+def multi_tensor_scale(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::multi_tensor_scale(noop, src, dst, scale): multi_tensor_apply over 2 lists, each
+    source read and each destination written once."""
+    src, dst = list(sig.args[1]), list(sig.args[2])
+    return OpCost(multi_tensor_kernels("multi_tensor_apply_kernel<ScaleFunctor>", [t.numel for t in src], 2,
+                                       _bytes(*src, *dst), 1.0, ctx))
+
+
+def multi_tensor_l2norm(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::multi_tensor_l2norm(noop, tensors, partials, norm, partials_per_tensor, norm_per_tensor):
+    multi_tensor_apply over 1 list (each tensor read once into per-block partial sums), then the
+    cleanup kernel reducing the partials into the norm(s)."""
+    tensors = list(sig.args[1])
+    partials, norm, partials_pt, norm_pt = sig.args[2:6]
+    kernels = multi_tensor_kernels("multi_tensor_apply_kernel<L2NormFunctor>", [t.numel for t in tensors], 1,
+                                   _bytes(*tensors, partials, partials_pt), 2.0, ctx)
+    cleanup = streaming_kernel("cleanup", ctx.gpu, _bytes(partials, norm, partials_pt, norm_pt),
+                               float(partials.numel + partials_pt.numel))
+    return OpCost((*kernels, cleanup)) if kernels else OpCost(())
+
+
+def grouped_gemm(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::grouped_gemm(A[], transa, B[], transb, D[], bias[], accumulate, grad): the core library
+    runs the group's cuBLAS GEMMs on its compute streams (4), so they overlap on the GPU; timed as
+    one grouped kernel over every group's tiles (gemm.grouped_gemm_compute_ns, as torch's grouped
+    GEMM: a group smaller than a tile costs a tile), at least the memory time of all operands."""
+    a_list, transa, b_list, transb, d_list, bias_list, accumulate = sig.args[:7]
+    problems = [gemm_shape(a, bool(transa), b, bool(transb)) for a, b in zip(a_list, b_list)]
+    if not problems:
+        return OpCost(())
+    gpu = ctx.gpu
+    compute_type = matmul_compute_type(a_list[0].dtype, ctx.allow_tf32)
+    nbytes = _bytes(*a_list, *b_list, *d_list, *bias_list) + (_bytes(*d_list) if accumulate else 0.0)
+    flops = sum(p.flops for p in problems)
+    compute = grouped_gemm_compute_ns(problems, compute_type, gpu)
+    memory = memory_ns(nbytes, gpu, OPERAND_STREAMING_EFFICIENCY) - gpu.kernel_ramp_ns
+    name = gemm_kernel_name(gpu, compute_type, d_list[0].dtype) + f" (multi-stream x{len(problems)})"
+    return single(Kernel(name, max(compute, memory) + gpu.kernel_ramp_ns, flops, nbytes))
+
+
+def quantize_blocks(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::quantize_blocks(x, dy, rowwise, rowwise_scale_inv, columnwise, columnwise_scale_inv,
+    dbias, act, recipe): one pass over x (and dy), each requested FP8 copy and its block scales
+    written once (MXFP8: E8M0, one byte per 32 elements; block scaling: fp32 per 128 or 128x128)."""
+    x, dy, rowwise, rowwise_scale, columnwise, columnwise_scale, dbias, act, recipe = sig.args[:9]
+    nbytes = _bytes(x, dy, rowwise, rowwise_scale, columnwise, columnwise_scale, dbias)
+    both = isinstance(rowwise, TensorMeta) and isinstance(columnwise, TensorMeta)
+    base = ("quantize_mxfp8" if recipe == "mxfp8" else f"quantize_fp8_{recipe}") + ("_rowwise_colwise" if both else "")
+    if act:
+        base += f"_fused_d{act}" if isinstance(dy, TensorMeta) else f"_fused_{act}"
+    if isinstance(dbias, TensorMeta):
+        base += "_dbias"
+    flops = (ACTIVATION_BWD_FLOPS if isinstance(dy, TensorMeta) else ACTIVATION_FLOPS) * x.numel if act else 3.0 * x.numel
+    return single(streaming_kernel(f"transformer_engine::{base}_kernel", ctx.gpu, nbytes, flops))

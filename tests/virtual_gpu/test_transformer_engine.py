@@ -1,0 +1,266 @@
+"""Transformer Engine's compiled parts on a virtual GPU (interpose/device/transformer_engine).
+
+In-process checks of the stand-in without TE installed: the finder's overlay (a package that
+looks for its extension the way TE's common.load_framework_extension does gets phantora's
+compiled stand-in, with TE's native loads switched off only while the package imports), the
+outputs each modelled extension function allocates (the C++ extension's shapes and dtypes), and
+the cost of a cuBLASLt GEMM counted by hand. One traced run of the real TE (pip
+`transformer_engine`, its Python layer) is in test_te_layers_traced, on the CUDA build of torch
+(tests/conftest.py te_cuda_python).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from interpose.device.transformer_engine import extension as tex
+from interpose.device.transformer_engine import finder
+from phantora.cost import transformer_engine as te_cost
+from phantora.cost.families import classify
+from phantora.cost.gemm import GemmShape, gemm_kernel
+from phantora.cost.roofline import CostContext
+from phantora.hardware import lookup_gpu
+from phantora.ops import OpSignature
+from tests.cost.tensors import cuda_tensor
+from tests.virtual_gpu.harness import assert_ran, run_traced
+
+# A package that loads its extension as TE 2.x does: the first transformer_engine_torch*.so beside
+# the package's folder, by file path; and that records the native-load switch seen at import.
+FAKE_TE_INIT = '''
+import importlib.util, os, sys
+from pathlib import Path
+SKIPPED_NATIVE_LOADS = os.environ.get("NVTE_PROJECT_BUILDING")
+root = Path(__file__).parent.parent
+so = next(p for p in root.iterdir() if p.name.startswith("transformer_engine_torch") and p.suffix == ".so")
+spec = importlib.util.spec_from_file_location("transformer_engine_torch", so)
+ext = importlib.util.module_from_spec(spec)
+sys.modules["transformer_engine_torch"] = ext
+spec.loader.exec_module(ext)
+'''
+
+
+def test_finder_loads_the_stand_in_where_te_looks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    (site / "transformer_engine").mkdir(parents=True)
+    (site / "transformer_engine" / "__init__.py").write_text(FAKE_TE_INIT)
+    monkeypatch.setenv("PHANTORA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("NVTE_PROJECT_BUILDING", raising=False)
+    monkeypatch.syspath_prepend(str(site))
+    te_finder = finder.TransformerEngineFinder()
+    sys.meta_path.insert(0, te_finder)
+    try:
+        te = importlib.import_module("transformer_engine")
+        ext = sys.modules["transformer_engine_torch"]
+    finally:
+        sys.meta_path.remove(te_finder)
+        for name in ("transformer_engine", "transformer_engine_torch"):
+            sys.modules.pop(name, None)
+    assert te.SKIPPED_NATIVE_LOADS == "1"
+    assert "NVTE_PROJECT_BUILDING" not in __import__("os").environ  # restored after the import
+    assert Path(te.__file__).parent.resolve() == (site / "transformer_engine").resolve()  # TE's own files
+    assert Path(te.__file__).parent.parent.parent == tmp_path / "cache" / "transformer_engine"
+    assert ext.__phantora_stand_in__ and ext.DType.kFloat8E4M3 == 7 and ext.generic_gemm is tex.generic_gemm
+
+
+def _module() -> types.ModuleType:
+    module = types.ModuleType("transformer_engine_torch")
+    tex.populate(module)
+    return module
+
+
+def test_extension_surface() -> None:
+    ext = _module()
+    # the C enums' values (transformer_engine.h, fused_attn.h)
+    assert (ext.DType.kBFloat16, ext.DType.kFloat8E5M2, ext.NVTE_QKV_Layout.NVTE_BSHD_BSHD_BSHD,
+            ext.NVTE_Fused_Attn_Backend.NVTE_No_Backend, ext.NVTEScalingMode.NVTE_INVALID_SCALING) == (6, 8, 9, -1, 100)
+    with pytest.raises(NotImplementedError, match="transformer_engine_torch.fused_attn_fwd"):
+        ext.fused_attn_fwd()
+    with pytest.raises(NotImplementedError, match="CommOverlap"):
+        ext.CommOverlap()
+    with pytest.raises(AttributeError):
+        ext.no_such_function  # noqa: B018
+
+
+def test_gemm_outputs_follow_the_extension() -> None:
+    """Linear's three GEMMs on [s, b, in] activations, weight [out, in] (module.linear: fprop TN,
+    dgrad NN, wgrad NT), with bias, GELU and dbias epilogues."""
+    s, b, n_in, n_out = 8, 2, 16, 24
+    x = torch.empty(s, b, n_in, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(n_out, n_in, dtype=torch.bfloat16, device="meta")
+    bias = torch.empty(n_out, dtype=torch.bfloat16, device="meta")
+    dy = torch.empty(s, b, n_out, dtype=torch.bfloat16, device="meta")
+    ws = torch.empty(1024, dtype=torch.uint8, device="meta")
+    y, no_grad, pre_gelu, _ = tex.generic_gemm(w, True, x, False, None, None, tex.DType.kBFloat16, bias,
+                                               tex.DType.kBFloat16, True, None, False, ws, 1024, False, False)
+    assert (y.shape, y.dtype, no_grad, pre_gelu.shape) == ((s, b, n_out), torch.bfloat16, None, (s, b, n_out))
+    dx, *_ = tex.generic_gemm(w, False, dy, False, None, None, tex.DType.kBFloat16, None, tex.DType.kBFloat16,
+                              False, None, True, ws, 1024, False, False)
+    assert dx.shape == (s, b, n_in)
+    dw, dbias, none, _ = tex.generic_gemm(x.view(-1, n_in), False, dy.view(-1, n_out), True, None, None,
+                                          tex.DType.kFloat32, bias, tex.DType.kBFloat16, False, None, True, ws,
+                                          1024, False, False)
+    assert (dw.shape, dw.dtype, dbias.shape, dbias.dtype, none) == ((n_out, n_in), torch.float32, (n_out,),
+                                                                    torch.float32, None)
+    with pytest.raises(RuntimeError, match="Invalid matrix dimensions"):
+        tex.generic_gemm(w, False, x, False, None, None, None, None, tex.DType.kBFloat16, False, None, False, ws,
+                         1024, False, False)
+
+
+def test_norm_and_activation_outputs() -> None:
+    x = torch.empty(8, 2, 16, dtype=torch.bfloat16, device="meta")
+    g = torch.empty(16, dtype=torch.bfloat16, device="meta")
+    z, mu, rsigma = tex.layernorm_fwd(x, g, g, 1e-5, None, None, tex.DType.kBFloat16, 0, False)
+    assert (z.shape, z.dtype, mu.shape, mu.dtype, rsigma.shape) == (x.shape, torch.bfloat16, (16,), torch.float32,
+                                                                    (16,))
+    z, none, rsigma = tex.rmsnorm_fwd(x, g, 1e-5, None, None, tex.DType.kBFloat16, 0, False)
+    assert none is None and rsigma.shape == (16,)
+    dx, dgamma, dbeta = tex.layernorm_bwd(z, x, mu, rsigma, g, 0, False)
+    assert (dx.shape, dgamma.shape, dbeta.shape) == (x.shape, g.shape, g.shape)
+    ext = _module()
+    assert ext.swiglu(x, None).shape == (8, 2, 8) and ext.dswiglu(x[..., :8], x, None).shape == x.shape
+    dbias, dgelu = ext.dbias_dgelu(x, x, None)
+    assert dbias.shape == (16,) and dgelu.shape == x.shape
+    with pytest.raises(NotImplementedError, match="activation gelu with a object output"):
+        ext.gelu(x, object())
+    scores = torch.empty(2, 4, 8, 8, dtype=torch.bfloat16, device="meta")
+    probs = ext.scaled_masked_softmax_forward(scores, torch.empty(2, 1, 8, 8, dtype=torch.bool, device="meta"), 0.1)
+    assert probs.shape == scores.shape and ext.scaled_masked_softmax_backward(probs, probs, 0.1).shape == scores.shape
+
+
+def test_rope_and_multi_tensor_outputs() -> None:
+    """Fused RoPE keeps the input's shape and dtype; multi_tensor_l2norm returns the norm and the
+    per-tensor norms in fp32 (the C++ multi_tensor_l2norm_cuda); the l2norm op is timed as one
+    read of every tensor plus the cleanup kernel."""
+    ext = _module()
+    x = torch.empty(16, 2, 4, 64, dtype=torch.bfloat16, device="meta")
+    freqs = torch.empty(16, 1, 1, 64, dtype=torch.float32, device="meta")
+    y = ext.fused_rope_forward(x, freqs, None, ext.NVTE_QKV_Format.NVTE_SBHD, False, None, 1, 0)
+    assert (y.shape, y.dtype) == (x.shape, x.dtype) and ext.fused_rope_backward(y, freqs, None, 0, False, None, 1,
+                                                                                  0).shape == x.shape
+    grads = [torch.empty(1000, dtype=torch.float32, device="meta"), torch.empty(70000, dtype=torch.float32,
+                                                                                device="meta")]
+    noop = torch.empty(1, dtype=torch.int32, device="meta")
+    norm, per_tensor = ext.multi_tensor_l2norm(65536, noop, [grads], True)
+    assert (norm.shape, norm.dtype, per_tensor.shape) == ((1,), torch.float32, (2,))
+    ext.multi_tensor_scale(65536, noop, [grads, grads], 0.5)
+
+    gpu = lookup_gpu("h100-sxm-80gb")
+    ts = [cuda_tensor((1000,)), cuda_tensor((70000,))]
+    sig = OpSignature("nvte::multi_tensor_l2norm", "default",
+                      (cuda_tensor((1,), "int32"), ts, cuda_tensor((320,)), cuda_tensor((1,)), cuda_tensor((0,)),
+                       cuda_tensor((0,))), ())
+    kernels = te_cost.multi_tensor_l2norm(sig, CostContext(gpu)).kernels
+    assert kernels[-1].name == "cleanup" and sum(k.bytes for k in kernels[:-1]) == 4.0 * (71000 + 320)
+
+
+def test_grouped_gemm_follows_the_groups() -> None:
+    """GroupedLinear's forward on 4 experts (m_splits 300, 0, 700, 24 tokens): one output of
+    [1024, n] whose row blocks are the groups' outputs; the empty group launches nothing; the GEMMs
+    are timed as one grouped kernel over the groups' own tiles (FLOPs 2 m_g n k summed)."""
+    ext = _module()
+    k, n, splits = 64, 128, [300, 0, 700, 24]
+    xs = [torch.empty(m, k, dtype=torch.bfloat16, device="meta") for m in splits]
+    ws = [torch.empty(n, k, dtype=torch.bfloat16, device="meta") for _ in splits]
+    out = torch.empty(sum(splits), n, dtype=torch.bfloat16, device="meta")
+    empty = torch.empty(0, dtype=torch.bfloat16, device="meta")
+    workspace = [torch.empty(1024, dtype=torch.uint8, device="meta")]
+    calls = []
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append((func, args))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        ext.te_general_grouped_gemm(ws, True, xs, False, [out], ext.DType.kBFloat16, splits, [empty] * 4,
+                                    ext.DType.kBFloat16, True, [empty] * 4, False, workspace, 1024, False, False, 0)
+    grouped = [args for func, args in calls if func is torch.ops.nvte.grouped_gemm.default]
+    assert len(grouped) == 1 and len(grouped[0][0]) == 3  # the empty group is left out
+    assert [d.shape for d in grouped[0][4]] == [(300, n), (700, n), (24, n)]
+
+    gpu = lookup_gpu("h100-sxm-80gb")
+    sig = OpSignature("nvte::grouped_gemm", "default",
+                      ([cuda_tensor((n, k), "bfloat16")] * 3, True,
+                       [cuda_tensor((m, k), "bfloat16") for m in (300, 700, 24)], False,
+                       [cuda_tensor((m, n), "bfloat16") for m in (300, 700, 24)], [cuda_tensor((0,), "bfloat16")] * 3,
+                       False, False), ())
+    kernel, = te_cost.grouped_gemm(sig, CostContext(gpu)).kernels
+    assert kernel.flops == 2.0 * 1024 * n * k
+    assert kernel.bytes == 2.0 * (3 * n * k + 1024 * k + 1024 * n)
+
+
+def test_cublas_gemm_hand_count() -> None:
+    """fprop of a [4096 -> 1024] Linear on 2048 tokens: FLOPs 2 M N K; bytes: A, B and D once,
+    the bias once; D read back when accumulating (wgrad into main_grad); FP8 operands at the FP8
+    rate (the same kernel model as aten's GEMMs, phantora/cost/gemm.py)."""
+    gpu = lookup_gpu("h100-sxm-80gb")
+    ctx = CostContext(gpu)
+    m, n, k = 2048, 1024, 4096
+
+    def sig(dtype: str, accumulate: bool) -> OpSignature:
+        a, b = cuda_tensor((n, k), dtype), cuda_tensor((m, k), dtype)
+        d, bias, ws = cuda_tensor((m, n), "bfloat16"), cuda_tensor((n,), "bfloat16"), cuda_tensor((33555456,), "uint8")
+        return OpSignature("nvte::cublas_gemm", "default",
+                           (a, True, b, False, d, bias, None, None, None, ws, accumulate, False, False), (None,))
+
+    assert classify("nvte::cublas_gemm").name == "gemm"
+    kernel, = te_cost.cublas_gemm(sig("bfloat16", False), ctx).kernels
+    assert kernel.flops == 2.0 * m * n * k
+    assert kernel.bytes == 2.0 * (n * k + m * k + m * n + n)
+    assert kernel == gemm_kernel(GemmShape(m, n, k), "bfloat16", "bfloat16", kernel.bytes, ctx)
+    accumulating, = te_cost.cublas_gemm(sig("bfloat16", True), ctx).kernels
+    assert accumulating.bytes == kernel.bytes + 2.0 * m * n
+    fp8, = te_cost.cublas_gemm(sig("float8_e4m3fn", False), ctx).kernels
+    assert fp8.bytes == n * k + m * k + 2.0 * (m * n + n)
+    assert fp8.name == "sm90_xmma_gemm_e4m3e4m3_bf16f32"
+    assert fp8.duration_ns < 0.6 * kernel.duration_ns  # twice the tensor-core rate, compute-bound
+
+
+TE_SCRIPT = Path(__file__).resolve().parent / "scripts" / "transformer_engine_layers.py"
+
+
+def test_te_layers_traced(tmp_path: Path, te_cuda_python: str) -> None:
+    """TE's own LayerNormMLP and DotProductAttention in BF16, and a LayerNormLinear of FC1's shape
+    under FP8 delayed scaling (phantora's `te` extra, installed by tests/conftest.py
+    te_cuda_python), forward and backward on the virtual H100; and the memory of FP8 weights
+    (the script checks it against a hand count)."""
+    from phantora.trace.check import load_chrome_trace
+
+    proc, trace = run_traced(tmp_path, te_cuda_python, TE_SCRIPT)
+    assert_ran(proc, "stand_in", "layernorm_mlp", "dot_product_attention", "fp8_layernorm_linear", "fp8_weights")
+    kernels = [e for e in load_chrome_trace(trace)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    gemms = [k for k in kernels if k["args"].get("op") == "nvte::cublas_gemm.default"]
+    bf16 = [k for k in gemms if k["name"] == "sm90_xmma_gemm_bf16bf16_bf16f32"]
+    fp8 = [k for k in gemms if k["name"] == "sm90_xmma_gemm_e4m3e4m3_bf16f32"]
+    # LayerNormMLP: FC1 and FC2, each fprop, dgrad and wgrad; the FP8 LayerNormLinear: its three
+    assert (len(bf16), len(fp8)) == (6, 3), [k["name"] for k in gemms]
+    s, b, h, f = 512, 2, 1024, 4096  # the script's sizes
+    t = s * b
+    assert [k["args"]["flops"] for k in bf16 + fp8] == [2.0 * t * h * f] * 9
+    # the same three products at the FP8 rate (wgrad included: both operands read as transposes)
+    assert sum(k["dur"] for k in fp8) < 0.75 * sum(k["dur"] for k in bf16) / 2
+    # The casts FP8 adds to a LayerNormLinear, counted by hand (bytes moved; scale, amax and
+    # scale_inv are 4 bytes each): forward, the norm writes its output in FP8 (1 byte per element)
+    # and a transpose kernel makes the copy wgrad reads; the weight is cast with its transpose (for
+    # dgrad); backward, the output gradient is cast with its transpose and the bias gradient.
+    casts = sorted((k["name"], k["args"]["bytes"]) for k in kernels
+                   if k["args"].get("op") in ("nvte::cast_transpose.default", "nvte::fp8_transpose.default"))
+    assert casts == sorted([
+        ("transformer_engine::transpose_kernel", 2.0 * t * h),
+        ("transformer_engine::cast_transpose_kernel", 2.0 * f * h + 2 * f * h + 12),
+        ("transformer_engine::cast_transpose_dbias_kernel", 2.0 * t * f + 2 * t * f + 2 * f + 12),
+        # quantized_model_init's [2048, 2048] weight, cast once with its transpose after initialization
+        ("transformer_engine::cast_transpose_kernel", 4.0 * 2048 * 2048 + 12),
+    ])
+    fp8_norm = [k for k in kernels if k["args"].get("op") == "nvte::layernorm_fwd.default"][-1]
+    assert fp8_norm["args"]["bytes"] == 2 * 2.0 * t * h + 2 * 2 * h + t * h + 2 * 4 * t  # x twice, gamma, beta, z, mu, rsigma
+    names = {k["name"] for k in kernels}
+    assert {"transformer_engine::normalization::ln_fwd_tuned_kernel", "scaled_masked_softmax_warp_forward",
+            "scaled_masked_softmax_warp_backward", "transformer_engine::delayed_scaling::kernel"} <= names, names
