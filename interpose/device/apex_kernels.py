@@ -38,14 +38,12 @@ Functions of these modules without a cost model raise NotImplementedError when c
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
 import types
 from typing import Any, Callable, Sequence
 
 import torch
 
+from interpose.device.stand_in import install_stand_ins
 from interpose.device import cuda_extensions
 
 NAMESPACE = "apex"
@@ -429,24 +427,6 @@ def stand_in_module(name: str) -> types.ModuleType:
     return module
 
 
-class _StandInLoader(importlib.abc.Loader):
-    def create_module(self, spec: Any) -> types.ModuleType:
-        return stand_in_module(spec.name)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        return None
-
-
-class _ApexKernelsFinder(importlib.abc.MetaPathFinder):
-    """Answers `import amp_C`, `import scaled_masked_softmax_cuda`, ... with the stand-ins."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in MODULES:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, _StandInLoader(), origin="phantora")
-
-
 def install_apex_kernels() -> None:
     """The import finder, ahead of any installed Apex extension (whose CUDA code cannot run here)."""
-    if not any(isinstance(f, _ApexKernelsFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _ApexKernelsFinder())
+    install_stand_ins(MODULES, stand_in_module)

@@ -32,14 +32,12 @@ The stand-in
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
 import types
 from typing import Any, Callable
 
 import torch
 
+from interpose.device.stand_in import install_stand_ins
 NAMESPACE = "flash_attn_3"
 MODULES = ("flash_attn_interface", "flash_attn_3._C")
 
@@ -286,23 +284,6 @@ def stand_in_module(name: str) -> types.ModuleType:
     return module
 
 
-class _StandInLoader(importlib.abc.Loader):
-    def create_module(self, spec: Any) -> types.ModuleType:
-        return stand_in_module(spec.name)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        return None
-
-
-class _FlashAttn3Finder(importlib.abc.MetaPathFinder):
-    """Answers `import flash_attn_interface` / `flash_attn_3._C` with the stand-in."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in MODULES:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, _StandInLoader(), origin="phantora")
-
-
 # --- running torch's FA3 kernels for the aten flash ops -----------------------------------------
 
 _fa3_kernels: dict[Any, Callable[..., Any]] = {}  # aten overload -> torch's FA3 Python kernel for it
@@ -363,8 +344,7 @@ _FA3_ATEN_OPS = ("_flash_attention_forward", "_flash_attention_backward", "_flas
 def install_flash_attn3(observer_specials: dict[Any, Callable[..., Any]]) -> None:
     """The import finder, the recording of torch's FA3 registrations, and the observer's handlers
     (`observer_specials`: interpose/ops/observer.py's _SPECIAL) for the aten ops FA3 covers."""
-    if not any(isinstance(f, _FlashAttn3Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _FlashAttn3Finder())
+    install_stand_ins(MODULES, stand_in_module)
     try:
         import torch.nn.attention._fa3 as fa3
     except ImportError:  # a torch without FA3 support: nothing activates it

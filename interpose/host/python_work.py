@@ -22,15 +22,12 @@ import importlib.machinery
 import importlib.util
 import json
 import os
-import shutil
-import subprocess
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from phantora.cache import build_once, cache_dir
+from phantora.cache import build_once, cache_dir, compile_python_extension
 from phantora.cost.host import PYTHON_WORK, PythonWork
 
 SOURCE = Path(__file__).with_name("native") / "python_work.c"
@@ -59,36 +56,18 @@ def excluded_prefixes() -> tuple[str, ...]:
     return tuple(prefixes)
 
 
-def _compiler() -> str:
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
-    if not cc:
-        raise CounterBuildError("phantora needs a C compiler (gcc or clang) to build its Python work counter once; "
-                                "install one (e.g. apt install gcc), set CC, or run with --host-time modelled")
-    return cc
-
-
 def extension_path() -> Path:
     """The counter built for this interpreter, building it first if it is not cached yet."""
     include = sysconfig.get_paths()["include"]
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), sys.version.encode(), include.encode(),
                                      suffix.encode()])).hexdigest()[:16]
-    return build_once(cache_dir() / "python_work" / f"{MODULE}-{key}{suffix}", lambda t: _compile(t, include))
+    return build_once(cache_dir() / "python_work" / f"{MODULE}-{key}{suffix}", _compile)
 
 
-def _compile(target: Path, include: str) -> None:
-    if not (Path(include) / "Python.h").exists():
-        raise CounterBuildError(f"Python's headers are missing ({include}/Python.h): install them (e.g. apt install "
-                                f"python3-dev) or run with --host-time modelled")
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    cmd = [_compiler(), "-O2", "-shared", "-fPIC", "-w", f"-I{include}", str(SOURCE), "-o", tmp]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        os.unlink(tmp)
-        raise CounterBuildError(f"compiling phantora's Python work counter failed:\n$ {' '.join(cmd)}\n"
-                                f"{proc.stderr[-4000:]}")
-    os.replace(tmp, target)
+def _compile(target: Path) -> None:
+    compile_python_extension(SOURCE, target, "its Python work counter", CounterBuildError,
+                             fallback=", or run with --host-time modelled")
 
 
 def load(costs: PythonWork = PYTHON_WORK) -> ModuleType:

@@ -24,15 +24,11 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
-import shutil
-import subprocess
 import sys
-import sysconfig
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from phantora.cache import build_once, cache_dir
+from phantora.cache import build_once, cache_dir, compile_python_extension
 
 PACKAGE = "transformer_engine"
 EXTENSION = "transformer_engine_torch"
@@ -44,31 +40,9 @@ class TransformerEngineSetupError(ImportError):
     pass
 
 
-def _compiler() -> str:
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
-    if not cc:
-        raise TransformerEngineSetupError(
-            "phantora needs a C compiler (gcc or clang) to build its stand-in for Transformer Engine's "
-            "extension (transformer_engine_torch) once; install one (e.g. apt install gcc) or set CC")
-    return cc
-
-
 def _compile(target: Path) -> None:
-    include = sysconfig.get_paths()["include"]
-    if not (Path(include) / "Python.h").exists():
-        raise TransformerEngineSetupError(
-            f"Python's headers are missing ({include}/Python.h); phantora needs them to build its stand-in "
-            f"for Transformer Engine's extension: install them (e.g. apt install python3-dev)")
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    cmd = [_compiler(), "-O2", "-shared", "-fPIC", "-w", f"-I{include}", str(SOURCE), "-o", tmp]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        os.unlink(tmp)
-        raise TransformerEngineSetupError(
-            f"compiling phantora's stand-in for Transformer Engine's extension failed:\n$ {' '.join(cmd)}\n"
-            f"{proc.stderr[-4000:]}")
-    os.replace(tmp, target)
+    compile_python_extension(SOURCE, target, "its stand-in for Transformer Engine's extension (transformer_engine_torch)",
+                             TransformerEngineSetupError)
 
 
 def overlay_for(package_dir: Path) -> Path:
