@@ -49,7 +49,9 @@ def test_missing_trace_is_a_usage_error():
     assert "no/such/run.json" in result.output and "does not exist" in result.output
 
 
-@pytest.mark.parametrize("content", [b"this is not a trace", gzip.compress(b"{\"traceEvents\": [ {\"ph\": ")])
+# mtime=0: the same bytes in every pytest-xdist worker's collection
+@pytest.mark.parametrize("content", [b"this is not a trace", gzip.compress(b"{\"traceEvents\": [ {\"ph\": ", mtime=0)],
+                         ids=["text", "truncated-gzip-json"])
 def test_corrupt_trace_is_a_one_line_error(tmp_path, content):
     bad = tmp_path / "bad.json"
     bad.write_bytes(content)
