@@ -138,12 +138,13 @@ def test_distributed_checkpoint_saves_and_loads_with_mirrored_ranks(tmp_path):
     for pid in (1, 2, 3, 4):
         assert [k[2:] for k in nccl_auto[pid]] == [k[2:] for k in nccl_all[pid]]  # same collectives, same groups
 
-    def save_ms(nccl: Timeline) -> float:  # rank 0, from the plans' gather (the first reduce) to the end
-        start = next(ts for ts, _, op, _ in nccl[1] if op == "reduce")
-        return (max(ts + dur for ts, dur, _, _ in nccl[1]) - start) / 1e3
-
-    # rank 0 also writes the replicated items the coordinator gave its mirrors
-    assert save_ms(nccl_auto) == pytest.approx(save_ms(nccl_all), rel=0.10)
+    # Every collective ends when it does with every rank running, the save's included. (With the
+    # tests' modelled host; the counted host also counts the replicated items a representative
+    # writes for its mirrors, docs/scale.md.)
+    for pid in (1, 2, 3, 4):
+        ends_auto = [ts + dur for ts, dur, _, _ in nccl_auto[pid]]
+        ends_all = [ts + dur for ts, dur, _, _ in nccl_all[pid]]
+        assert max(abs(a - b) for a, b in zip(ends_auto, ends_all)) < 0.1  # us
 
 
 def test_a_bad_ranks_choice_is_a_usage_error(tmp_path):
