@@ -6,7 +6,7 @@ runs on 8 GPUs) under phantora, each run exactly as TorchTitan's run_tests.py ru
         python -m phantora.cli trace -o OUT/traces/TEST.V.json -- \\
         ./run_train.sh --dump_folder OUT/artifacts-to-be-uploaded/TEST ARGS...
 
-    python benchmarks/frameworks/torchtitan_integration.py [--test NAME]... [--only-ngpu-le N] [--out DIR] [--timeout S]
+    python benchmarks/frameworks/torchtitan_integration.py [--test NAME]... [--only-ngpu-le N] [--out DIR] [--timeout S] [--ranks R]
 
 The list, run_train.sh and torchtitan_recipes are transcribed from pytorch/torchtitan at commit
 1fdf90d3f9b7 (tests/frameworks/torchtitan/integration_list.py); OUT is set up as a checkout's
@@ -79,6 +79,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/torchtitan-integration"),
                     help="working directory (a checkout's root), logs, traces, results.jsonl; must be empty or new")
     ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="wall seconds allowed per run (default 300)")
+    ap.add_argument("--ranks", help="phantora trace --ranks (all, auto, R0,R1,...); default: phantora's")
     args = ap.parse_args()
     out = args.out.resolve()
     tests = select(out, args.test, args.only_ngpu_le)
@@ -95,7 +96,7 @@ def main() -> int:
     results: list[Result] = []
     start = time.monotonic()
     for test in tests:
-        r = run_test(test, out, env, args.timeout)
+        r = run_test(test, out, env, args.timeout, args.ranks)
         results.append(r)
         with open(results_path, "a") as f:
             f.write(json.dumps(asdict(r)) + "\n")

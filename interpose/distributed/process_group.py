@@ -29,7 +29,7 @@ from interpose.device import cuda_graphs
 from interpose.values import policy as values
 from interpose.ops.observer import current_stream_id
 from phantora import protocol as P
-from phantora.roles import RankRoles
+from phantora.roles import ENV as RanksEnv, RankRoles
 
 _rt: Any = None
 SIMULATED_NCCL_VERSION = (2, 27, 5)  # what torch.cuda.nccl.version() reports under phantora
@@ -659,6 +659,10 @@ def install_distributed(rt: Any) -> None:
     _identify_at_init()
     _install_exit_rendezvous()
     install_object_collectives()
+    if os.environ.get(RanksEnv):  # mirrored ranks: their checkpoint save plans are derived
+        from interpose.distributed import checkpoint_plans
+
+        checkpoint_plans.install()
     from interpose.ops import observer
 
     observer._SPECIAL.update(collective_op_handlers())
@@ -941,17 +945,26 @@ def collective_op_handlers() -> dict[Any, Any]:
 # NCCL; fake tensors carry no bytes, so the objects travel through the real c10d store instead.
 # The collective is still reported (with the pickled size), so its time is simulated.
 
-def _object_exchange(group: Any, kind: str, payload: bytes | None, root: int | None) -> list[bytes]:
+def _object_exchange(group: Any, kind: str, payload: bytes | None, root: int | None, obj: Any = None) -> list[bytes]:
     """Exchange pickled objects through the store; report the collective NCCL would run.
 
     kind: "all_gather" (every member's blob, in group order), "broadcast" (the root's blob),
-    "gather" (every member's blob, read by the root only; others get []). root: a global rank."""
+    "gather" (every member's blob, read by the root only; others get []). root: a global rank.
+    obj: what `payload` pickles (all_gather, gather), from which the contributions of ranks
+    this process stands for are derived where they differ (checkpoint_plans.py); the others'
+    derived contributions are posted under `{key}/{source}/mirrors` before the source's own."""
     pg = group or c10d._get_default_group()
     sim = _sim_pg(pg)
     store = c10d._get_default_store()
     members = sim.global_ranks
     me = dist.get_rank()
     key = f"phantora/objects/{sim.group_name}/{sim._seq}"
+    derived: dict[int, bytes] = {}
+    if kind != "broadcast" and obj is not None:
+        derived = _derived_contributions(obj, [r for r in members if r != me and _source(r, members, me) == me])
+        mine = {r: blob for r, blob in derived.items() if _roles().representative(r) == me}
+        if mine:  # before this member's own post: a reader that sees it finds them too
+            store.set(f"{key}/{me}/mirrors", pickle.dumps(mine))
     if payload is not None:
         store.set(f"{key}/{me}", payload)
     placeholder = torch.empty(0, device="cuda")
@@ -967,7 +980,10 @@ def _object_exchange(group: Any, kind: str, payload: bytes | None, root: int | N
     else:
         posted = {s: payload if s == me and payload is not None else store.get(f"{key}/{s}")
                   for s in dict.fromkeys(_source(r, members, me) for r in members)}
-        everyone = [posted[_source(r, members, me)] for r in members]
+        mirrored = _roles().mirrored  # else nobody posts for others
+        stood_for = {s: derived if s == me else pickle.loads(store.get(f"{key}/{s}/mirrors"))
+                     if mirrored and store.check([f"{key}/{s}/mirrors"]) else {} for s in posted}
+        everyone = [stood_for[s].get(r, posted[s]) for r, s in ((r, _source(r, members, me)) for r in members)]
         nbytes = max(len(b) for b in everyone) * len(members)
         if kind == "all_gather":
             work = sim._collective("all_gather", [placeholder], nbytes)
@@ -978,8 +994,27 @@ def _object_exchange(group: Any, kind: str, payload: bytes | None, root: int | N
     return blobs
 
 
+def _derived_contributions(obj: Any, ranks: list[int]) -> dict[int, bytes]:
+    """What `ranks` (mirrored ranks this process stands for) contribute to a gather where this
+    process contributes `obj`, for those whose object differs from it: a distributed
+    checkpoint's save plan (checkpoint_plans.py). phantora's work: a mirror plans on its own host."""
+    from interpose.distributed import checkpoint_plans
+
+    checkpoint_plans.local_plan_posted(obj)
+    if not ranks:
+        return {}
+    timer = getattr(_rt, "python_time", None)
+    if timer is not None:
+        timer.enter()
+    try:
+        return {r: pickle.dumps(o) for r, o in checkpoint_plans.mirrors_plans(obj, ranks).items()}
+    finally:
+        if timer is not None:
+            timer.exit()
+
+
 def _all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
-    blobs = _object_exchange(group, "all_gather", pickle.dumps(obj), None)
+    blobs = _object_exchange(group, "all_gather", pickle.dumps(obj), None, obj)
     for i, b in enumerate(blobs):
         object_list[i] = pickle.loads(b)
 
@@ -1002,7 +1037,7 @@ def _broadcast_object_list(object_list: list[Any], src: int | None = None, group
 def _gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int | None = None,
                    group: Any = None, group_dst: int | None = None) -> None:
     dst = _global_rank(group, dst, group_dst)
-    blobs = _object_exchange(group, "gather", pickle.dumps(obj), dst)
+    blobs = _object_exchange(group, "gather", pickle.dumps(obj), dst, obj)
     if dist.get_rank() == dst:
         if object_gather_list is None:
             raise ValueError("gather_object: the destination rank must pass object_gather_list")
@@ -1019,8 +1054,13 @@ def _scatter_object_list(scatter_object_output_list: list[Any], scatter_object_i
     members = _sim_pg(group or c10d._get_default_group()).global_ranks
     payload = pickle.dumps(list(scatter_object_input_list or [])) if me == _source(src, members, me) else None
     [blob] = _object_exchange(group, "broadcast", payload, src)
-    members = _sim_pg(group or c10d._get_default_group()).global_ranks
-    scatter_object_output_list[0] = pickle.loads(blob)[members.index(me)]
+    scattered = pickle.loads(blob)
+    from interpose.distributed import checkpoint_plans
+
+    # a mirror's share is executed by no process: its representative takes what it can (a save plan's writes)
+    mirrors = [scattered[i] for i, r in enumerate(members)
+               if r != me and _roles().representative(r) == me and i < len(scattered)]
+    scatter_object_output_list[0] = checkpoint_plans.with_mirrors_writes(scattered[members.index(me)], mirrors)
 
 
 def _send_object_list(object_list: list[Any], dst: int | None = None, group: Any = None, device: Any = None,

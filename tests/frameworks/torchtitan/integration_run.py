@@ -62,13 +62,23 @@ def environment(python: str, workdir: Path) -> dict[str, str]:
     return env
 
 
-def phantora_command(test: OverrideDefinitions, args: tuple[str, ...], workdir: Path, trace: Path) -> str:
+def phantora_command(test: OverrideDefinitions, args: tuple[str, ...], workdir: Path, trace: Path,
+                     ranks: str | None = None) -> str:
     """run_tests.py's command for one variant with `phantora trace -o TRACE --` in front of
-    ./run_train.sh, output_dir workdir/artifacts-to-be-uploaded."""
+    ./run_train.sh, output_dir workdir/artifacts-to-be-uploaded; `ranks`: phantora's --ranks."""
     cmd = command(test, args, str(workdir / OUTPUT_DIR))
-    phantora = f"{shlex.quote(sys.executable)} -m phantora.cli trace -o {shlex.quote(str(trace))} --"
     assert cmd.count(" ./run_train.sh ") == 1, cmd
-    return cmd.replace(" ./run_train.sh ", f" {phantora} ./run_train.sh ", 1)
+    if not ranks:
+        phantora = f"{shlex.quote(sys.executable)} -m phantora.cli trace -o {shlex.quote(str(trace))} --"
+        return cmd.replace(" ./run_train.sh ", f" {phantora} ./run_train.sh ", 1)
+    # --ranks needs the torchrun line itself (phantora starts the chosen ranks' processes), so
+    # phantora goes in front of run_train.sh's normal-training torchrun line, its variables filled
+    phantora = f"{shlex.quote(sys.executable)} -m phantora.cli trace --ranks {shlex.quote(ranks)} -o {shlex.quote(str(trace))} --"
+    all_ranks = ",".join(map(str, range(test.ngpu)))
+    line = (f'PYTORCH_ALLOC_CONF="expandable_segments:True" TORCHFT_LIGHTHOUSE="http://localhost:29510" {phantora} '
+            f'torchrun --nproc_per_node={test.ngpu} --rdzv_backend c10d --rdzv_endpoint="localhost:0" '
+            f"--local-ranks-filter {all_ranks} --role rank --tee 3 -m torchtitan.train --module llama3 --config llama3_debugmodel")
+    return cmd.replace(" ./run_train.sh ", f" {line} ", 1)
 
 
 def _statements(output: str) -> list[str]:
@@ -166,7 +176,8 @@ def _run_shell(cmd: str, cwd: Path, env: dict[str, str], log: Path, timeout: flo
     return rc, time.monotonic() - start
 
 
-def run_test(test: OverrideDefinitions, workdir: Path, env: dict[str, str], timeout: float) -> Result:
+def run_test(test: OverrideDefinitions, workdir: Path, env: dict[str, str], timeout: float,
+             ranks: str | None = None) -> Result:
     """Every variant of one test in order from workdir (write_checkout's), stopping at the first
     failure as run_single_test does; logs in workdir/logs, traces in workdir/traces."""
     result = Result(test.test_name, test.test_descr, test.ngpu)
@@ -176,7 +187,7 @@ def run_test(test: OverrideDefinitions, workdir: Path, env: dict[str, str], time
         stem = f"{test.test_name}.{i}"
         trace, log = workdir / "traces" / f"{stem}.json", workdir / "logs" / f"{stem}.log"
         trace.unlink(missing_ok=True)
-        v = Variant(i, phantora_command(test, tuple(args), workdir, trace), log=str(log), trace=str(trace))
+        v = Variant(i, phantora_command(test, tuple(args), workdir, trace, ranks), log=str(log), trace=str(trace))
         v.returncode, v.wall_s = _run_shell(v.command, workdir, env, log, timeout)
         output = v.output
         v.trace_written = trace.exists()
