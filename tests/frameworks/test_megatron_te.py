@@ -3,7 +3,9 @@
 
 The stand-in training script (tests/frameworks/megatron/pretrain_gpt.py) with Megatron-LM's
 `--transformer-impl transformer_engine` (`get_gpt_layer_with_transformer_engine_spec`),
-`--fp8-format hybrid --fp8-recipe delayed`, tensor parallel 2 with sequence parallelism, in the
+`--fp8-format hybrid --fp8-recipe delayed` and its default fused kernels (`--gradient-accumulation-fusion`:
+TE's wgrad GEMMs accumulate into Megatron's fp32 main_grad), tensor parallel 2 with sequence
+parallelism, in the
 environment of the `megatron_te_python` fixture (Megatron-Core and TE's Python layer on the CUDA
 build of torch; TE's extension is phantora's virtual one). One traced run, the smallest model of
 the other Megatron tests (2 layers, width 256). Besides what every Megatron run is checked for
@@ -33,7 +35,7 @@ FP8 = {"float8_e4m3fn", "float8_e5m2"}
 
 def test_transformer_engine_spec_fp8_delayed_scaling_tp2_sequence_parallel(tmp_path, megatron_te_python):
     cfg = GPTConfig(tp=2, sequence_parallel=True, transformer_impl="transformer_engine", fp8_format="hybrid",
-                    fp8_recipe="delayed")
+                    fp8_recipe="delayed", fused_kernels=True)
     run = run_megatron(tmp_path, megatron_te_python, 2, cfg)
     check_run(run, cfg, world=2, adam_ops=TE_ADAM)
     # TE's LayerNormLinear holds the layer norm Megatron's local spec keeps apart: same parameters
@@ -60,8 +62,12 @@ def test_transformer_engine_spec_fp8_delayed_scaling_tp2_sequence_parallel(tmp_p
                             ("float8_e4m3fn", "float8_e5m2"): 8 * layer_mbs}, (rank, operands)
         # their FLOPs: forward plus two backward GEMMs over all tokens of every linear weight
         assert sum(k["args"]["flops"] for k in gemms) == 3 * 2 * tokens * linear_weights * layer_mbs
-        # the output layer is Megatron's own ColumnParallelLinear: BF16 fprop, dgrad, wgrad
-        assert ops["aten::mm"] == 3 * microbatches, ops
+        # gradient accumulation fusion: the wgrad GEMMs write the fp32 main_grad, the others BF16
+        outputs = Counter(k["args"]["dtypes"][2] for k in gemms)
+        assert outputs == {"float32": 4 * layer_mbs, "bfloat16": 8 * layer_mbs}, (rank, outputs)
+        # the output layer is Megatron's own ColumnParallelLinear: BF16 fprop and dgrad, its
+        # wgrad through Apex's fused_weight_gradient_mlp_cuda
+        assert ops["aten::mm"] == 2 * microbatches and ops["apex::wgrad_gemm_accum"] == microbatches, ops
 
         # FP8 casts (TE's cast_transpose family): each weight once per step (the first
         # microbatch's; TE caches it for the others); per layer and microbatch the projection's
