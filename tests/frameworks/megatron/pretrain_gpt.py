@@ -6,8 +6,8 @@ data pipeline and compiled dataset helpers). This is a stand-in for that script,
 Megatron-LM's `examples/run_simple_mcore_train_loop.py` and `megatron/training/training.py`
 drive megatron.core, with public megatron.core APIs only: GPTModel with the local
 (non-Transformer-Engine) layer spec or Transformer Engine's (`--transformer-impl
-transformer_engine`, with FP8 through `--fp8-format`/`--fp8-recipe`), `parallel_state.initialize_model_parallel(tp, pp)`,
-`model_parallel_cuda_manual_seed`, bf16 through `Float16Module`, Megatron DDP with the
+transformer_engine`, with FP8 through `--fp8-format`/`--fp8-recipe`),
+`parallel_state.initialize_model_parallel(tp, pp)`, `model_parallel_cuda_manual_seed`, bf16 through `Float16Module`, Megatron DDP with the
 distributed optimizer (`overlap_grad_reduce`, `overlap_param_gather`), `get_megatron_optimizer`,
 and `get_forward_backward_func` over several microbatches. The data are random token ids made
 on the CPU (a stand-in for a tokenized corpus; nothing is downloaded).
