@@ -1,14 +1,11 @@
 """Megatron-Core 0.19.2 on 8 simulated H100s (one DGX node): the stand-in pretrain_gpt.py
 (tests/frameworks/megatron/pretrain_gpt.py; megatron.core public APIs only, local layer spec,
 bf16, Megatron DDP + distributed optimizer with overlapped gradient reduce-scatter and parameter
-all-gather) under `phantora trace -- torchrun --nproc-per-node 8`, with DP, TP, PP and TP x PP x DP;
-and with Transformer Engine's layer spec (`--transformer-impl transformer_engine`) in BF16 and FP8.
+all-gather) under `phantora trace -- torchrun --nproc-per-node 8`, with DP, TP, PP and TP x PP x DP.
 
 Needs the CUDA build of torch 2.14 with megatron-core installed (pip install
 --ignore-requires-python megatron-core==0.19.2): $PHANTORA_CUDA_TORCH_PYTHON, else the environment
-the test suite builds under phantora's cache dir. The Transformer Engine rows need TE's Python
-layer too (`pip install "phantora[te]"` into that environment): $PHANTORA_CUDA_TORCH_PYTHON, else
-the suite's TE environment (tests/conftest.py `megatron_te_python`).
+the test suite builds under phantora's cache dir.
 
 The model is a 1.0B-parameter GPT (16 layers, width 2048, 16 heads, sequence 2048, vocab 50304,
 untied output layer), micro-batch 1, 8 microbatches per data-parallel rank per iteration.
@@ -33,20 +30,19 @@ MODEL = dict(layers=16, hidden=2048, heads=16, seq=2048, vocab=50304, micro_batc
 RANKS = 8
 
 
-def _python(cfg: GPTConfig) -> str:
+def _python() -> str:
     python = os.environ.get("PHANTORA_CUDA_TORCH_PYTHON")
     if python:
         return python
-    venv = "test-venv-te" if cfg.transformer_impl == "transformer_engine" else "test-venv-cuda-torch"
-    python = str(cache_dir() / venv / "bin" / "python")
+    python = str(cache_dir() / "test-venv-cuda-torch" / "bin" / "python")
     if not Path(python).exists():
-        raise RuntimeError(f"{python} is missing: run tests/frameworks/test_megatron.py (and test_megatron_te.py "
-                           "for the Transformer Engine rows) once, which builds it, or set PHANTORA_CUDA_TORCH_PYTHON")
+        raise RuntimeError(f"{python} is missing: run tests/frameworks/test_megatron.py once (it builds it) "
+                           "or set PHANTORA_CUDA_TORCH_PYTHON")
     return python
 
 
 def _run(config: str, cfg: GPTConfig, work: Path) -> Row:
-    run = run_megatron(work, _python(cfg), RANKS, cfg, timeout=1800)
+    run = run_megatron(work, _python(), RANKS, cfg, timeout=1800)
     if run.proc.returncode != 0 or len(run.iterations) != cfg.iters:
         raise RuntimeError(f"exit {run.proc.returncode}, {len(run.iterations)} iteration lines: "
                            f"{run.proc.stderr[-1500:]}")
@@ -67,7 +63,7 @@ def _run(config: str, cfg: GPTConfig, work: Path) -> Row:
     )
 
 
-def _case(config: str, **parallel) -> Case:
+def _case(config: str, **parallel: int) -> Case:
     cfg = GPTConfig(**MODEL, **parallel)
     return Case("megatron", config, RANKS, partial(_run, config, cfg))
 
@@ -82,10 +78,4 @@ CASES: list[Case] = [
     # MoE with TP needs sequence parallelism, which the local spec's torch norms refuse (Apex or
     # Transformer Engine norms needed): expert parallel over data parallel instead
     _case("MoE 16 x 8 experts top-2, EP4 (expert DP 2)", experts=8, topk=2, ep=4),
-    # Transformer Engine's layer spec (Megatron-LM's default), TP with sequence parallelism (TE's
-    # LayerNorm allows it); FP8 hybrid with delayed scaling, Megatron-LM's default recipe
-    _case("GPT 1.0B, TE spec BF16, TP2 (SP) x DP4", tp=2, sequence_parallel=True,
-          transformer_impl="transformer_engine"),
-    _case("GPT 1.0B, TE spec FP8 delayed, TP2 (SP) x DP4", tp=2, sequence_parallel=True,
-          transformer_impl="transformer_engine", fp8_format="hybrid", fp8_recipe="delayed"),
 ]
