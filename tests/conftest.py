@@ -17,6 +17,9 @@ on top of the CUDA environment.
 `pip install "phantora[te]"` installs it (the `te` extra). Its own environment, which sees the
 CUDA environment's packages through a .pth file: with TE importable, Megatron-Core switches to TE's
 optimizers and multi-tensor kernels, so the frameworks' environment stays without it.
+
+`megatron_te_python`: that TE environment once the frameworks are installed into the CUDA
+environment it sees, for Megatron-Core with Transformer Engine's layer spec.
 """
 
 from __future__ import annotations
@@ -140,3 +143,11 @@ def te_cuda_python(cuda_torch_python: str) -> str:
                 pytest.fail(f"could not install {' '.join(extra)} into {venv}:\n{proc.stderr[-3000:]}")
             ready.write_text(wanted)
     return str(venv / "bin" / "python")
+
+
+@pytest.fixture(scope="session")
+def megatron_te_python(frameworks_cuda_python: str, te_cuda_python: str) -> str:
+    """Megatron-Core (installed into the CUDA environment by `frameworks_cuda_python`, which this
+    waits for) and Transformer Engine's Python layer (in `te_cuda_python`'s own environment, which
+    sees the CUDA environment's packages): Megatron-Core's `--transformer-impl transformer_engine`."""
+    return te_cuda_python

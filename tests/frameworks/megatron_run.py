@@ -40,6 +40,11 @@ class GPTConfig:
     # Megatron-LM's default fused kernels (Apex's): fused scale-mask-softmax, weight gradients
     # accumulated into main_grad
     fused_kernels: bool = False
+    # Megatron-LM's --transformer-impl: "local" (Megatron-Core's modules) or "transformer_engine"
+    # (TE's; needs the `te` extra's environment, tests/conftest.py megatron_te_python)
+    transformer_impl: str = "local"
+    fp8_format: str | None = None  # "hybrid" or "e4m3": FP8 through Transformer Engine
+    fp8_recipe: str = "delayed"  # Megatron-LM's --fp8-recipe: delayed, tensorwise (current scaling), ...
 
     def args(self) -> list[str]:
         a = ["--tp", str(self.tp), "--pp", str(self.pp), "--num-layers", str(self.layers),
@@ -60,6 +65,10 @@ class GPTConfig:
             a += ["--sequence-parallel"]
         if self.fused_kernels:
             a += ["--masked-softmax-fusion", "--gradient-accumulation-fusion"]
+        if self.transformer_impl != "local":
+            a += ["--transformer-impl", self.transformer_impl]
+        if self.fp8_format is not None:
+            a += ["--fp8-format", self.fp8_format, "--fp8-recipe", self.fp8_recipe]
         return a
 
 

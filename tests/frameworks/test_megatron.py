@@ -58,8 +58,9 @@ def compute_kernels(events: list[dict], rank: int) -> list[dict]:
     return [e for e in events if e.get("ph") == "X" and e["pid"] == pid_of(rank) and e.get("cat") == "kernel"]
 
 
-def check_run(run: Run, cfg: GPTConfig, world: int) -> None:
-    """What holds for every configuration."""
+def check_run(run: Run, cfg: GPTConfig, world: int, adam_ops: tuple[str, ...] = ADAM_OPS) -> None:
+    """What holds for every configuration. `adam_ops`: the ops the optimizer launches once per
+    parameter group per step (torch's foreach AdamW by default)."""
     proc = run.proc
     detail = f"\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}"
     assert proc.returncode == 0, f"exit {proc.returncode}{detail}"
@@ -95,14 +96,14 @@ def check_run(run: Run, cfg: GPTConfig, world: int) -> None:
         # Adam's update is launched in every step on every rank (each rank steps its own shard)...
         launches = Counter()
         for e in events:
-            if e.get("ph") == "X" and e["pid"] == pid_of(rank) and e.get("cat") == "cpu_op" and e["name"] in ADAM_OPS:
+            if e.get("ph") == "X" and e["pid"] == pid_of(rank) and e.get("cat") == "cpu_op" and e["name"] in adam_ops:
                 step = next(k for k, (a, b) in enumerate(windows) if a <= e["ts"] < b)
                 launches[(step, e["name"])] += 1
-        expected = Counter({(k, op): ADAM_GROUPS for k in range(cfg.iters) for op in ADAM_OPS})
+        expected = Counter({(k, op): ADAM_GROUPS for k in range(cfg.iters) for op in adam_ops})
         assert launches == expected, (rank, launches)
         # ... and each launch ran its kernel on the GPU
         kernels = Counter(e["args"]["op"].split(".")[0] for e in compute_kernels(events, rank))
-        for op in ADAM_OPS:
+        for op in adam_ops:
             assert kernels[op] == ADAM_GROUPS * cfg.iters, (rank, op, kernels[op])
 
         # peak memory: at least parameters, gradients and optimizer state and the last stage's

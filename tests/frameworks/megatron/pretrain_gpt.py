@@ -5,8 +5,9 @@ Megatron-Core's wheel ships no training script (Megatron-LM's `pretrain_gpt.py` 
 data pipeline and compiled dataset helpers). This is a stand-in for that script, built the way
 Megatron-LM's `examples/run_simple_mcore_train_loop.py` and `megatron/training/training.py`
 drive megatron.core, with public megatron.core APIs only: GPTModel with the local
-(non-Transformer-Engine) layer spec, `parallel_state.initialize_model_parallel(tp, pp)`,
-`model_parallel_cuda_manual_seed`, bf16 through `Float16Module`, Megatron DDP with the
+(non-Transformer-Engine) layer spec or Transformer Engine's (`--transformer-impl
+transformer_engine`, with FP8 through `--fp8-format`/`--fp8-recipe`),
+`parallel_state.initialize_model_parallel(tp, pp)`, `model_parallel_cuda_manual_seed`, bf16 through `Float16Module`, Megatron DDP with the
 distributed optimizer (`overlap_grad_reduce`, `overlap_param_gather`), `get_megatron_optimizer`,
 and `get_forward_backward_func` over several microbatches. The data are random token ids made
 on the CPU (a stand-in for a tokenized corpus; nothing is downloaded).
@@ -31,7 +32,8 @@ import torch
 
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_layer_local_spec,
+                                                      get_gpt_layer_with_transformer_engine_spec)
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -77,6 +79,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--persist-layer-norm", action="store_true",
                    help="Apex's persistent LayerNorm kernel for the hidden sizes it supports, with Apex installed "
                         "(on by default in Megatron-LM, which has --no-persist-layer-norm)")
+    p.add_argument("--transformer-impl", default="local", choices=["local", "transformer_engine"],
+                   help="the layer spec: Megatron-Core's own modules (get_gpt_layer_local_spec) or Transformer "
+                        "Engine's (get_gpt_layer_with_transformer_engine_spec; Megatron-LM's default)")
+    p.add_argument("--fp8-format", default=None, choices=["e4m3", "hybrid"],
+                   help="FP8 training through Transformer Engine (hybrid: E4M3 forward, E5M2 gradients)")
+    p.add_argument("--fp8-recipe", default="delayed", choices=["tensorwise", "delayed", "mxfp8", "blockwise"],
+                   help="FP8 scaling: delayed (amax history), tensorwise (current scaling), mxfp8, blockwise")
+    p.add_argument("--fp8-amax-history-len", type=int, default=1)
+    p.add_argument("--fp8-amax-compute-algo", default="most_recent", choices=["most_recent", "max"])
     p.add_argument("--ddp-bucket-size", type=int, default=None,
                    help="parameters per gradient bucket (Megatron's default: max(40M, 1M x DP size))")
     return p.parse_args()
@@ -120,13 +131,21 @@ def model_provider(args: argparse.Namespace) -> tuple[list[GPTModel], Transforme
         masked_softmax_fusion=args.masked_softmax_fusion,
         gradient_accumulation_fusion=args.gradient_accumulation_fusion,
         persist_layer_norm=args.persist_layer_norm,
+        fp8=args.fp8_format,
+        fp8_recipe=args.fp8_recipe,
+        fp8_amax_history_len=args.fp8_amax_history_len,
+        fp8_amax_compute_algo=args.fp8_amax_compute_algo,
     )
+    if args.transformer_impl == "transformer_engine":
+        layer_spec = get_gpt_layer_with_transformer_engine_spec(num_experts=args.num_experts, moe_grouped_gemm=False)
+    else:
+        layer_spec = get_gpt_layer_local_spec(num_experts=args.num_experts, moe_grouped_gemm=False)
     chunks = []
     for vp_stage in range(args.vp or 1):
         vp = vp_stage if args.vp else None
         chunks.append(GPTModel(
             config=config,
-            transformer_layer_spec=get_gpt_layer_local_spec(num_experts=args.num_experts, moe_grouped_gemm=False),
+            transformer_layer_spec=layer_spec,
             vocab_size=args.vocab_size,
             max_sequence_length=args.seq_length,
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=args.vp is None, vp_stage=vp),
@@ -157,7 +176,7 @@ def forward_step(data_iterator: Iterator, model: torch.nn.Module, check_for_nan:
     labels = data["labels"].cuda(non_blocking=True)
     loss_mask = data["loss_mask"].cuda(non_blocking=True)
     position_ids = data["position_ids"].cuda(non_blocking=True)
-    # The local layer spec builds the causal mask itself (attn_mask_type=causal).
+    # Both layer specs build the causal mask themselves (attn_mask_type=causal).
     output_tensor = model(tokens, position_ids, None, labels=labels)
 
     def loss_func(output_tensor: torch.Tensor):

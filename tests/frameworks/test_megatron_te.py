@@ -1,0 +1,105 @@
+"""Megatron-Core 0.19.2 with Transformer Engine 2.20.2's layer spec and FP8 under phantora
+(issue 38, item 4).
+
+The stand-in training script (tests/frameworks/megatron/pretrain_gpt.py) with Megatron-LM's
+`--transformer-impl transformer_engine` (`get_gpt_layer_with_transformer_engine_spec`),
+`--fp8-format hybrid --fp8-recipe delayed` and its default fused kernels (`--gradient-accumulation-fusion`:
+TE's wgrad GEMMs accumulate into Megatron's fp32 main_grad), tensor parallel 2 with sequence
+parallelism, in the
+environment of the `megatron_te_python` fixture (Megatron-Core and TE's Python layer on the CUDA
+build of torch; TE's extension is phantora's virtual one). One traced run, the smallest model of
+the other Megatron tests (2 layers, width 256). Besides what every Megatron run is checked for
+(exit 0, no unknown op, every iteration logged and its step taken, logged times equal the trace's,
+memory against a hand count), it checks by hand count per layer and microbatch TE's FP8 GEMMs,
+its casts and transposes, and the FP8 and BF16 collectives of sequence parallelism.
+
+It has its own file so that pytest-xdist (--dist loadfile) runs it beside test_megatron.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from tests.frameworks.megatron_run import GPTConfig, gpt_params, run_megatron
+from tests.frameworks.test_megatron import check_run, compute_kernels, nccl, trace_events
+
+pytestmark = pytest.mark.slow
+
+# With TE importable Megatron-Core's optimizer is TE's FusedAdam: one multi_tensor_adam launch per
+# parameter group (with and without weight decay) per step.
+TE_ADAM = ("cuda_extension::multi_tensor_adam",)
+FP8 = {"float8_e4m3fn", "float8_e5m2"}
+
+
+def test_transformer_engine_spec_fp8_delayed_scaling_tp2_sequence_parallel(tmp_path, megatron_te_python):
+    cfg = GPTConfig(tp=2, sequence_parallel=True, transformer_impl="transformer_engine", fp8_format="hybrid",
+                    fp8_recipe="delayed", fused_kernels=True)
+    run = run_megatron(tmp_path, megatron_te_python, 2, cfg)
+    check_run(run, cfg, world=2, adam_ops=TE_ADAM)
+    # TE's LayerNormLinear holds the layer norm Megatron's local spec keeps apart: same parameters
+    for r in range(2):
+        assert f"model parallel rank ({r}, 0): {gpt_params(cfg, 0)}" in run.proc.stdout
+
+    events = trace_events(run)
+    h, tp = cfg.hidden, cfg.tp
+    tokens = cfg.micro_batch * cfg.seq  # a microbatch's tokens; TE's linears see all of them (gathered)
+    microbatches = cfg.microbatches * cfg.iters
+    layer_mbs = cfg.layers * microbatches  # one layer's forward and backward on one microbatch
+    # this rank's linear weights per layer: column-parallel QKV [3h/tp, h] and FC1 [4h/tp, h],
+    # row-parallel projection [h, h/tp] and FC2 [h, 4h/tp]
+    linear_weights = (3 * h * h + h * h + 4 * h * h + 4 * h * h) // tp
+    for rank in range(2):
+        kernels = compute_kernels(events, rank)
+        ops = Counter(k["args"]["op"].split(".")[0] for k in kernels)
+
+        # FP8 GEMMs: 4 linears x (fprop, dgrad, wgrad) per layer and microbatch, all through TE's
+        # cuBLASLt GEMM; hybrid format: fprop E4M3 x E4M3, dgrad and wgrad take the E5M2 gradient
+        gemms = [k for k in kernels if k["args"]["op"].startswith("nvte::cublas_gemm")]
+        operands = Counter(tuple(sorted(k["args"]["dtypes"][:2])) for k in gemms)
+        assert operands == {("float8_e4m3fn", "float8_e4m3fn"): 4 * layer_mbs,
+                            ("float8_e4m3fn", "float8_e5m2"): 8 * layer_mbs}, (rank, operands)
+        # their FLOPs: forward plus two backward GEMMs over all tokens of every linear weight
+        assert sum(k["args"]["flops"] for k in gemms) == 3 * 2 * tokens * linear_weights * layer_mbs
+        # gradient accumulation fusion: the wgrad GEMMs write the fp32 main_grad, the others BF16
+        outputs = Counter(k["args"]["dtypes"][2] for k in gemms)
+        assert outputs == {"float32": 4 * layer_mbs, "bfloat16": 8 * layer_mbs}, (rank, outputs)
+        # the output layer is Megatron's own ColumnParallelLinear: BF16 fprop and dgrad, its
+        # wgrad through Apex's fused_weight_gradient_mlp_cuda
+        assert ops["aten::mm"] == 2 * microbatches and ops["apex::wgrad_gemm_accum"] == microbatches, ops
+
+        # FP8 casts (TE's cast_transpose family): each weight once per step (the first
+        # microbatch's; TE caches it for the others); per layer and microbatch the projection's
+        # and FC2's inputs in forward (QKV's and FC1's come out of the fused LayerNorm), and the
+        # four gradients in backward (QKV's with its bias gradient)
+        casts = Counter(k["name"] for k in kernels if k["args"]["op"].startswith("nvte::cast_transpose"))
+        assert sum(casts.values()) == 4 * cfg.layers * cfg.iters + 6 * layer_mbs, casts
+        assert casts["transformer_engine::cast_transpose_dbias_kernel"] == layer_mbs, casts
+        # sequence parallel: what is all-gathered in FP8 (QKV's and FC1's inputs, the projection's
+        # and FC2's gradients) is transposed after the gather, for the wgrad GEMM
+        assert ops["nvte::fp8_transpose"] == 4 * layer_mbs, ops
+        # delayed scaling: the amax history and scales updated at the end of each forward and
+        # backward FP8 region (Megatron's fp8 context around the transformer block)
+        assert ops["nvte::amax_and_scale_update"] == 2 * microbatches, ops
+        # TE's LayerNorms (two per layer, in LayerNormLinear and LayerNormMLP, and the final one);
+        # attention takes TE's unfused path (its fused backends need type(q) is torch.Tensor)
+        assert ops["nvte::layernorm_fwd"] == ops["nvte::layernorm_bwd"] == (2 * cfg.layers + 1) * microbatches
+        assert ops["nvte::softmax_fwd"] == ops["nvte::softmax_bwd"] == layer_mbs, ops
+        # gradient clipping with TE's multi-tensor kernels, once per step
+        assert ops["nvte::multi_tensor_l2norm"] == ops["nvte::multi_tensor_scale"] == cfg.iters, ops
+
+        # tensor + sequence parallel collectives of one microbatch's hidden states [b*s, h]
+        tp_group = Counter((k["args"]["op"], k["args"]["dtype"], k["args"]["bytes"]) for k in nccl(events, rank)
+                           if k["args"]["group ranks"] == [0, 1])
+        # per layer: QKV's and FC1's FP8 inputs gathered in forward and again for wgrad, the
+        # projection's and FC2's FP8 gradients gathered in backward
+        assert tp_group[("all_gather", "uint8", tokens * h)] == 6 * layer_mbs, tp_group
+        # per layer: the projection's and FC2's outputs in forward, QKV's and FC1's input
+        # gradients in backward; per microbatch the output layer's input gradient
+        assert tp_group[("reduce_scatter", "bfloat16", 2 * tokens * h)] == (4 * cfg.layers + 1) * microbatches, \
+            tp_group
+        # per microbatch: the output layer's input forward and again for wgrad, the embedding's
+        # gradient (its forward all-reduces, then splits the sequence)
+        assert tp_group[("all_gather", "bfloat16", 2 * tokens * h)] == 3 * microbatches, tp_group
+        assert tp_group[("all_reduce", "bfloat16", 2 * tokens * h)] == microbatches, tp_group
