@@ -129,6 +129,19 @@ def softmax_bwd(sig: OpSignature, ctx: CostContext) -> OpCost:
 # --- FP8 per-tensor scaling ----------------------------------------------------------------------
 
 
+def _fused_quantize_kernel(base: str, x: TensorMeta, dy: object, dbias: object, act: object,
+                           flops_per_element: float, nbytes: float, ctx: CostContext) -> Kernel:
+    """A quantizing kernel named as TE names its fusions: with an activation (`act`; its backward
+    when dy is given) and the bias gradient. Its FLOPs are the activation's per element when
+    fused, else `flops_per_element` (the scaling and cast)."""
+    if act:
+        base += f"_fused_d{act}" if isinstance(dy, TensorMeta) else f"_fused_{act}"
+    if isinstance(dbias, TensorMeta):
+        base += "_dbias"
+    per_element = (ACTIVATION_BWD_FLOPS if isinstance(dy, TensorMeta) else ACTIVATION_FLOPS) if act else flops_per_element
+    return streaming_kernel(f"transformer_engine::{base}_kernel", ctx.gpu, nbytes, per_element * x.numel)
+
+
 def cast_transpose(sig: OpSignature, ctx: CostContext) -> OpCost:
     """nvte::cast_transpose(x, dy, scale, amax, scale_inv, data, transpose, dbias, act): TE's cast
     (data only), cast_transpose (both) and their fusions with an activation (act; its backward when
@@ -137,12 +150,7 @@ def cast_transpose(sig: OpSignature, ctx: CostContext) -> OpCost:
     nbytes = _bytes(x, dy, scale, amax, scale_inv, data, transpose, dbias)
     both = isinstance(data, TensorMeta) and isinstance(transpose, TensorMeta)
     base = "cast_transpose" if both else ("transpose" if isinstance(transpose, TensorMeta) else "cast")
-    if act:
-        base += f"_fused_d{act}" if isinstance(dy, TensorMeta) else f"_fused_{act}"
-    if isinstance(dbias, TensorMeta):
-        base += "_dbias"
-    flops = (ACTIVATION_BWD_FLOPS if isinstance(dy, TensorMeta) else ACTIVATION_FLOPS) * x.numel if act else 2.0 * x.numel
-    return single(streaming_kernel(f"transformer_engine::{base}_kernel", ctx.gpu, nbytes, flops))
+    return single(_fused_quantize_kernel(base, x, dy, dbias, act, 2.0, nbytes, ctx))
 
 
 def compute_amax(sig: OpSignature, ctx: CostContext) -> OpCost:
@@ -234,9 +242,4 @@ def quantize_blocks(sig: OpSignature, ctx: CostContext) -> OpCost:
     nbytes = _bytes(x, dy, rowwise, rowwise_scale, columnwise, columnwise_scale, dbias)
     both = isinstance(rowwise, TensorMeta) and isinstance(columnwise, TensorMeta)
     base = ("quantize_mxfp8" if recipe == "mxfp8" else f"quantize_fp8_{recipe}") + ("_rowwise_colwise" if both else "")
-    if act:
-        base += f"_fused_d{act}" if isinstance(dy, TensorMeta) else f"_fused_{act}"
-    if isinstance(dbias, TensorMeta):
-        base += "_dbias"
-    flops = (ACTIVATION_BWD_FLOPS if isinstance(dy, TensorMeta) else ACTIVATION_FLOPS) * x.numel if act else 3.0 * x.numel
-    return single(streaming_kernel(f"transformer_engine::{base}_kernel", ctx.gpu, nbytes, flops))
+    return single(_fused_quantize_kernel(base, x, dy, dbias, act, 3.0, nbytes, ctx))
