@@ -26,14 +26,19 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from interpose.device.shim_build import cache_dir
+from phantora.simulator.forkserver import WARM_DIR_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_TORCH = "torch==2.14.1"
@@ -50,6 +55,29 @@ CUDA_TORCH = "torch==2.14.1"
 # tests/host/, and each framework's measured-host test.
 os.environ.setdefault("PHANTORA_HOST_TIME", "modelled")
 os.environ.setdefault("PHANTORA_STARTUP_COSTS", "0")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_fork_servers() -> Iterator[None]:
+    """The suite's traced runs start their ranks from warm fork servers (phantora/simulator/
+    forkserver.py): hundreds of runs would otherwise each import torch and torch._dynamo (~5 s of
+    CPU). Tests of a fresh process's start set PHANTORA_FORK_SERVER=0 or drop the directory. Each
+    pytest-xdist worker has its own servers; they are stopped when the session ends."""
+    if os.environ.get(WARM_DIR_ENV) is not None:  # the caller's choice ("" turns them off)
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="phantora-fs-")  # short: a socket's path has room for 107 bytes
+    os.environ[WARM_DIR_ENV] = folder
+    try:
+        yield
+    finally:
+        del os.environ[WARM_DIR_ENV]
+        for pid_file in Path(folder).glob("*.pid"):
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+            except (ProcessLookupError, ValueError):
+                pass
+        shutil.rmtree(folder, ignore_errors=True)
 MEASURED = ("--host-time", "measured", "--startup-costs")  # the CLI's defaults, for the tests that test them
 
 

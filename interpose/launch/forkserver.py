@@ -22,17 +22,25 @@ Protocol, lines over two pipes. Launcher -> server: one JSON request {"argv0", "
 (torch could not be prepared here: the launcher starts the ranks with Popen, which shows the
 real error) or "started <pid>" per rank, then "exit <pid> <returncode>" as each ends
 (returncode as Popen's: -N when signal N killed it). The server exits when every rank has.
+
+warm() is the same server kept for many runs (PHANTORA_FORK_SERVER_DIR, phantora/simulator/
+forkserver.py): it prepares once, then listens on a Unix socket; each run sends its directory,
+environment and five descriptors (the two pipes above, then its stdin, stdout and stderr), and
+the server forks a process that takes them and serves that run as serve() does.
 """
 
 from __future__ import annotations
 
+import atexit
 import builtins
+import fcntl
 import gc
 import json
 import os
 import runpy
 import select
 import signal
+import socket
 import sys
 import traceback
 from dataclasses import dataclass
@@ -47,15 +55,18 @@ class RankStart:
     import_env: dict[str, str]  # the environment torch was imported with, plus what preparing added
 
 
-def serve(command_fd: int, status_fd: int) -> RankStart:
-    """Prepare, fork the ranks, report their exits; returns only in a rank process."""
+def serve(command_fd: int, status_fd: int, prepared: dict[str, str] | str | None = None) -> RankStart:
+    """Prepare (unless a warm server did: what preparing added, or why it failed), fork the
+    ranks, report their exits; returns only in a rank process."""
     status = os.fdopen(status_fd, "w", buffering=1)
     request = json.loads(_read_line(command_fd))
     shared_env = dict(os.environ)
     sys.path[0] = request["path0"]  # what the script's own interpreter would have: torch imports see it
     sys.argv = list(request["argv"])
     try:
-        added = _prepare()
+        added = _prepare() if prepared is None else prepared
+        if isinstance(added, str):
+            raise RuntimeError(added)
     except BaseException as e:  # noqa: BLE001 - any failure: the ranks start fresh and show it
         status.write("fallback " + f"{type(e).__name__}: {e}".replace("\n", " ") + "\n")
         os._exit(0)
@@ -88,6 +99,68 @@ def serve(command_fd: int, status_fd: int) -> RankStart:
         status.write(f"started {pid}\n")
     _report_until_done(running, command_fd, wake_r, status)
     os._exit(0)
+
+
+def warm(socket_path: str, idle_s: float) -> RankStart:
+    """Prepare once, then fork one run's fork server per request until idle_s seconds pass
+    without one; returns only in a rank process."""
+    lock = open(socket_path + ".lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os._exit(0)  # another server has this key
+    if os.path.exists(socket_path):  # its last server's, which is gone (it held the lock)
+        os.unlink(socket_path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(socket_path)
+    listener.listen(64)
+    with open(socket_path[:-len(".sock")] + ".pid", "w") as f:
+        f.write(f"{os.getpid()}\n")
+    prepared: dict[str, str] | str
+    try:
+        prepared = _prepare()
+    except BaseException as e:  # noqa: BLE001 - each run is told, and starts its ranks fresh
+        prepared = f"{type(e).__name__}: {e}"
+    gc.freeze()
+    listener.settimeout(idle_s)
+    while True:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:  # the runs' servers that have ended
+                pass
+        except ChildProcessError:
+            pass
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            os.unlink(socket_path)
+            os._exit(0)
+        with conn:
+            conn.settimeout(10)
+            try:
+                message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 5)
+            except OSError:
+                continue
+        if len(fds) != 5:
+            for fd in fds:
+                os.close(fd)
+            continue
+        request = json.loads(message)
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            lock.close()
+            command_fd, status_fd, *stdio = fds
+            for target, fd in enumerate(stdio):
+                os.dup2(fd, target)
+                os.close(fd)
+            if os.isatty(1):  # as a fresh interpreter buffers a terminal's output
+                sys.stdout.reconfigure(line_buffering=True)
+            os.chdir(request["cwd"])
+            os.environ.clear()
+            os.environ.update(request["env"])
+            return serve(command_fd, status_fd, prepared)
+        for fd in fds:
+            os.close(fd)
 
 
 def _prepare() -> dict[str, str]:
@@ -146,6 +219,10 @@ def run(start: RankStart) -> None:
     """Run the rank's script as `python script.py` / `python -m module` runs it."""
     os.environ.clear()
     os.environ.update(start.import_env)
+    # The server froze its objects for the collector (pages stay shared); at exit they must be
+    # collectable again, as in a fresh process: else Python's finalization leaves them, and
+    # extensions that count their objects (Triton's nanobind) print every one as leaked.
+    atexit.register(gc.unfreeze)
     sys.orig_argv = [start.argv0, *start.argv]
     if "numpy.random" in sys.modules:  # seeded at import: a fresh process has its own seed
         sys.modules["numpy.random"].seed()

@@ -12,9 +12,11 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
-from phantora.simulator.forkserver import RANK_VARIABLES, fork_plan
+from phantora.simulator.forkserver import RUN_VARIABLES, WARM_DIR_ENV, WARM_IDLE_ENV, fork_plan
 from phantora.trace.check import check_chrome_trace
 
 from test_signals import _ended, _pids, _start
@@ -123,22 +125,98 @@ def test_the_fork_server_is_used_only_where_it_is_sound(tmp_path):
                     [sys.executable, str(tmp_path / "missing.py")], [sys.executable, "-m"], [sys.executable]):
         assert fork_plan(command, envs) is None, command
     assert fork_plan([sys.executable, str(script)], envs[:1]) is None  # one rank: nothing to share
+    # unless a warm fork server shares torch's import with later runs
+    assert fork_plan([sys.executable, str(script)], [dict(envs[0], **{WARM_DIR_ENV: str(tmp_path)})]) is not None
     assert fork_plan([sys.executable, str(script)], [dict(e, PHANTORA_FORK_SERVER="0") for e in envs]) is None
     # a variable other than the rank's identity differs: torch may read it at import
     assert fork_plan([sys.executable, str(script)], [dict(e, CUDA_VISIBLE_DEVICES=e["RANK"]) for e in envs]) is None
 
 
-def test_importing_torch_reads_none_of_the_variables_that_differ_between_ranks():
-    """The fork server imports torch and torch._dynamo without them (every rank has its own)."""
+def test_importing_torch_reads_none_of_the_variables_that_differ_between_ranks_or_runs():
+    """The fork server imports torch and torch._dynamo without them (every rank has its own, and a
+    warm server's later runs their own). Reads by name count; going through every variable does
+    not (tqdm looks for its TQDM_ ones so)."""
     probe = f"""
-import os
+import os, sys
 reads = []
 cls = type(os.environ)
 get, has = cls.__getitem__, cls.__contains__
-cls.__getitem__ = lambda self, k: (reads.append(k), get(self, k))[1]
-cls.__contains__ = lambda self, k: (reads.append(k), has(self, k))[1]
+def by_name(k):
+    if sys._getframe(2).f_code.co_name != "__iter__":  # not os.environ.items() / .values()
+        reads.append(k)
+cls.__getitem__ = lambda self, k: (by_name(k), get(self, k))[1]
+cls.__contains__ = lambda self, k: (by_name(k), has(self, k))[1]
 import torch, torch._dynamo
-print(sorted(set(reads) & set({sorted(RANK_VARIABLES)!r})))
+print(sorted(set(reads) & set({sorted(RUN_VARIABLES)!r})))
 """
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True).stdout
     assert out.strip() == "[]"
+
+
+WARM_SCRIPT = SCRIPTS / "warm_rank.py"
+
+
+def _warm_runs(tmp_path: Path, folder: str, *runs: dict) -> list[list[dict]]:
+    """Each run: {"env": ..., "nproc": ..., "cwd": ...}; returns each run's WARMINFO lines."""
+    infos = []
+    for i, r in enumerate(runs):
+        nproc = ("--nproc-per-node", str(r["nproc"])) if r.get("nproc") else ()
+        cmd = [sys.executable, "-m", "phantora.cli", "trace", *nproc, "-o", str(tmp_path / f"run{i}.json"), "--",
+               sys.executable, str(WARM_SCRIPT), f"run{i}"]
+        env = dict(os.environ, **{WARM_DIR_ENV: folder}, **r.get("env", {}))
+        proc = subprocess.run(cmd, cwd=r.get("cwd", ROOT), env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "nanobind" not in proc.stderr  # a forked process's exit is a fresh one's (gc.unfreeze)
+        assert check_chrome_trace(tmp_path / f"run{i}.json").ok
+        infos.append([json.loads(m) for m in re.findall(r"WARMINFO (\{[^{}]*\})", proc.stdout)])
+    return infos
+
+
+def _server_pids(folder: str) -> set[int]:
+    return {int(p.read_text()) for p in Path(folder).glob("*.pid")}
+
+
+def test_a_warm_fork_server_serves_later_runs_of_the_same_interpreter_and_environment(tmp_path):
+    folder = tempfile.mkdtemp(prefix="pfs-")
+    try:
+        other = tmp_path / "elsewhere"
+        other.mkdir()
+        env = {"WARM_PROBE": "a", "OMP_NUM_THREADS": "1"}  # what --nproc-per-node's ranks get anyway
+        a, b, c, d = _warm_runs(
+            tmp_path, folder,
+            {"env": dict(env, PHANTORA_HOST_TIME="modelled")},
+            # phantora's per-run settings and the directory differ: the same server
+            {"env": dict(env, PHANTORA_HOST_TIME="counted"), "cwd": other},
+            {"env": env, "nproc": 2},  # so do torchrun's variables
+            # a variable torch may read at import differs: a server of its own
+            {"env": dict(env, CUDA_VISIBLE_DEVICES="0,1,2")})
+        servers = _server_pids(folder)
+        assert len(servers) == 2
+        assert len(a) == len(b) == len(d) == 1 and len(c) == 2
+        ranks = a + b + c + d
+        assert all(r["torch_before"] and r["sum"] == 8.0 for r in ranks)  # forked, and simulated
+        assert {r["grandparent"] for r in a + b + c} == {a[0]["grandparent"]} and a[0]["grandparent"] in servers
+        assert d[0]["grandparent"] in servers - {a[0]["grandparent"]} and d[0]["devices"] == 3
+        assert a[0]["devices"] == 8 and a[0]["cwd"] == str(ROOT) and b[0]["cwd"] == str(other)
+        assert [r[0]["argv"] for r in (a, b)] == [[str(WARM_SCRIPT), "run0"], [str(WARM_SCRIPT), "run1"]]
+        assert all(r["probe"] == "a" for r in ranks)
+    finally:
+        for pid in _server_pids(folder):
+            os.kill(pid, signal.SIGTERM)
+
+
+def test_a_warm_fork_server_exits_when_idle(tmp_path):
+    folder = tempfile.mkdtemp(prefix="pfs-")
+    (a,) = _warm_runs(tmp_path, folder, {"env": {WARM_IDLE_ENV: "1"}})
+    (pid,) = _server_pids(folder)
+    assert a[0]["grandparent"] == pid
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists()
+    assert not list(Path(folder).glob("*.sock"))  # it removed its socket
+
+
+def test_without_a_warm_directory_one_rank_runs_start_fresh(tmp_path):
+    (a,) = _warm_runs(tmp_path, "", {})
+    assert a[0]["torch_before"] is False

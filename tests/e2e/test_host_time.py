@@ -118,7 +118,9 @@ def test_slow_dataloader_workers_make_the_steps_wait_for_them(tmp_path):
     assert len(batch_cpu_s) >= 10
     batch_s = sorted(batch_cpu_s)[len(batch_cpu_s) // 2] * host_factor(out1)
     assert batch_s > 0.040  # the premise: the worker is far slower than the ~17 ms GPU step
-    assert 0.9 * batch_s <= per_batch_one <= 1.3 * batch_s
+    # less: the worker's lead when the timed steps begin (up to one of its 14 batches) and its
+    # batches' spread under load (this is the median of those the loop waited for)
+    assert 0.8 * batch_s <= per_batch_one <= 1.3 * batch_s
     h1 = summarize(load(str(out1))).host
     assert h1 is not None and h1.bound == "loading-bound"
     assert h1.per_step_ns["data loading"] > 0.5 * sum(h1.per_step_ns.values())
