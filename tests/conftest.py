@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from interpose.device.shim_build import cache_dir
-from phantora.simulator.forkserver import WARM_DIR_ENV
+from phantora.simulator.forkserver import WARM_DIR_ENV, WARM_IDLE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_TORCH = "torch==2.14.1"
@@ -68,6 +68,8 @@ def warm_fork_servers() -> Iterator[None]:
         return
     folder = tempfile.mkdtemp(prefix="phantora-fs-")  # short: a socket's path has room for 107 bytes
     os.environ[WARM_DIR_ENV] = folder
+    # a test that sets its own environment gets a server of its own: let those go sooner (~370 MB each)
+    os.environ.setdefault(WARM_IDLE_ENV, "60")
     try:
         yield
     finally:
