@@ -42,6 +42,7 @@ import select
 import signal
 import socket
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -103,7 +104,7 @@ def serve(command_fd: int, status_fd: int, prepared: dict[str, str] | str | None
 
 def warm(socket_path: str, idle_s: float) -> RankStart:
     """Prepare once, then fork one run's fork server per request until idle_s seconds pass
-    without one; returns only in a rank process."""
+    with no run being served; returns only in a rank process."""
     lock = open(socket_path + ".lock", "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -122,18 +123,23 @@ def warm(socket_path: str, idle_s: float) -> RankStart:
     except BaseException as e:  # noqa: BLE001 - each run is told, and starts its ranks fresh
         prepared = f"{type(e).__name__}: {e}"
     gc.freeze()
-    listener.settimeout(idle_s)
+    listener.settimeout(1.0)
+    runs: set[int] = set()  # the processes serving runs: while one lives, the server is not idle
+    idle_since = time.monotonic()
     while True:
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0] > 0:  # the runs' servers that have ended
-                pass
-        except ChildProcessError:
-            pass
+        for pid in list(runs):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                runs.discard(pid)
+        if runs:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > idle_s:
+            os.unlink(socket_path)
+            os.unlink(socket_path[:-len(".sock")] + ".pid")
+            os._exit(0)
         try:
             conn, _ = listener.accept()
         except TimeoutError:
-            os.unlink(socket_path)
-            os._exit(0)
+            continue
         with conn:
             conn.settimeout(10)
             try:
@@ -159,6 +165,7 @@ def warm(socket_path: str, idle_s: float) -> RankStart:
             os.environ.clear()
             os.environ.update(request["env"])
             return serve(command_fd, status_fd, prepared)
+        runs.add(pid)
         for fd in fds:
             os.close(fd)
 
