@@ -189,7 +189,9 @@ def test_a_warm_fork_server_serves_later_runs_of_the_same_interpreter_and_enviro
     try:
         other = tmp_path / "elsewhere"
         other.mkdir()
-        env = {"WARM_PROBE": "a", "OMP_NUM_THREADS": "1"}  # what --nproc-per-node's ranks get anyway
+        # OMP_NUM_THREADS: what --nproc-per-node's ranks get anyway; PYTHONPATH: this checkout's
+        # phantora from any directory (an installed one elsewhere is another package: another server)
+        env = {"WARM_PROBE": "a", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         a, b, c, d = _warm_runs(
             tmp_path, folder,
             {"env": dict(env, PHANTORA_HOST_TIME="modelled")},
