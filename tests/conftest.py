@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from interpose.device.shim_build import cache_dir
-from phantora.simulator.forkserver import WARM_DIR_ENV, WARM_IDLE_ENV
+from interpose.launch.warm import DIR_ENV as WARM_DIR_ENV, IDLE_ENV as WARM_IDLE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_TORCH = "torch==2.14.1"

@@ -18,7 +18,8 @@ Left shared with the server: the string hash seed (as under one PYTHONHASHSEED) 
 made at import, frozen for the garbage collector so that their pages stay shared.
 
 Protocol, lines over two pipes. Launcher -> server: one JSON request {"argv0", "argv",
-"path0", "envs": each rank's own variables}, then {"signal": [pid, signum]} lines. Server -> launcher: "fallback <why>"
+"path0", "envs": each rank's own variables, optionally "options" (["-u"]) and "orphans": "kill"
+(the ranks die with the launcher's end of the pipe)}, then {"signal": [pid, signum]} lines. Server -> launcher: "fallback <why>"
 (torch could not be prepared here: the launcher starts the ranks with Popen, which shows the
 real error) or "started <pid>" per rank, then "exit <pid> <returncode>" as each ends
 (returncode as Popen's: -N when signal N killed it). The server exits when every rank has.
@@ -35,6 +36,7 @@ import atexit
 import builtins
 import fcntl
 import gc
+import io
 import json
 import os
 import runpy
@@ -47,11 +49,14 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from interpose.launch.handoff import FRESH_ENV  # a fresh restart is not handed back to its server
+
 
 @dataclass
 class RankStart:
     argv0: str  # the command's interpreter as written (argv[0] of a fresh start)
     argv: list[str]  # [script, *args] or ["-m", module, *args]
+    options: list[str]  # the interpreter's options before them: [] or ["-u"] (torchrun's workers)
     env: dict[str, str]  # the rank's environment, as Popen would have given it
     import_env: dict[str, str]  # the environment torch was imported with, plus what preparing added
 
@@ -95,10 +100,10 @@ def serve(command_fd: int, status_fd: int, prepared: dict[str, str] | str | None
             status.close()
             env = dict(shared_env, **own)
             import_env = dict(env, **{k: v for k, v in added.items() if k not in env})
-            return RankStart(request["argv0"], request["argv"], env, import_env)
+            return RankStart(request["argv0"], request["argv"], request.get("options", []), env, import_env)
         running.add(pid)
         status.write(f"started {pid}\n")
-    _report_until_done(running, command_fd, wake_r, status)
+    _report_until_done(running, command_fd, wake_r, status, request.get("orphans") == "kill")
     os._exit(0)
 
 
@@ -151,6 +156,8 @@ def warm(socket_path: str, idle_s: float) -> RankStart:
                 os.close(fd)
             continue
         request = json.loads(message)
+        print(f"{time.strftime('%H:%M:%S')} serving {request.get('command')} in {request['cwd']}", file=sys.stderr,
+              flush=True)  # the server's log: which processes it forked
         pid = os.fork()
         if pid == 0:
             listener.close()
@@ -187,7 +194,9 @@ def _prepare() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if before.get(k) != v}
 
 
-def _report_until_done(running: set[int], command_fd: int, wake_r: int, status: Any) -> None:
+def _report_until_done(running: set[int], command_fd: int, wake_r: int, status: Any, kill_orphans: bool) -> None:
+    """Forward the launcher's signals, report exits. With kill_orphans the launcher stands in for
+    the rank (interpose/launch/handoff.py): if it goes (SIGKILL), the rank it stood for goes too."""
     pending, commands_open = b"", True
     while running:
         ready, _, _ = select.select([wake_r] + ([command_fd] if commands_open else []), [], [])
@@ -196,6 +205,9 @@ def _report_until_done(running: set[int], command_fd: int, wake_r: int, status: 
         if command_fd in ready:
             data = os.read(command_fd, 65536)
             commands_open = bool(data)
+            if not commands_open and kill_orphans:
+                for pid in running:
+                    os.kill(pid, signal.SIGKILL)
             *lines, pending = (pending + data).split(b"\n")
             for line in lines:
                 pid, signum = json.loads(line)["signal"]
@@ -230,7 +242,14 @@ def run(start: RankStart) -> None:
     # collectable again, as in a fresh process: else Python's finalization leaves them, and
     # extensions that count their objects (Triton's nanobind) print every one as leaked.
     atexit.register(gc.unfreeze)
-    sys.orig_argv = [start.argv0, *start.argv]
+    sys.orig_argv = [start.argv0, *start.options, *start.argv]
+    if "-u" in start.options:  # as `python -u` opens them: unbuffered, each write straight to the file
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            raw = io.TextIOWrapper(io.FileIO(stream.fileno(), "w", closefd=False), encoding=stream.encoding,
+                                   errors=stream.errors, write_through=True)
+            setattr(sys, name, raw)
+            setattr(sys, f"__{name}__", raw)
     if "numpy.random" in sys.modules:  # seeded at import: a fresh process has its own seed
         sys.modules["numpy.random"].seed()
     _interpose_at_first_torch_import(start)
@@ -283,7 +302,7 @@ def _restart_fresh(start: RankStart) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execve(sys.executable, [start.argv0, *start.argv], start.env)
+        os.execve(sys.executable, [start.argv0, *start.options, *start.argv], dict(start.env, **{FRESH_ENV: "1"}))
     except OSError:
         traceback.print_exc()
         os._exit(1)

@@ -21,52 +21,31 @@ run's launcher connects to the server of its key (the interpreter and every vari
 ranks' common environment except RUN_VARIABLES, which phantora or torchrun set per run and
 nothing reads while torch is imported: tests/e2e/test_forkserver.py), starting it if none
 listens, and hands it the run's pipes, standard streams, directory and environment; the server
-forks a process that is this run's fork server from there on. A server exits after
-PHANTORA_FORK_SERVER_IDLE_S seconds (default 120) without a run. Every run it serves shares its
-string hash seed.
+forks a process that is this run's fork server from there on (interpose/launch/warm.py; the
+Python processes that other launchers start hand themselves to it the same way: interpose/
+launch/handoff.py). A server exits after PHANTORA_FORK_SERVER_IDLE_S seconds (default 120)
+without a run. Every run it serves shares its string hash seed.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-from interpose.host.host_time import ENV as HOST_TIME_ENV
-from phantora.mask_fraction import ENV as MASK_FRACTION_ENV
-from phantora.roles import ENV as REPRESENTATIVES_ENV
-from phantora.routing import ENV as ROUTING_ENV
+from interpose.launch.warm import DIR_ENV as WARM_DIR_ENV
+from interpose.launch.warm import RANK_VARIABLES, hand_to_warm_server
 
-# The variables rank_env (launch.py) gives each rank its own value of.
-RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK"})
-# What differs between runs that a warm fork server may serve alike: the rest of torchrun's
-# variables (launch.py rank_env, less OMP_NUM_THREADS, which OpenMP reads when torch loads it),
-# phantora's settings that the rank reads once it is one (launch.py child_env: not the GPU, the
-# node's GPU count or CUDA_VISIBLE_DEVICES, which preparing torch reads), and pytest's name of the
-# current test, which it changes per test.
-RUN_VARIABLES = RANK_VARIABLES | frozenset({
-    "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR",
-    "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-    "PHANTORA_SOCKET", "PHANTORA_CALL_TIMEOUT", "PHANTORA_VRAM", HOST_TIME_ENV, MASK_FRACTION_ENV, ROUTING_ENV,
-    REPRESENTATIVES_ENV, "PYTEST_CURRENT_TEST"})
-WARM_DIR_ENV = "PHANTORA_FORK_SERVER_DIR"
-WARM_IDLE_ENV = "PHANTORA_FORK_SERVER_IDLE_S"
-WARM_CONNECT_S = 30.0  # to reach a server just started: it listens before it imports torch
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?")
 _SERVER_CODE = "import sys; from interpose.launch.forkserver import serve, run; run(serve(int(sys.argv[1]), int(sys.argv[2])))"
-_WARM_CODE = "import sys; from interpose.launch.forkserver import warm, run; run(warm(sys.argv[1], float(sys.argv[2])))"
 
 
 @dataclass
@@ -123,7 +102,8 @@ class ForkServer:
         self._status_r, status_w = os.pipe()
         self.popen: subprocess.Popen | None = None
         try:
-            if not _ask_warm_server(plan, command_r, status_w):
+            if not hand_to_warm_server(plan.interpreter, plan.common_env, command_r, status_w, plan.command,
+                                       "the ranks"):
                 self.popen = subprocess.Popen([plan.interpreter, "-c", _SERVER_CODE, str(command_r), str(status_w)],
                                               env=plan.common_env, pass_fds=(command_r, status_w))
         finally:
@@ -198,56 +178,6 @@ class ForkServer:
             except ProcessLookupError:
                 pass
             p.returncode = -signal.SIGKILL
-
-
-def warm_key(plan: ForkPlan) -> str:
-    """Which warm server may serve this run: the same interpreter and import-time environment."""
-    shared = sorted((k, v) for k, v in plan.common_env.items() if k not in RUN_VARIABLES)
-    return hashlib.sha256(json.dumps([plan.interpreter, shared]).encode()).hexdigest()[:16]
-
-
-def _ask_warm_server(plan: ForkPlan, command_r: int, status_w: int) -> bool:
-    """Hand this run to the warm server of its key (starting one if none listens); False when
-    there is none to ask (not wanted, or it could not be reached), and this run starts its own."""
-    folder = plan.common_env.get(WARM_DIR_ENV)
-    if not folder:
-        return False
-    key = warm_key(plan)
-    path = Path(folder) / f"{key}.sock"
-    if len(os.fsencode(path)) >= 100:  # a Unix socket's path has room for 107 bytes
-        print(f"phantora: {WARM_DIR_ENV}={folder} is too long a path for a socket; starting the ranks without "
-              "a warm fork server", file=sys.stderr)
-        return False
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    deadline, server = time.monotonic() + WARM_CONNECT_S, None
-    while True:
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            conn.connect(str(path))
-            break
-        except (FileNotFoundError, ConnectionRefusedError):
-            conn.close()
-        if time.monotonic() > deadline:
-            print(f"phantora: no warm fork server answered at {path} within {WARM_CONNECT_S:.0f} s; starting the "
-                  "ranks without one", file=sys.stderr)
-            return False
-        if server is None or server.poll() is not None:  # none yet, or it lost the race for the key
-            log = open(Path(folder) / f"{key}.log", "ab")
-            server = subprocess.Popen([plan.interpreter, "-c", _WARM_CODE, str(path),
-                                       plan.common_env.get(WARM_IDLE_ENV, "120")],
-                                      env=plan.common_env, cwd="/", stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
-            log.close()
-        time.sleep(0.02)
-    with conn:
-        request = {"cwd": os.getcwd(), "env": plan.common_env}
-        try:
-            socket.send_fds(conn, [json.dumps(request).encode()], [command_r, status_w, 0, 1, 2])
-        except OSError as e:
-            print(f"phantora: the warm fork server at {path} did not take the run ({e}); starting the ranks "
-                  "without it", file=sys.stderr)
-            return False
-    return True
 
 
 class RankProcess:

@@ -16,7 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from phantora.simulator.forkserver import RUN_VARIABLES, WARM_DIR_ENV, WARM_IDLE_ENV, fork_plan
+from interpose.launch.warm import DIR_ENV as WARM_DIR_ENV, IDLE_ENV as WARM_IDLE_ENV, RUN_VARIABLES
+from phantora.simulator.forkserver import fork_plan
 from phantora.trace.check import check_chrome_trace
 
 from test_signals import _ended, _pids, _start

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tempfile
 import sys
 import time
 from dataclasses import dataclass
@@ -89,8 +90,10 @@ def torchtitan(workdir: Path, python: str, nproc: int, *overrides: str, config: 
            config, *overrides]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    # the datasets cache stays in the run's directory; nothing is fetched from the Hub
-    env.update(HF_HOME=str(workdir / "hf"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    # nothing is fetched from the Hub; the datasets cache is this test process's, not the user's (one
+    # directory for all its runs: the same environment, so a warm fork server serves them all)
+    hf_home = Path(tempfile.gettempdir()) / f"phantora-tests-hf-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+    env.update(HF_HOME=str(hf_home), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=env)
     return Run(proc, trace, workdir, time.monotonic() - start)
