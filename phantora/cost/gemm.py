@@ -81,17 +81,26 @@ class GemmShape:
         return 2.0 * self.batch * self.m * self.n * self.k
 
 
-def gemm_kernel_name(gpu: GPUSpec, compute_type: str, dtype_out: str) -> str:
-    """A cuBLAS-like kernel name, e.g. sm90_xmma_gemm_bf16bf16_bf16f32 (deterministic)."""
+# FP8 operands by format: FP8 recipes mix them (HYBRID: E4M3 activations and weights, E5M2 gradients)
+FP8_FORMAT_TAGS = {"float8_e4m3fn": "e4m3", "float8_e4m3fnuz": "e4m3", "float8_e5m2": "e5m2", "float8_e5m2fnuz": "e5m2"}
+
+
+def gemm_kernel_name(gpu: GPUSpec, compute_type: str, dtype_out: str,
+                     operand_dtypes: tuple[str, str] | None = None) -> str:
+    """A cuBLAS-like kernel name, e.g. sm90_xmma_gemm_bf16bf16_bf16f32, sm90_xmma_gemm_e4m3e5m2_bf16f32
+    for an FP8 GEMM of an E4M3 and an E5M2 operand (deterministic)."""
     arch = f"sm{gpu.capability[0]}{gpu.capability[1]}"
     if compute_type == "fp64":
         return f"{arch}_dgemm"
     if not uses_tensor_cores(compute_type):
         return f"{arch}_sgemm_f32"
     t = {"bf16": "bf16", "fp16": "f16", "tf32": "tf32", "fp8": "e4m3", "int8": "i8"}[compute_type]
+    ta, tb = t, t
+    if compute_type == "fp8" and operand_dtypes is not None:
+        ta, tb = (FP8_FORMAT_TAGS.get(d, t) for d in operand_dtypes)
     out = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(dtype_out, t)
     acc = "s32" if compute_type == "int8" else "f32"
-    return f"{arch}_xmma_gemm_{t}{t}_{out}{acc}"
+    return f"{arch}_xmma_gemm_{ta}{tb}_{out}{acc}"
 
 
 def _waves(work_units: int, sm_count: int, stream_k: bool) -> float:
@@ -127,12 +136,14 @@ def gemm_compute_ns(shape: GemmShape, compute_type: str, gpu: GPUSpec) -> float:
 
 
 def gemm_kernel(
-    shape: GemmShape, dtype: str, dtype_out: str, nbytes: float, ctx: CostContext, tf32: bool | None = None
+    shape: GemmShape, dtype: str, dtype_out: str, nbytes: float, ctx: CostContext, tf32: bool | None = None,
+    dtype_b: str | None = None,
 ) -> Kernel:
-    """One GEMM kernel: the slower of the tile model and the memory roofline, plus the ramp."""
+    """One GEMM kernel: the slower of the tile model and the memory roofline, plus the ramp.
+    `dtype_b`: the second operand's, where it may differ (FP8 formats); it names the kernel."""
     gpu = ctx.gpu
     compute_type = matmul_compute_type(dtype, ctx.allow_tf32 if tf32 is None else tf32)
-    name = gemm_kernel_name(gpu, compute_type, dtype_out)
+    name = gemm_kernel_name(gpu, compute_type, dtype_out, None if dtype_b is None else (dtype, dtype_b))
     if shape.flops == 0:
         return Kernel(name, gpu.kernel_ramp_ns, 0.0, nbytes)
     compute = gemm_compute_ns(shape, compute_type, gpu)

@@ -63,7 +63,7 @@ def cublas_gemm(sig: OpSignature, ctx: CostContext) -> OpCost:
     accumulate = bool(sig.args[10])
     shape = gemm_shape(a, bool(transa), b, bool(transb))
     nbytes = _bytes(a, b, d, bias, aux, a_scale, b_scale) + (_bytes(d) if accumulate else 0.0)
-    return single(gemm_kernel(shape, a.dtype, d.dtype, nbytes, ctx))
+    return single(gemm_kernel(shape, a.dtype, d.dtype, nbytes, ctx, dtype_b=b.dtype))
 
 
 def norm_fwd(sig: OpSignature, ctx: CostContext) -> OpCost:
@@ -230,7 +230,8 @@ def grouped_gemm(sig: OpSignature, ctx: CostContext) -> OpCost:
     flops = sum(p.flops for p in problems)
     compute = grouped_gemm_compute_ns(problems, compute_type, gpu)
     memory = memory_ns(nbytes, gpu, OPERAND_STREAMING_EFFICIENCY) - gpu.kernel_ramp_ns
-    name = gemm_kernel_name(gpu, compute_type, d_list[0].dtype) + f" (multi-stream x{len(problems)})"
+    name = gemm_kernel_name(gpu, compute_type, d_list[0].dtype, (a_list[0].dtype, b_list[0].dtype)) + \
+        f" (multi-stream x{len(problems)})"
     return single(Kernel(name, max(compute, memory) + gpu.kernel_ramp_ns, flops, nbytes))
 
 

@@ -204,8 +204,8 @@ def test_cublas_gemm_hand_count() -> None:
     ctx = CostContext(gpu)
     m, n, k = 2048, 1024, 4096
 
-    def sig(dtype: str, accumulate: bool) -> OpSignature:
-        a, b = cuda_tensor((n, k), dtype), cuda_tensor((m, k), dtype)
+    def sig(dtype: str, accumulate: bool, dtype_b: str | None = None) -> OpSignature:
+        a, b = cuda_tensor((n, k), dtype), cuda_tensor((m, k), dtype_b or dtype)
         d, bias, ws = cuda_tensor((m, n), "bfloat16"), cuda_tensor((n,), "bfloat16"), cuda_tensor((33555456,), "uint8")
         return OpSignature("nvte::cublas_gemm", "default",
                            (a, True, b, False, d, bias, None, None, None, ws, accumulate, False, False), (None,))
@@ -221,6 +221,10 @@ def test_cublas_gemm_hand_count() -> None:
     assert fp8.bytes == n * k + m * k + 2.0 * (m * n + n)
     assert fp8.name == "sm90_xmma_gemm_e4m3e4m3_bf16f32"
     assert fp8.duration_ns < 0.6 * kernel.duration_ns  # twice the tensor-core rate, compute-bound
+    # HYBRID's backward: an E4M3 operand (weight or input) and the E5M2 gradient, at the same rate
+    hybrid, = te_cost.cublas_gemm(sig("float8_e4m3fn", False, "float8_e5m2"), ctx).kernels
+    assert hybrid.name == "sm90_xmma_gemm_e4m3e5m2_bf16f32"
+    assert (hybrid.duration_ns, hybrid.bytes) == (fp8.duration_ns, fp8.bytes)
 
 
 TE_SCRIPT = Path(__file__).resolve().parent / "scripts" / "transformer_engine_layers.py"
@@ -238,9 +242,11 @@ def test_te_layers_traced(tmp_path: Path, te_cuda_python: str) -> None:
     kernels = [e for e in load_chrome_trace(trace)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
     gemms = [k for k in kernels if k["args"].get("op") == "nvte::cublas_gemm.default"]
     bf16 = [k for k in gemms if k["name"] == "sm90_xmma_gemm_bf16bf16_bf16f32"]
-    fp8 = [k for k in gemms if k["name"] == "sm90_xmma_gemm_e4m3e4m3_bf16f32"]
-    # LayerNormMLP: FC1 and FC2, each fprop, dgrad and wgrad; the FP8 LayerNormLinear: its three
-    assert (len(bf16), len(fp8)) == (6, 3), [k["name"] for k in gemms]
+    fp8 = [k for k in gemms if k["name"].startswith("sm90_xmma_gemm_e")]
+    # LayerNormMLP: FC1 and FC2, each fprop, dgrad and wgrad; the FP8 LayerNormLinear: its three,
+    # under HYBRID the forward's of two E4M3 operands, dgrad's and wgrad's with the E5M2 gradient
+    assert len(bf16) == 6, [k["name"] for k in gemms]
+    assert sorted(k["name"] for k in fp8) == ["sm90_xmma_gemm_e4m3e4m3_bf16f32"] + ["sm90_xmma_gemm_e4m3e5m2_bf16f32"] * 2
     s, b, h, f = 512, 2, 1024, 4096  # the script's sizes
     t = s * b
     assert [k["args"]["flops"] for k in bf16 + fp8] == [2.0 * t * h * f] * 9
