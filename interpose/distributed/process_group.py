@@ -991,7 +991,20 @@ def _object_exchange(group: Any, kind: str, payload: bytes | None, root: int | N
             work = sim._collective("reduce", [placeholder], nbytes, root=members.index(root), reduce_op="sum")
         blobs = everyone if kind == "all_gather" or me == root else []
     work.wait()
+    _forget_exchange(store, key, [*members, *(f"{r}/mirrors" for r in members)], _processes(members))
     return blobs
+
+
+def _forget_exchange(store: Any, key: str, names: list[Any], readers: int) -> None:
+    """Every running member calls this once its reads are done; the last deletes the exchange's
+    keys (`{key}/{name}`, those never posted included), so the store does not grow with the calls.
+    Rank 0 hosts the store and may have exited (the end of a script): nothing is left to clean."""
+    try:
+        if store.add(f"{key}/read", 1) >= readers:
+            for k in [*(f"{key}/{n}" for n in dict.fromkeys(names)), f"{key}/read"]:
+                store.delete_key(k)
+    except RuntimeError:  # torch.distributed.DistNetworkError: the store's host has exited
+        pass
 
 
 def _derived_contributions(obj: Any, ranks: list[int]) -> dict[int, bytes]:

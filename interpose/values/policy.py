@@ -422,8 +422,10 @@ def shadowable(t: Any, cap: int = SHADOW_MAX_NUMEL) -> bool:
 
 def exchanges_values(t: torch.Tensor) -> bool:
     """Whether a collective on t exchanges shadows and values between ranks (through the c10d
-    store). It depends on shape only, so every member of the collective decides the same."""
-    return t.numel() <= COPY_SHADOW_MAX_NUMEL
+    store). It depends on shape only, so every member of the collective decides the same. An empty
+    tensor has nothing to exchange (the placeholders of object collectives: posted, never read,
+    their keys would stay in the store)."""
+    return 0 < t.numel() <= COPY_SHADOW_MAX_NUMEL
 
 
 def shadow_of(t: torch.Tensor) -> torch.Tensor | None:
