@@ -123,3 +123,33 @@ def test_without_a_warm_directory_torchruns_workers_run_themselves(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads(m) for m in re.findall(r"RANKINFO (\{[^{}]*\})", proc.stdout)]
     assert len(ranks) == 2 and not any(r["torch_before"] for r in ranks)
+
+
+def test_ctrl_c_of_a_torchrun_run_under_a_warm_server_ends_every_forked_process(tmp_path):
+    """The terminal's SIGINT reaches phantora and torchrun's agent, a stand-in whose forked agent
+    lives in the server's session: it is passed on, torchrun stops its workers (SIGTERM through
+    their stand-ins), and the run exits 130 with a valid trace and nothing left running."""
+    folder = tempfile.mkdtemp(prefix="pfs-")
+    try:
+        cmd = [sys.executable, "-m", "phantora.cli", "trace", "-o", str(tmp_path / "run.json"), "--", str(TORCHRUN),
+               "--nproc-per-node", "2", str(SCRIPTS / "dist_train_forever.py")]
+        env = dict(os.environ, **{DIR_ENV: folder}, PIDFILE_DIR=str(tmp_path))
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # its own process group, as a shell's foreground job
+        assert proc.stdout is not None
+        started, deadline = 0, time.monotonic() + 240
+        while started < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "the run ended before both workers started"
+            started += line.count("STARTED")
+        workers = [int((tmp_path / f"rank{r}.pid").read_text()) for r in range(2)]
+        assert all(w not in _children(proc.pid) for w in workers)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err[-3000:]
+        assert "run interrupted by SIGINT (Ctrl-C)" in err
+        assert check_chrome_trace(tmp_path / "run.json").ok
+        time.sleep(0.5)
+        assert not [w for w in workers if Path(f"/proc/{w}").exists()], "a forked worker outlived the run"
+    finally:
+        _stop_servers(folder)
