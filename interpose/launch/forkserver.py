@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from interpose.launch.handoff import FRESH_ENV  # a fresh restart is not handed back to its server
+from interpose.launch.warm import server_files
 
 
 @dataclass
@@ -107,21 +108,21 @@ def serve(command_fd: int, status_fd: int, prepared: dict[str, str] | str | None
     os._exit(0)
 
 
-def warm(socket_path: str, idle_s: float) -> RankStart:
+def warm(folder: str, key: str, idle_s: float) -> RankStart:
     """Prepare once, then fork one run's fork server per request until idle_s seconds pass
     with no run being served; returns only in a rank process."""
-    lock = open(socket_path + ".lock", "w")
+    sock, pid_file = server_files(folder, key)
+    lock = open(f"{sock}.lock", "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os._exit(0)  # another server has this key
-    if os.path.exists(socket_path):  # its last server's, which is gone (it held the lock)
-        os.unlink(socket_path)
+    if sock.exists():  # its last server's, which is gone (it held the lock)
+        sock.unlink()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(socket_path)
+    listener.bind(str(sock))
     listener.listen(64)
-    with open(socket_path[:-len(".sock")] + ".pid", "w") as f:
-        f.write(f"{os.getpid()}\n")
+    pid_file.write_text(f"{os.getpid()}\n")
     prepared: dict[str, str] | str
     try:
         prepared = _prepare()
@@ -138,8 +139,8 @@ def warm(socket_path: str, idle_s: float) -> RankStart:
         if runs:
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since > idle_s:
-            os.unlink(socket_path)
-            os.unlink(socket_path[:-len(".sock")] + ".pid")
+            sock.unlink()
+            pid_file.unlink()
             os._exit(0)
         try:
             conn, _ = listener.accept()

@@ -47,7 +47,8 @@ RUN_VARIABLES = RANK_VARIABLES | frozenset({
     "PHANTORA_SOCKET", "PHANTORA_CALL_TIMEOUT", "PHANTORA_VRAM", HOST_TIME_ENV, MASK_FRACTION_ENV, ROUTING_ENV,
     REPRESENTATIVES_ENV, "PYTEST_CURRENT_TEST"})
 
-_WARM_CODE = "import sys; from interpose.launch.forkserver import warm, run; run(warm(sys.argv[1], float(sys.argv[2])))"
+_WARM_CODE = ("import sys; from interpose.launch.forkserver import warm, run; "
+              "run(warm(sys.argv[1], sys.argv[2], float(sys.argv[3])))")
 
 
 def warm_key(interpreter: str, env: dict[str, str]) -> str:
@@ -92,7 +93,7 @@ def hand_to_warm_server(interpreter: str, env: dict[str, str], command_r: int, s
             return False
         if server is None or server.poll() is not None:  # none yet, or it lost the race for the key
             log = open(Path(folder) / f"{key}.log", "ab")
-            server = subprocess.Popen([interpreter, "-c", _WARM_CODE, str(path), env.get(IDLE_ENV, "120")],
+            server = subprocess.Popen([interpreter, "-c", _WARM_CODE, folder, key, env.get(IDLE_ENV, "120")],
                                       env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       stderr=log, start_new_session=True)
             log.close()
