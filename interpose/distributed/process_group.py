@@ -430,9 +430,7 @@ class SimProcessGroup(dist.ProcessGroup):
             unique = list(dict.fromkeys(keys))  # mirrored members share their representative's key
             posted = {k: store.get(k) for k in unique}
             blobs = [pickle.loads(posted[k]) for k in keys]
-            if store.add(f"{key}/read", 1) >= readers:
-                for k in [*unique, f"{key}/read"]:
-                    store.delete_key(k)
+            _read_by(store, key, unique, readers)
         except RuntimeError:  # torch.distributed.DistNetworkError: the store's host has exited
             return fallback
         return blobs
@@ -991,20 +989,19 @@ def _object_exchange(group: Any, kind: str, payload: bytes | None, root: int | N
             work = sim._collective("reduce", [placeholder], nbytes, root=members.index(root), reduce_op="sum")
         blobs = everyone if kind == "all_gather" or me == root else []
     work.wait()
-    _forget_exchange(store, key, [*members, *(f"{r}/mirrors" for r in members)], _processes(members))
+    try:  # the keys of every member, posted or not (a member posts its mirrors' only when it has some)
+        _read_by(store, key, [f"{key}/{r}{m}" for r in members for m in ("", "/mirrors")], _processes(members))
+    except RuntimeError:  # torch.distributed.DistNetworkError: rank 0, the store's host, has exited
+        pass
     return blobs
 
 
-def _forget_exchange(store: Any, key: str, names: list[Any], readers: int) -> None:
-    """Every running member calls this once its reads are done; the last deletes the exchange's
-    keys (`{key}/{name}`, those never posted included), so the store does not grow with the calls.
-    Rank 0 hosts the store and may have exited (the end of a script): nothing is left to clean."""
-    try:
-        if store.add(f"{key}/read", 1) >= readers:
-            for k in [*(f"{key}/{n}" for n in dict.fromkeys(names)), f"{key}/read"]:
-                store.delete_key(k)
-    except RuntimeError:  # torch.distributed.DistNetworkError: the store's host has exited
-        pass
+def _read_by(store: Any, key: str, keys: list[str], readers: int) -> None:
+    """Counts this reader of an exchange through the store; the last of `readers` deletes `keys`
+    and the count, so the store does not grow with the calls."""
+    if store.add(f"{key}/read", 1) >= readers:
+        for k in [*keys, f"{key}/read"]:
+            store.delete_key(k)
 
 
 def _derived_contributions(obj: Any, ranks: list[int]) -> dict[int, bytes]:

@@ -44,6 +44,11 @@ def forkable(orig_argv: list[str]) -> tuple[list[str], list[str]] | None:
     return options, args
 
 
+def path0_of(argv: list[str]) -> str:
+    """sys.path[0] of `python script.py` (the script's directory) or `python -m module` (cwd)."""
+    return os.getcwd() if argv[0] == "-m" else os.path.dirname(os.path.realpath(argv[0]))
+
+
 def hand_off() -> None:
     """Have the warm server run this process; returns only where this process must run itself."""
     if os.environ.pop(FRESH_ENV, None) is not None:  # before the program can see it
@@ -55,7 +60,7 @@ def hand_off() -> None:
     if command is None:
         return
     options, argv = command
-    path0 = os.getcwd() if argv[0] == "-m" else os.path.dirname(os.path.realpath(argv[0]))
+    path0 = path0_of(argv)
     command_r, command_w = os.pipe()
     status_r, status_w = os.pipe()
     try:

@@ -41,6 +41,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from interpose.launch.handoff import forkable, path0_of
 from interpose.launch.warm import DIR_ENV as WARM_DIR_ENV
 from interpose.launch.warm import RANK_VARIABLES, hand_to_warm_server
 
@@ -52,7 +53,7 @@ _SERVER_CODE = "import sys; from interpose.launch.forkserver import serve, run; 
 class ForkPlan:
     interpreter: str  # the command's interpreter, resolved on the ranks' PATH
     command: list[str]
-    path0: str  # sys.path[0] of `python script.py` (the script's directory) or `python -m` (cwd)
+    path0: str  # sys.path[0] of the command (handoff.path0_of)
     common_env: dict[str, str]  # what every rank's environment shares: the server's
     rank_envs: list[dict[str, str]]
 
@@ -67,14 +68,10 @@ def fork_plan(command: list[str], envs: list[dict[str, str]]) -> ForkPlan | None
     interpreter = shutil.which(command[0], path=envs[0].get("PATH"))
     if interpreter is None:
         return None
-    if command[1] == "-m":
-        if len(command) < 3 or command[2].startswith("-"):
-            return None
-        path0 = os.getcwd()
-    elif command[1].startswith("-") or not os.path.isfile(command[1]):
-        return None  # interpreter options, -c, stdin, a directory or zip
-    else:
-        path0 = os.path.dirname(os.path.realpath(command[1]))
+    found = forkable(command)
+    if found is None or found[0]:
+        return None  # interpreter options (-u included), -c, stdin, a directory or zip
+    path0 = path0_of(found[1])
     common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs[1:])}
     differing = set().union(*envs) - common.keys()
     if not differing <= RANK_VARIABLES:

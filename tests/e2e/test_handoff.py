@@ -21,6 +21,7 @@ from interpose.launch.warm import DIR_ENV, ROUTING_ENV
 from phantora.routing import ENV as PHANTORA_ROUTING_ENV
 from phantora.trace.check import check_chrome_trace
 
+from test_forkserver import _server_pids
 from test_trace_cli import ROOT, SCRIPTS
 
 RANK_SCRIPT = SCRIPTS / "forkserver_rank.py"
@@ -28,10 +29,10 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
 def _stop_servers(folder: str) -> None:
-    for pid_file in Path(folder).glob("*.pid"):
+    for pid in _server_pids(folder):
         try:
-            os.kill(int(pid_file.read_text()), signal.SIGTERM)
-        except (ProcessLookupError, ValueError):
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
             pass
 
 
