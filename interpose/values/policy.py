@@ -384,21 +384,26 @@ _EXACT_NAME = _exact.name
 
 
 class ExactInputs:
-    """Which of an op's arguments hold exact fills (_exact). An op that writes none of its
-    arguments leaves them as they are, so they are read when asked (most ops never ask); an op
-    that writes some (in place, out=) is asked about those as they were before it ran."""
+    """Which of an op's arguments hold exact fills (_exact), and their values. An op that writes
+    none of its arguments leaves them as they are, so they are read when asked (most ops never
+    ask); an op that writes some (in place, out=) is asked about those as they were before it
+    ran: a zero fill that index_put_ writes ones into is computed from its zeros."""
 
     __slots__ = ("before",)
 
-    def __init__(self, before: frozenset[int] | None = None) -> None:
-        self.before = before  # ids of the written arguments that were exact; None: nothing written
+    def __init__(self, before: dict[int, Number] | None = None) -> None:
+        self.before = before  # id -> value of the written arguments that were exact; None: nothing written
 
     def has(self, t: Any) -> bool:
         if self.before is not None and id(t) in self.before:
             return True
         return isinstance(t, FakeTensor) and _marked_exact(t)
 
-
+    def value(self, t: Any) -> Number:
+        """The fill's value as the op read it."""
+        if self.before is not None and id(t) in self.before:
+            return self.before[id(t)]
+        return value_of(t)
 
 
 READ_NOW = ExactInputs()  # no argument written by the op (or none exact): every one as it is now
@@ -408,8 +413,9 @@ def exact_inputs(func: Any, args: tuple, kwargs: dict) -> ExactInputs:
     """The op's arguments' exactness, taken before the op runs (see ExactInputs)."""
     if not _written_args(func):
         return READ_NOW
-    before = [id(t) for t in _written_tensors(func, args, kwargs) if isinstance(t, FakeTensor) and _marked_exact(t)]
-    return ExactInputs(frozenset(before)) if before else READ_NOW
+    before = {id(t): value_of(t) for t in _written_tensors(func, args, kwargs)
+              if isinstance(t, FakeTensor) and _marked_exact(t)}
+    return ExactInputs(before) if before else READ_NOW
 
 
 # --- shadows ----------------------------------------------------------------------------------
@@ -466,7 +472,7 @@ def _on_cpu(a: Any, is_fake: Callable[[Any], bool], exact: ExactInputs | None = 
                 return mask_inputs[-1]
             if exact is None or a.numel() > DERIVED_SHADOW_MAX_NUMEL or not exact.has(a):
                 raise _NoShadow
-            v = value_of(a)
+            v = exact.value(a)
             with real_cpu():
                 return torch.full(tuple(a.shape), v, dtype=a.dtype)
         return s
@@ -477,6 +483,25 @@ def _on_cpu(a: Any, is_fake: Callable[[Any], bool], exact: ExactInputs | None = 
     if isinstance(a, str) and a.startswith("cuda"):
         return "cpu"
     return a
+
+
+def _lacks_data(a: Any, is_fake: Callable[[Any], bool], exact: ExactInputs | None, masks_ok: bool) -> bool:
+    """Whether _on_cpu(a, ...) would find an input without data (_NoShadow), told without
+    copying anything to the CPU: an op one of whose inputs holds nothing (a scatter of
+    activations into a zero fill) then skips materializing its other, exact, inputs."""
+    if isinstance(a, torch.Tensor):
+        if not is_fake(a):
+            return a.device.type != "cpu"
+        if shadow_of(a) is not None:
+            return False
+        if a.numel() > DERIVED_SHADOW_MAX_NUMEL:
+            return True
+        if masks_ok and isinstance(_dists.get(a), masks.Mask):
+            return False
+        return exact is None or not exact.has(a)
+    if isinstance(a, (list, tuple)):
+        return any(_lacks_data(x, is_fake, exact, masks_ok) for x in a)
+    return False
 
 
 def _with_masks(a: Any) -> Any:
@@ -586,6 +611,8 @@ def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Callabl
         try:
             if func in _SHAPE_ONLY and args and isinstance(args[0], torch.Tensor) and shadow_of(args[0]) is None:
                 args = (_shape_stand_in(args[0]), *args[1:])
+            if _lacks_data(args, is_fake, exact, True) or _lacks_data(tuple(kwargs.values()), is_fake, exact, True):
+                raise _NoShadow
             mask_inputs: list[_MaskInput] = []
             cargs = _on_cpu(args, is_fake, exact, mask_inputs)
             ckwargs = {k: _on_cpu(v, is_fake, exact, mask_inputs) for k, v in kwargs.items()}
