@@ -1,12 +1,15 @@
 """Simulated GPUs far beyond the processes run: representative ranks (`--ranks auto`), issue 17.
 
-    python benchmarks/bench_scale.py [--gpus 8,64,128,1024,4096] [--titan 256,1024] [--only fsdp|titan]
+    python benchmarks/bench_scale.py [--gpus 8,64,128,1024,4096] [--titan 256,1024] [--moe 1024]
+                                     [--only fsdp|titan|megatron|moe]
     python benchmarks/bench_scale.py --equivalence [--equivalence-gpus 8,16,32,64]
 
 Rows:
 - FSDP2 Llama-style 8B (32 layers, dim 4096, 32 heads, 8 KV heads, SwiGLU 14336, vocab 128256,
   batch 1 x 8192; tests/e2e/scripts/fsdp2_llama_memory.py, plain PyTorch) on 8-GPU DGX H100
   nodes: one process stands for every rank.
+- TorchTitan 0.3.0 DeepSeek-V3 671B (MoE) with expert parallelism 64 over FSDP on every GPU, local
+  batch 1 x 4096, full activation checkpointing: two processes (rank 0 and a witness).
 - TorchTitan 0.3.0 Llama 3 8B with TP 8 x PP 4 x FSDP (local batch 8, seq 8192, its default
   Interleaved1F1B schedule, SAC, eager) through its own torchrun line: `--ranks auto`
   finds the pipeline stages (the run starts again with one representative per stage), so 5
@@ -130,7 +133,18 @@ def _titan_python() -> str | None:
     return python if probe.returncode == 0 else None
 
 
-def titan_row(gpus: int, tmp: Path, python: str) -> tuple[str, int, Run, Run, float]:
+TITAN_8B = ["--module", "llama3", "--config", "llama3_8b", "--parallelism.tensor_parallel_degree", "8",
+            "--parallelism.pipeline_parallel_degree", "4", "--training.local_batch_size", "8",
+            "--training.seq_len", "8192"]
+# DeepSeek-V3 671B (61 layers, 58 of them MoE: 256 routed experts, top-8, and one shared) with
+# expert parallelism 64 over FSDP across every GPU, TorchTitan's all-to-all dispatcher, full
+# activation checkpointing (NVIDIA's DGX Cloud recipe's layout, docs/moe.md), H100s.
+TITAN_671B_MOE = ["--module", "deepseek_v3", "--config", "deepseek_v3_671b", "--parallelism.expert_parallel_degree",
+                  "64", "--training.local_batch_size", "1", "--training.seq_len", "4096", "activation-checkpoint:full"]
+
+
+def titan_row(gpus: int, tmp: Path, python: str, name: str = "TorchTitan 8B TP8 x PP4 x FSDP",
+              config: list[str] = TITAN_8B) -> tuple[str, int, Run, Run, float]:
     """Its simulated step is step 2's on rank 0, between the optimizer kernels that end steps 1
     and 2: the runs' simulated ends also hold TorchTitan's start-up, whose simulated length
     varies from run to run (docs/scale.md)."""
@@ -139,22 +153,20 @@ def titan_row(gpus: int, tmp: Path, python: str) -> tuple[str, int, Run, Run, fl
     from frameworks.torchtitan.run import step_ends_us
 
     workdir = tmp / f"titan{gpus}"
-    workdir.mkdir()
+    workdir.mkdir(exist_ok=True)
     write_assets(workdir)
     env = dict(os.environ, HF_HOME=str(workdir / "hf"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     runs = []
     for steps in (1, 2):
         command = [str(Path(python).parent / "torchrun"), "--nnodes", str(gpus // 8), "--nproc-per-node", "8",
-                   "-m", "torchtitan.train", "--module", "llama3", "--config", "llama3_8b",
-                   "--training.steps", str(steps), "--training.disable_cuda_graphs",
-                   "--parallelism.tensor_parallel_degree", "8", "--parallelism.pipeline_parallel_degree", "4",
-                   "--training.local_batch_size", "8", "--training.seq_len", "8192",
+                   "-m", "torchtitan.train", *config[:4], "--training.steps", str(steps),
+                   "--training.disable_cuda_graphs", *config[4:],
                    "--hf_assets_path", "./tests/assets/tokenizer", "--dataloader.dataset", "c4_test"]
         runs.append(trace(command, ["--ranks", "auto"], workdir / f"run{steps}.json", workdir, env))
     if runs[1].trace_mib > 1024:  # a 4,096-GPU JSON trace does not fit in memory parsed: the runs' difference
-        return "TorchTitan 8B TP8 x PP4 x FSDP (*)", gpus, runs[0], runs[1], runs[1].simulated_ms - runs[0].simulated_ms
+        return f"{name} (*)", gpus, runs[0], runs[1], runs[1].simulated_ms - runs[0].simulated_ms
     ends = step_ends_us(workdir / "run2.json", 0, 2)
-    return "TorchTitan 8B TP8 x PP4 x FSDP", gpus, runs[0], runs[1], (ends[1] - ends[0]) / 1e3
+    return name, gpus, runs[0], runs[1], (ends[1] - ends[0]) / 1e3
 
 
 MEGATRON_8B = ["--tp", "8", "--pp", "4", "--virtual-pipeline-model-parallel-size", "2", "--num-layers", "32",
@@ -226,7 +238,8 @@ def main() -> None:
     ap.add_argument("--gpus", default="8,64,128,1024,4096", help="GPU counts of the FSDP2 rows")
     ap.add_argument("--titan", default="256,1024", help="GPU counts of the TorchTitan TP x PP x FSDP rows")
     ap.add_argument("--megatron", default="64,256,1024", help="GPU counts of the Megatron-Core TP x PP x DP rows")
-    ap.add_argument("--only", choices=("fsdp", "titan", "megatron"), default=None)
+    ap.add_argument("--moe", default="1024", help="GPU counts of the TorchTitan DeepSeek-V3 671B EP x FSDP rows")
+    ap.add_argument("--only", choices=("fsdp", "titan", "megatron", "moe"), default=None)
     ap.add_argument("--equivalence", action="store_true", help="compare --ranks auto with --ranks all instead")
     ap.add_argument("--equivalence-gpus", default="8,16,32,64")
     ap.add_argument("--examples", default=",".join(EXAMPLES), help="which examples --equivalence runs")
@@ -252,6 +265,9 @@ def main() -> None:
                 rows += [(lambda g, t, p=python: titan_row(g, t, p), int(g)) for g in args.titan.split(",") if g]
             if args.only in (None, "megatron"):
                 rows += [(lambda g, t, p=python: megatron_row(g, t, p), int(g)) for g in args.megatron.split(",") if g]
+            if args.only in (None, "moe"):
+                rows += [(lambda g, t, p=python: titan_row(g, t, p, "TorchTitan 671B MoE EP64 x FSDP", TITAN_671B_MOE),
+                          int(g)) for g in args.moe.split(",") if g]
         for make, gpus in rows:
             name, gpus, one, two, step_ms = make(gpus, tmp)
             step = f"{step_ms:11.1f}"

@@ -101,7 +101,8 @@ def main() -> int:
         with open(results_path, "a") as f:
             f.write(json.dumps(asdict(r)) + "\n")
         walls = " + ".join(f"{v.wall_s:.0f}" + ("!" if v.over_test_timeout else "") for v in r.variants)
-        print(f"{r.test:32} {r.ngpu}  {'PASS' if r.passed else 'FAIL'}  {walls:>12} s  "
+        cpus = " + ".join(f"{v.cpu_s:.0f}" for v in r.variants)
+        print(f"{r.test:32} {r.ngpu}  {'PASS' if r.passed else 'FAIL'}  {walls:>12} s  CPU {cpus:>12} s  "
               f"steps {_steps(r):12} {r.cause}", flush=True)
     total = time.monotonic() - start
     _table(results, args.timeout)
@@ -125,13 +126,14 @@ def _table(results: list[Result], timeout: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("test", "GPUs", "result", "wall s (per variant)", "steps logged", "cause",
+    table = Table("test", "GPUs", "result", "wall s (per variant)", "CPU s", "steps logged", "cause",
                   title=f"TorchTitan 0.3.0 integration tests (features) under phantora, {timeout:.0f} s per run")
     for r in results:
         walls = " + ".join(f"{v.wall_s:.0f}" + (" (> test timeout)" if v.over_test_timeout else "") for v in r.variants)
         if r.not_run:
             walls += f" ({r.not_run} not run)"
-        table.add_row(r.test, str(r.ngpu), "PASS" if r.passed else "FAIL", walls, _steps(r), r.cause)
+        table.add_row(r.test, str(r.ngpu), "PASS" if r.passed else "FAIL", walls,
+                      " + ".join(f"{v.cpu_s:.0f}" for v in r.variants), _steps(r), r.cause)
     Console(width=250).print(table)
 
 

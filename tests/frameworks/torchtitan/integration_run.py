@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shlex
 import signal
 import subprocess
@@ -132,6 +133,7 @@ class Variant:
     command: str  # the shell command run from the working directory
     returncode: int | None = None  # None: killed at the wall-time limit
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # CPU of the command and every process it waited for (getrusage), which load changes less
     log: str = ""
     trace: str = ""
     trace_written: bool = False
@@ -154,10 +156,12 @@ class Result:
     not_run: int = 0  # variants after the failing one (run_single_test stops there)
 
 
-def _run_shell(cmd: str, cwd: Path, env: dict[str, str], log: Path, timeout: float) -> tuple[int | None, float]:
+def _run_shell(cmd: str, cwd: Path, env: dict[str, str], log: Path, timeout: float) -> tuple[int | None, float, float]:
     """cmd in a shell as run_tests.py's _run_cmd runs it (stdout and stderr merged), into log; at
-    the timeout the whole process group ends (phantora, torchrun and the ranks under it)."""
+    the timeout the whole process group ends (phantora, torchrun and the ranks under it). Returns
+    the exit code, wall seconds and CPU seconds."""
     start = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(log, "w") as f:
         f.write(f"$ {cmd}\n")
         f.flush()
@@ -173,7 +177,9 @@ def _run_shell(cmd: str, cwd: Path, env: dict[str, str], log: Path, timeout: flo
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             rc = None
-    return rc, time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return rc, time.monotonic() - start, cpu
 
 
 def run_test(test: OverrideDefinitions, workdir: Path, env: dict[str, str], timeout: float,
@@ -188,7 +194,7 @@ def run_test(test: OverrideDefinitions, workdir: Path, env: dict[str, str], time
         trace, log = workdir / "traces" / f"{stem}.json", workdir / "logs" / f"{stem}.log"
         trace.unlink(missing_ok=True)
         v = Variant(i, phantora_command(test, tuple(args), workdir, trace, ranks), log=str(log), trace=str(trace))
-        v.returncode, v.wall_s = _run_shell(v.command, workdir, env, log, timeout)
+        v.returncode, v.wall_s, v.cpu_s = _run_shell(v.command, workdir, env, log, timeout)
         output = v.output
         v.trace_written = trace.exists()
         v.steps = steps_per_rank(output)
