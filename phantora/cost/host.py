@@ -85,7 +85,8 @@ class PythonOverhead:
     optimizer_param_ns: int = 9_600
     # torch.compile, once per compiled graph (forward and backward each). Not measured: the
     # order of what a GPU host takes with cold caches (Dynamo + AOTAutograd + Inductor ~1 s a
-    # graph, Triton compiling ~0.25 s a kernel across its compile workers).
+    # graph, Triton compiling ~0.25 s a kernel across its compile workers). A @triton.jit kernel
+    # the program launches itself pays the kernel's figure when Triton compiles it (first launch).
     compile_graph_ns: int = 1_000_000_000
     compile_kernel_ns: int = 250_000_000
 
@@ -116,6 +117,8 @@ def host_event_ns(kind: str, count: int, costs: PythonOverhead = PYTHON_OVERHEAD
         return costs.checkpoint_region_ns * count
     if kind == "compile":
         return costs.compile_graph_ns + costs.compile_kernel_ns * count
+    if kind == "triton_compile":
+        return costs.compile_kernel_ns * count
     if kind == "optimizer_step":
         return costs.optimizer_step_ns + costs.optimizer_param_ns * count
     raise ValueError(f"unknown host event {kind!r}")

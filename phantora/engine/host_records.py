@@ -298,7 +298,7 @@ class HostRecords:
         """Python work on the host the op stream does not show (module calls, hooks, ...)."""
         tl = st.timeline
         start = tl.host_ns
-        if kind == "compile":  # an assumed figure of its own (cost/host.py), not the fitted host model
+        if kind in ("compile", "triton_compile"):  # an assumed figure of its own (cost/host.py), not the fitted model
             tl.advance_host(host_event_ns(kind, count), "compile")
         elif self.timing.host_time == "counted" and kind == "checkpoint":
             tl.charge_host(PYTHON_WORK.checkpoint_region_ns, "op C++")  # its Python is counted
@@ -309,6 +309,9 @@ class HostRecords:
         if kind == "compile":  # once per compiled graph: host time, shown as such
             self.trace.host_slice(st.info.trace_pid, "torch.compile", start, tl.host_ns, "python",
                                   {"triton kernels generated": count, "modelled": "phantora/cost/host.py"})
+        elif kind == "triton_compile":  # a kernel the program launches itself, at its first launch
+            self.trace.host_slice(st.info.trace_pid, "triton compile", start, tl.host_ns, "python",
+                                  {"kernels": count, "modelled": "phantora/cost/host.py"})
         elif kind != "module_call":  # module calls are too many and too short to show one by one
             self.trace.host_slice(st.info.trace_pid, f"python: {kind}", start, tl.host_ns, "python", {"count": count})
 

@@ -164,7 +164,7 @@ def _routing(db: TraceDB) -> tuple[str | None, list[RoutingLayer]]:
 HOST_WAITS = {"wait": "waiting for the GPU", "data loading": "waiting for DataLoader workers"}
 HOST_USES = {"python": "Python (measured)", "python (modelled)": "Python (modelled)",
              "op C++": "ops' C++: bindings, autograd (modelled)", "launch": "dispatch and launches (modelled)",
-             "start-up": "start-up costs", "compile": "torch.compile", "sleep": "sleeps"}
+             "start-up": "start-up costs", "compile": "compiling (torch.compile, Triton)", "sleep": "sleeps"}
 # the program's Python as each --host-time mode charges it ("python" above is the measured one's)
 PYTHON_USE = {"counted": "Python (counted)", "measured": "Python (measured)"}
 
