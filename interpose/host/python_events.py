@@ -161,16 +161,23 @@ def install_python_events(rt: Any) -> None:
         return None
 
     stepping: list[int] = []  # id() of the optimizer whose steps mark training steps
+    nested: set[int] = set()  # id() of the optimizers stepped inside the outermost step under way
 
     def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         rt.in_optimizer -= 1
         if rt.in_optimizer:
+            nested.add(id(optimizer))
             return  # stepped inside another optimizer's step (TorchTitan's OptimizersContainer
             # is an Optimizer whose step steps one per model part): the outer one marks the step
         # Scripts with several optimizers (one per parameter set, or per pipeline stage) step
-        # each once per training step: the first one to step marks the steps.
+        # each once per training step: the first one to step marks the steps. A container that
+        # steps the one chosen takes its place: a checkpoint load steps the inner optimizers
+        # alone first (torch.distributed.checkpoint makes AdamW's state with one zero step).
         if not stepping:
             stepping.append(id(optimizer))
+        elif stepping[0] in nested:
+            stepping[0] = id(optimizer)
+        nested.clear()
         if stepping[0] == id(optimizer) and rt.active and rt.client.connected and rt.model_work_since_step:
             # A second step with no model work since the last (DeepSpeed ZeRO-1/2 steps its
             # optimizer once per parameter group: MoE experts are a group of their own) belongs

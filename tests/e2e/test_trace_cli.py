@@ -97,6 +97,18 @@ def test_a_container_of_optimizers_marks_one_step_per_training_step(tmp_path):
     assert steps == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
 
 
+def test_a_container_of_optimizers_marks_its_steps_after_a_checkpoint_stepped_the_inner_ones(tmp_path):
+    # A checkpoint load first steps the inner optimizers alone (DCP's zero step that makes AdamW's
+    # state): the first of them was taken as the one whose steps mark training steps, and the
+    # container's steps (which step it nested) marked none. TorchTitan resumed from a checkpoint
+    # showed 1 step for 10. That zero step marks a step of its own (the load), then one per
+    # training step.
+    proc, out = trace_script(tmp_path, str(SCRIPTS / "nested_optimizers.py"), "load")
+    assert proc.returncode == 0, proc.stderr
+    steps = [e["name"] for e in events(out) if e.get("ph") == "X" and e["tid"] == 2]
+    assert steps == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]
+
+
 @pytest.mark.slow
 def test_optimizer_steps_are_marked_as_profiler_steps(tmp_path):
     proc, out = trace_script(tmp_path, "examples/gpt_train.py", *SMALL_GPT)
