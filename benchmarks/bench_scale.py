@@ -140,11 +140,11 @@ TITAN_8B = ["--module", "llama3", "--config", "llama3_8b", "--parallelism.tensor
 # expert parallelism 64 over FSDP across every GPU, TorchTitan's all-to-all dispatcher, full
 # activation checkpointing (NVIDIA's DGX Cloud recipe's layout, docs/moe.md), H100s.
 TITAN_671B_MOE = ["--module", "deepseek_v3", "--config", "deepseek_v3_671b", "--parallelism.expert_parallel_degree",
-                  "64", "--training.local_batch_size", "1", "--training.seq_len", "4096", "activation-checkpoint:full"]
+                  "64", "--training.local_batch_size", "1", "--training.seq_len", "4096"]
 
 
 def titan_row(gpus: int, tmp: Path, python: str, name: str = "TorchTitan 8B TP8 x PP4 x FSDP",
-              config: list[str] = TITAN_8B) -> tuple[str, int, Run, Run, float]:
+              config: list[str] = TITAN_8B, subcommands: tuple[str, ...] = ()) -> tuple[str, int, Run, Run, float]:
     """Its simulated step is step 2's on rank 0, between the optimizer kernels that end steps 1
     and 2: the runs' simulated ends also hold TorchTitan's start-up, whose simulated length
     varies from run to run (docs/scale.md)."""
@@ -161,7 +161,8 @@ def titan_row(gpus: int, tmp: Path, python: str, name: str = "TorchTitan 8B TP8 
         command = [str(Path(python).parent / "torchrun"), "--nnodes", str(gpus // 8), "--nproc-per-node", "8",
                    "-m", "torchtitan.train", *config[:4], "--training.steps", str(steps),
                    "--training.disable_cuda_graphs", *config[4:],
-                   "--hf_assets_path", "./tests/assets/tokenizer", "--dataloader.dataset", "c4_test"]
+                   "--hf_assets_path", "./tests/assets/tokenizer", "--dataloader.dataset", "c4_test",
+                   *subcommands]  # last: options after a subcommand are the subcommand's
         runs.append(trace(command, ["--ranks", "auto"], workdir / f"run{steps}.json", workdir, env))
     if runs[1].trace_mib > 1024:  # a 4,096-GPU JSON trace does not fit in memory parsed: the runs' difference
         return f"{name} (*)", gpus, runs[0], runs[1], runs[1].simulated_ms - runs[0].simulated_ms
@@ -266,7 +267,8 @@ def main() -> None:
             if args.only in (None, "megatron"):
                 rows += [(lambda g, t, p=python: megatron_row(g, t, p), int(g)) for g in args.megatron.split(",") if g]
             if args.only in (None, "moe"):
-                rows += [(lambda g, t, p=python: titan_row(g, t, p, "TorchTitan 671B MoE EP64 x FSDP", TITAN_671B_MOE),
+                rows += [(lambda g, t, p=python: titan_row(g, t, p, "TorchTitan 671B MoE EP64 x FSDP", TITAN_671B_MOE,
+                                                                     ("activation-checkpoint:full",)),
                           int(g)) for g in args.moe.split(",") if g]
         for make, gpus in rows:
             name, gpus, one, two, step_ms = make(gpus, tmp)
