@@ -315,10 +315,16 @@ class Network:
         """Load on each link as piecewise-constant segments within [start_ns, end_ns), from
         the history still held (call before prune() forgets it). Segments of flows still
         running extend to their currently projected end."""
-        pieces_link, pieces_load, pieces_t0, pieces_t1 = [], [], [], []
+        pieces_link, pieces_load, pieces_t0, pieces_t1, counts = [], [], [], [], []
+        wanted = None
+        if links is not None:  # skip flows that touch none of them (with mirrored ranks, most)
+            wanted = np.zeros(len(self.topology.capacity), dtype=bool)
+            wanted[np.asarray(links, dtype=np.int64)] = True
         for fid in sorted(self._sim.flows):
             f = self._sim.flows[fid]
             if f.state == PENDING:
+                continue
+            if wanted is not None and not wanted[f.links].any():
                 continue
             for k, t0 in enumerate(f.seg_t):
                 if k + 1 < len(f.seg_t):
@@ -333,13 +339,14 @@ class Network:
                     continue
                 pieces_link.append(f.links)
                 pieces_load.append(f.coefs * f.seg_rate[k])
-                pieces_t0.append(np.full(len(f.links), a))
-                pieces_t1.append(np.full(len(f.links), b))
+                pieces_t0.append(a)
+                pieces_t1.append(b)
+                counts.append(len(f.links))
         if not pieces_link:
             return []
         link = np.concatenate(pieces_link)
         load = np.concatenate(pieces_load)
-        t0, t1 = np.concatenate(pieces_t0), np.concatenate(pieces_t1)
+        t0, t1 = np.repeat(np.asarray(pieces_t0), counts), np.repeat(np.asarray(pieces_t1), counts)
         if links is not None:
             keep = np.isin(link, np.asarray(links))
             link, load, t0, t1 = link[keep], load[keep], t0[keep], t1[keep]
