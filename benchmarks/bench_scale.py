@@ -159,8 +159,7 @@ def titan_row(gpus: int, tmp: Path, python: str, name: str = "TorchTitan 8B TP8 
     runs = []
     for steps in (1, 2):
         command = [str(Path(python).parent / "torchrun"), "--nnodes", str(gpus // 8), "--nproc-per-node", "8",
-                   "-m", "torchtitan.train", *config[:4], "--training.steps", str(steps),
-                   "--training.disable_cuda_graphs", *config[4:],
+                   "-m", "torchtitan.train", *config, "--training.steps", str(steps), "--training.disable_cuda_graphs",
                    "--hf_assets_path", "./tests/assets/tokenizer", "--dataloader.dataset", "c4_test",
                    *subcommands]  # last: options after a subcommand are the subcommand's
         runs.append(trace(command, ["--ranks", "auto"], workdir / f"run{steps}.json", workdir, env))

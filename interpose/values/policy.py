@@ -454,41 +454,11 @@ class _MaskInput:
         self.t = t
 
 
-def _on_cpu(a: Any, is_fake: Callable[[Any], bool], exact: ExactInputs | None = None,
-            mask_inputs: list[_MaskInput] | None = None) -> Any:
-    """a with every virtual tensor replaced by its data on the CPU: its shadow, or (for exact
-    memory, per `exact`) its value in every element; _NoShadow where neither is held. Masks
-    (masks.py) are left as _MaskInput in `mask_inputs` when given (_with_masks makes them)."""
-    if isinstance(a, torch.Tensor):
-        if not is_fake(a):
-            if a.device.type != "cpu":
-                raise _NoShadow
-            return a
-        s = shadow_of(a)
-        if s is None:
-            if mask_inputs is not None and a.numel() <= DERIVED_SHADOW_MAX_NUMEL and \
-                    isinstance(_dists.get(a), masks.Mask):
-                mask_inputs.append(_MaskInput(a))
-                return mask_inputs[-1]
-            if exact is None or a.numel() > DERIVED_SHADOW_MAX_NUMEL or not exact.has(a):
-                raise _NoShadow
-            v = exact.value(a)
-            with real_cpu():
-                return torch.full(tuple(a.shape), v, dtype=a.dtype)
-        return s
-    if isinstance(a, torch.device):
-        return torch.device("cpu") if a.type == "cuda" else a
-    if isinstance(a, (list, tuple)):
-        return type(a)(_on_cpu(x, is_fake, exact, mask_inputs) for x in a)
-    if isinstance(a, str) and a.startswith("cuda"):
-        return "cpu"
-    return a
-
-
-def _lacks_data(a: Any, is_fake: Callable[[Any], bool], exact: ExactInputs | None, masks_ok: bool) -> bool:
-    """Whether _on_cpu(a, ...) would find an input without data (_NoShadow), told without
-    copying anything to the CPU: an op one of whose inputs holds nothing (a scatter of
-    activations into a zero fill) then skips materializing its other, exact, inputs."""
+def _lacks_data(a: Any, is_fake: Callable[[Any], bool], exact: ExactInputs | None) -> bool:
+    """Whether an argument holds a tensor without data on the CPU: a real tensor elsewhere, or a
+    virtual one with neither a shadow, nor a mask's pattern, nor (per `exact`) an exact fill no
+    larger than DERIVED_SHADOW_MAX_NUMEL. Told before _on_cpu copies anything: an op one of whose
+    inputs holds nothing (a scatter of activations into a zero fill) makes no copy of the others."""
     if isinstance(a, torch.Tensor):
         if not is_fake(a):
             return a.device.type != "cpu"
@@ -496,12 +466,38 @@ def _lacks_data(a: Any, is_fake: Callable[[Any], bool], exact: ExactInputs | Non
             return False
         if a.numel() > DERIVED_SHADOW_MAX_NUMEL:
             return True
-        if masks_ok and isinstance(_dists.get(a), masks.Mask):
+        if isinstance(_dists.get(a), masks.Mask):
             return False
         return exact is None or not exact.has(a)
     if isinstance(a, (list, tuple)):
-        return any(_lacks_data(x, is_fake, exact, masks_ok) for x in a)
+        return any(_lacks_data(x, is_fake, exact) for x in a)
     return False
+
+
+def _on_cpu(a: Any, is_fake: Callable[[Any], bool], exact: ExactInputs | None, mask_inputs: list[_MaskInput]) -> Any:
+    """a, whose tensors all hold data (not _lacks_data), with every virtual tensor replaced by its
+    data on the CPU: its shadow, or an exact fill's value in every element. Masks (masks.py) are
+    left as _MaskInput in `mask_inputs` (_with_masks makes them)."""
+    if isinstance(a, torch.Tensor):
+        if not is_fake(a):
+            return a  # on the CPU
+        s = shadow_of(a)
+        if s is not None:
+            return s
+        if isinstance(_dists.get(a), masks.Mask):
+            mask_inputs.append(_MaskInput(a))
+            return mask_inputs[-1]
+        assert exact is not None
+        v = exact.value(a)
+        with real_cpu():
+            return torch.full(tuple(a.shape), v, dtype=a.dtype)
+    if isinstance(a, torch.device):
+        return torch.device("cpu") if a.type == "cuda" else a
+    if isinstance(a, (list, tuple)):
+        return type(a)(_on_cpu(x, is_fake, exact, mask_inputs) for x in a)
+    if isinstance(a, str) and a.startswith("cuda"):
+        return "cpu"
+    return a
 
 
 def _with_masks(a: Any) -> Any:
@@ -611,7 +607,7 @@ def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Callabl
         try:
             if func in _SHAPE_ONLY and args and isinstance(args[0], torch.Tensor) and shadow_of(args[0]) is None:
                 args = (_shape_stand_in(args[0]), *args[1:])
-            if _lacks_data(args, is_fake, exact, True) or _lacks_data(tuple(kwargs.values()), is_fake, exact, True):
+            if _lacks_data(args, is_fake, exact) or _lacks_data(tuple(kwargs.values()), is_fake, exact):
                 raise _NoShadow
             mask_inputs: list[_MaskInput] = []
             cargs = _on_cpu(args, is_fake, exact, mask_inputs)

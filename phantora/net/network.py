@@ -347,8 +347,8 @@ class Network:
         link = np.concatenate(pieces_link)
         load = np.concatenate(pieces_load)
         t0, t1 = np.repeat(np.asarray(pieces_t0), counts), np.repeat(np.asarray(pieces_t1), counts)
-        if links is not None:
-            keep = np.isin(link, np.asarray(links))
+        if wanted is not None:
+            keep = wanted[link]
             link, load, t0, t1 = link[keep], load[keep], t0[keep], t1[keep]
         # Loads are summed in integer units (_LOAD_UNITS per GB/s): every + cancels its - exactly,
         # so a level does not depend on which other segments were summed before it (on how

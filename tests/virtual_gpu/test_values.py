@@ -25,7 +25,12 @@ aten = torch.ops.aten
 
 
 class _ValueMode(TorchDispatchMode):
-    """What the observer (interpose/ops/observer.py) does with values, without a simulator."""
+    """What the observer (interpose/ops/observer.py) does with values, without a simulator; with
+    `exact`, exact fills take part in shadows as the observer passes them (values.exact_inputs)."""
+
+    def __init__(self, exact: bool = False) -> None:
+        super().__init__()
+        self.exact = exact
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -33,9 +38,11 @@ class _ValueMode(TorchDispatchMode):
             return values.scalar_value(args[0])
         if func is aten.is_nonzero.default and values.is_virtual(args[0]):
             return bool(values.scalar_value(args[0]))
+        exact = values.exact_inputs(func, args, kwargs) if self.exact else None
         out = func(*args, **kwargs)
-        values.note_result(func, args, kwargs, out)
-        values.note_shadow(func, args, kwargs, out, lambda t: isinstance(t, FakeTensor), unset_fake_temporarily)
+        values.note_result(func, args, kwargs, out, exact or values.READ_NOW)
+        values.note_shadow(func, args, kwargs, out, lambda t: isinstance(t, FakeTensor), unset_fake_temporarily,
+                           exact)
         return out
 
 
@@ -165,19 +172,6 @@ def test_the_cpu_generator_state_is_a_shadow() -> None:
     assert torch.equal(back, state)
 
 
-class _ExactMode(_ValueMode):
-    """_ValueMode with exact fills taking part, as the observer passes them (values.exact_inputs)."""
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        exact = values.exact_inputs(func, args, kwargs)
-        out = func(*args, **kwargs)
-        values.note_result(func, args, kwargs, out, exact)
-        values.note_shadow(func, args, kwargs, out, lambda t: isinstance(t, FakeTensor), unset_fake_temporarily,
-                           exact)
-        return out
-
-
 def test_a_fill_is_copied_to_the_cpu_only_when_every_other_input_holds_data(monkeypatch: Any) -> None:
     """index_put_ into a zero fill at rows that hold data: with values that hold data too (ones)
     the result is computed on the CPU; with activations that hold none (randn) nothing can be, and
@@ -188,7 +182,7 @@ def test_a_fill_is_copied_to_the_cpu_only_when_every_other_input_holds_data(monk
     monkeypatch.setattr(torch, "full", lambda size, *a, **k: made.append(tuple(size)) or full(size, *a, **k))
 
     def scatter(source: Callable[..., torch.Tensor]) -> torch.Tensor:
-        with FakeTensorMode(allow_non_fake_inputs=True), _ExactMode():
+        with FakeTensorMode(allow_non_fake_inputs=True), _ValueMode(exact=True):
             buf = torch.zeros(4096, 256)
             rows = torch.arange(0, 4096, 2)
             buf.index_put_((rows,), source(2048, 256))
