@@ -15,6 +15,7 @@ import datetime as _dt
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -173,12 +174,18 @@ def rank_env(run: TraceRun, rank: int, master_port: int, run_id: str) -> dict[st
     }
 
 
-def _free_port() -> int:
-    import socket
+def _reserve_port() -> socket.socket:
+    """A port for rank 0's c10d store, held until the run ends.
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    The socket stays bound (SO_REUSEADDR, never listening), so no other process's bind(0) or
+    outgoing connection is given this port while rank 0 starts up (seconds: it imports torch
+    first), yet rank 0's TCPStore, which also sets SO_REUSEADDR, can bind and listen on it.
+    Choosing a free port and closing it at once, as before, let a parallel job take the port
+    in that window (EADDRINUSE in rank 0, seen in CI)."""
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))
+    return holder
 
 
 class CommandNotFound(FileNotFoundError):
@@ -246,12 +253,14 @@ def _trace_once(run: TraceRun) -> TraceResult:
         ranks.stop_all(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    port_holder: socket.socket | None = None
     try:
         base_env = child_env(run, server.socket_path)
         if run.nproc_per_node is None:
             envs = [base_env]
         else:
-            port, run_id = _free_port(), f"phantora-{os.getpid()}"
+            port_holder = _reserve_port()
+            port, run_id = port_holder.getsockname()[1], f"phantora-{os.getpid()}"
             assert roles is not None
             if roles.mirrored:
                 base_env[REPRESENTATIVES_ENV] = roles.env_value()
@@ -273,6 +282,8 @@ def _trace_once(run: TraceRun) -> TraceResult:
                 p.wait()
         for s, h in old_handlers.items():
             signal.signal(s, h)
+        if port_holder is not None:
+            port_holder.close()
         progress.close()
         server.close()
         if server.failure is not None:
