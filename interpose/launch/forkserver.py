@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from interpose.launch.handoff import FRESH_ENV  # a fresh restart is not handed back to its server
-from interpose.launch.warm import server_files
+from interpose.launch.warm import STDERR_ENV, STDOUT_ENV, server_files
 
 
 @dataclass
@@ -100,6 +100,7 @@ def serve(command_fd: int, status_fd: int, prepared: dict[str, str] | str | None
                 os.close(fd)
             status.close()
             env = dict(shared_env, **own)
+            open_rank_streams(env)
             import_env = dict(env, **{k: v for k, v in added.items() if k not in env})
             return RankStart(request["argv0"], request["argv"], request.get("options", []), env, import_env)
         running.add(pid)
@@ -233,6 +234,18 @@ def _read_line(fd: int) -> bytes:
             raise EOFError("the launcher closed the fork server's pipe")
         data += chunk
     return data
+
+
+def open_rank_streams(env: dict[str, str]) -> None:
+    """This rank's stdout and stderr where torchrun's --redirects, --tee or --local-ranks-filter
+    put them (phantora/simulator/worker_logs.py): a file, or os.devnull, opened as torch's agent
+    opens it for its worker ("w"); the variables leave `env` before the program sees it."""
+    for variable, fd in ((STDOUT_ENV, 1), (STDERR_ENV, 2)):
+        path = env.pop(variable, "")
+        if path:
+            opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            os.dup2(opened, fd)
+            os.close(opened)
 
 
 def run(start: RankStart) -> None:

@@ -32,8 +32,14 @@ DIR_ENV = "PHANTORA_FORK_SERVER_DIR"
 IDLE_ENV = "PHANTORA_FORK_SERVER_IDLE_S"
 CONNECT_S = 30.0  # to reach a server just started: it listens before it imports torch
 
+# Where a rank's stdout and stderr go when torchrun's options send them to a file or nowhere
+# (phantora/simulator/worker_logs.py): the rank process opens it at its start and removes the
+# variable before the program runs.
+STDOUT_ENV = "PHANTORA_RANK_STDOUT"
+STDERR_ENV = "PHANTORA_RANK_STDERR"
 # The variables rank_env (phantora/simulator/launch.py) gives each rank its own value of.
-RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK"})
+RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_ERROR_FILE", STDOUT_ENV,
+                            STDERR_ENV})
 # What differs between processes that a warm server may serve alike, because nothing reads them
 # while torch is imported (tests/e2e/test_forkserver.py): the rest of torchrun's variables
 # (less OMP_NUM_THREADS, which OpenMP reads when torch loads it; TORCHELASTIC_ERROR_FILE is

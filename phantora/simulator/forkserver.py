@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from interpose.launch.handoff import forkable, path0_of
 from interpose.launch.warm import DIR_ENV as WARM_DIR_ENV
-from interpose.launch.warm import RANK_VARIABLES, hand_to_warm_server
+from interpose.launch.warm import RANK_VARIABLES, STDERR_ENV, STDOUT_ENV, hand_to_warm_server
 
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?")
 _SERVER_CODE = "import sys; from interpose.launch.forkserver import serve, run; run(serve(int(sys.argv[1]), int(sys.argv[2])))"
@@ -89,7 +89,21 @@ def start_rank_processes(command: list[str], envs: list[dict[str, str]]) -> Iter
             yield from server.processes
             return
     for env in envs:
-        yield subprocess.Popen(command, env=env)
+        yield _popen_rank(command, env)
+
+
+def _popen_rank(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """A rank started on its own, its streams where STDOUT_ENV / STDERR_ENV say (as the fork
+    server's open_rank_streams puts a forked rank's)."""
+    env = dict(env)
+    paths = [env.pop(STDOUT_ENV, ""), env.pop(STDERR_ENV, "")]
+    files = [open(p, "w") if p else None for p in paths]  # noqa: SIM115 - the child holds them
+    try:
+        return subprocess.Popen(command, env=env, stdout=files[0], stderr=files[1])
+    finally:
+        for f in files:
+            if f is not None:
+                f.close()
 
 
 class ForkServer:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import interpose
 from interpose.host.host_time import ENV as HOST_TIME_ENV
+from interpose.launch.warm import STDERR_ENV, STDOUT_ENV
 from phantora import __version__
 from phantora.cost import EstimatorChoice, choose_estimator
 from phantora.cost import host_bench
@@ -44,7 +45,8 @@ from phantora.simulator.failure import SimulatorFailure
 from phantora.simulator.forkserver import RankProcess, start_rank_processes
 from phantora.simulator.progress import Progress
 from phantora.simulator.server import SimulatorServer
-from phantora.simulator.torchrun import parse_torchrun
+from phantora.simulator.torchrun import WorkerOutput, parse_torchrun
+from phantora.simulator.worker_logs import Tails, worker_outputs
 from phantora.trace import TeeSink, TraceSink, open_sink
 from phantora.trace.kineto import KinetoExport, KinetoSink
 
@@ -84,6 +86,7 @@ class TraceRun:
     mask_fraction: float = DEFAULT_MASK_FRACTION  # --mask-fraction: comparisons on unknown data (phantora/mask_fraction.py)
     host_time: str = DEFAULT_HOST_TIME  # --host-time: the program's Python counted, measured here, or modelled (timeline.py)
     startup_costs: bool = True  # --startup-costs: a fresh process's one-off costs (phantora/cost/startup.py)
+    worker_output: WorkerOutput | None = None  # an adopted torchrun line's output options (worker_logs.py)
 
 
 MIRROR_FROM_RANKS = 65  # --ranks default: every rank runs up to 64 ranks, rank 0 stands for the rest above
@@ -109,7 +112,7 @@ def adopt_torchrun(run: TraceRun) -> None:
         raise LaunchError(f"phantora --nnodes {run.cluster.nodes} and torchrun --nnodes {line.nnodes} disagree; "
                           "torchrun's is enough")
     run.cluster = replace(run.cluster, nodes=line.nnodes)
-    run.command, run.nproc_per_node = line.worker, nproc
+    run.command, run.nproc_per_node, run.worker_output = line.worker, nproc, line.output
 
 
 def rank_roles(run: TraceRun) -> RankRoles | None:
@@ -163,10 +166,11 @@ def rank_env(run: TraceRun, rank: int, master_port: int, run_id: str) -> dict[st
     assert run.nproc_per_node is not None and run.cluster is not None
     nproc, nnodes = run.nproc_per_node, run.cluster.nodes
     node, local = divmod(rank, nproc)
+    role = run.worker_output.role if run.worker_output is not None else "default"
     return {
         "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(nproc * nnodes),
         "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": str(node), "GROUP_WORLD_SIZE": str(nnodes),
-        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(nproc * nnodes), "ROLE_NAME": "default",
+        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(nproc * nnodes), "ROLE_NAME": role,
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
         "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_USE_AGENT_STORE": "False", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
@@ -254,6 +258,7 @@ def _trace_once(run: TraceRun) -> TraceResult:
 
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     port_holder: socket.socket | None = None
+    tails: Tails | None = None
     try:
         base_env = child_env(run, server.socket_path)
         if run.nproc_per_node is None:
@@ -265,6 +270,12 @@ def _trace_once(run: TraceRun) -> TraceResult:
             if roles.mirrored:
                 base_env[REPRESENTATIVES_ENV] = roles.env_value()
             envs = [dict(base_env, **rank_env(run, r, port, run_id)) for r in roles.processes]
+            if run.worker_output is not None and run.worker_output.redirected():
+                outputs = worker_outputs(run.worker_output, run.nproc_per_node, list(roles.processes), run_id)
+                for env, r in zip(envs, roles.processes):  # each rank opens its own (open_rank_streams)
+                    env.update({STDOUT_ENV: outputs[r].stdout, STDERR_ENV: outputs[r].stderr,
+                                "TORCHELASTIC_ERROR_FILE": outputs[r].error_file})
+                tails = Tails(outputs)
         server.ranks_expected = len(envs) if run.nproc_per_node is not None else 0
         try:
             for proc in start_rank_processes(run.command, envs):  # from a fork server where sound
@@ -280,6 +291,8 @@ def _trace_once(run: TraceRun) -> TraceResult:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        if tails is not None:
+            tails.stop()
         for s, h in old_handlers.items():
             signal.signal(s, h)
         if port_holder is not None:

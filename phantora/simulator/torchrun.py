@@ -5,7 +5,8 @@ it is: its agent would wait for 127 other nodes' agents. Where phantora must sta
 itself (several nodes, or only representatives: --ranks), it reads the line with the parser of
 the torch that torchrun belongs to (torch.distributed.run.get_args_parser, run in torchrun's own
 interpreter, so flags mean what they mean to that release) and starts each worker with the
-environment torchrun would give it (launch.rank_env).
+environment torchrun would give it (launch.rank_env), its output where torchrun's options put it
+(worker_logs.py).
 """
 
 from __future__ import annotations
@@ -28,10 +29,26 @@ class TorchrunLineError(ValueError):
 
 
 @dataclass(frozen=True)
+class WorkerOutput:
+    """torchrun's options for its workers' output (torch/distributed/run.py), as given."""
+    python: str  # torchrun's interpreter: its torch places the log files
+    log_dir: str | None  # --log-dir
+    redirects: str  # --redirects / -r: "0".."3" or "0:1,1:2" per local rank
+    tee: str  # --tee / -t, as --redirects
+    local_ranks_filter: frozenset[int] | None  # --local-ranks-filter: the local ranks shown on the console
+    role: str  # --role: ROLE_NAME, and the console prefix of tee'd lines
+
+    def redirected(self) -> bool:
+        """Whether any stream leaves the console (else workers simply inherit it)."""
+        return self.redirects != "0" or self.tee != "0" or self.local_ranks_filter is not None
+
+
+@dataclass(frozen=True)
 class TorchrunLine:
     nnodes: int
     nproc_per_node: int | None  # None: torchrun's "gpu"/"auto" (one per GPU of the node)
     worker: list[str]  # the command each worker runs: [python, script, ...] or [python, -m, module, ...]
+    output: WorkerOutput
 
 
 def _interpreter(command: list[str]) -> tuple[str, list[str]] | None:
@@ -74,4 +91,16 @@ def parse_torchrun(command: list[str]) -> TorchrunLine | None:
         worker = [python, "-m", script, *script_args]
     else:
         worker = [python, script, *script_args]
-    return TorchrunLine(int(low), int(nproc) if nproc.isdigit() else None, worker)
+    return TorchrunLine(int(low), int(nproc) if nproc.isdigit() else None, worker, _worker_output(python, a))
+
+
+def _worker_output(python: str, a: dict) -> WorkerOutput:
+    ranks = None
+    if a.get("local_ranks_filter"):
+        try:  # as torch/distributed/run.py config_from_args reads it
+            ranks = frozenset(map(int, a["local_ranks_filter"].split(",")))
+        except ValueError:
+            raise TorchrunLineError("--local_ranks_filter must be a comma-separated list of integers e.g. "
+                                    "--local_ranks_filter=0,1,2") from None
+    return WorkerOutput(python, a.get("log_dir"), str(a.get("redirects") or "0"), str(a.get("tee") or "0"), ranks,
+                        str(a.get("role") or "default"))
