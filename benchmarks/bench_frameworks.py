@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.frameworks import Case, Row  # noqa: E402
 
-STACKS = ("torchtitan", "megatron", "deepspeed", "huggingface", "lightning", "pytorch")
+STACKS = ("torchtitan", "megatron", "megatron_lm", "deepspeed", "huggingface", "lightning", "pytorch")
 
 
 def _cases(stacks: list[str]) -> list[Case]:
