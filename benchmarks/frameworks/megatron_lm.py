@@ -55,7 +55,7 @@ CONFIGS: dict[str, list[str]] = {
         "--tensor-model-parallel-size", "2", "--sequence-parallel", "--fp8-format", "hybrid", *DIST_OPT],
     "TE spec, MoE 8 experts top-2, EP4 x DP2, alltoall, grouped GEMM": [
         "--num-experts", "8", "--moe-router-topk", "2", "--expert-model-parallel-size", "4",
-        "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm", *DIST_OPT],
+        "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm", "--disable-bias-linear", *DIST_OPT],
     "local spec + Apex, TP2 x PP2 x DP2, SP": [
         "--transformer-impl", "local", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
         "--sequence-parallel", *DIST_OPT],
@@ -82,7 +82,9 @@ def _run(config: str, args: list[str], work: Path) -> Row:
     wall_s = time.monotonic() - start
     iterations = {int(n): float(ms) for n, ms in _ITERATION.findall(proc.stdout + proc.stderr)}
     if proc.returncode != 0 or len(iterations) != ITERS:
-        raise RuntimeError(f"exit {proc.returncode}, {len(iterations)} iteration lines: {proc.stderr[-1500:]}")
+        errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "Error: " in line]
+        raise RuntimeError(f"exit {proc.returncode}, {len(iterations)} iteration lines; first error: "
+                           f"{errors[0] if errors else proc.stderr[-1500:]}")
     summary = summarize(load(trace))
     steady = [iterations[n] for n in range(STEADY_FROM, ITERS + 1)]
     iteration_ms = sum(steady) / len(steady)
