@@ -12,12 +12,13 @@ their futures in C++) are waited for at the end of the backward pass that issued
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,21 @@ from phantora import protocol as P
 from phantora.roles import ENV as RanksEnv, RankRoles
 
 _rt: Any = None
+
+
+@contextlib.contextmanager
+def _phantoras_own() -> Iterator[None]:
+    """Values carried through the store are phantora's work, not the program's: on a GPU they
+    are simply in the tensors. Pickling them runs torch's Python (and what a framework put in
+    its place: Megatron-Core's torch.storage._load_from_bytes is a torch.load, ~30,000
+    instructions a tensor), which the counted host must not charge to the program. Whether a
+    value is read at the collective or at its first use depends on when the other ranks posted,
+    so charging it made runs differ."""
+    _rt.python_time.enter()
+    try:
+        yield
+    finally:
+        _rt.python_time.exit()
 SIMULATED_NCCL_VERSION = (2, 27, 5)  # what torch.cuda.nccl.version() reports under phantora
 _groups: dict[str, "SimProcessGroup"] = {}  # group name -> its simulated backend
 _live_works: dict[int, "SimWork"] = {}  # work id -> work, until waited (oldest dropped past the cap)
@@ -417,7 +433,7 @@ class SimProcessGroup(dist.ProcessGroup):
         return keys, lambda: self._collect(key, keys, _processes(self.global_ranks), [mine] * len(keys))
 
     def _post(self, key: str, mine: list[_Held]) -> None:
-        with values.real_cpu():
+        with _phantoras_own(), values.real_cpu():
             c10d._get_default_store().set(key, pickle.dumps(mine))
 
     def _collect(self, key: str, keys: list[str], readers: int, fallback: list[list[_Held]]) -> list[list[_Held]]:
@@ -427,10 +443,11 @@ class SimProcessGroup(dist.ProcessGroup):
         every member is then taken to have contributed what this one did (`fallback`)."""
         store = c10d._get_default_store()
         try:
-            unique = list(dict.fromkeys(keys))  # mirrored members share their representative's key
-            posted = {k: store.get(k) for k in unique}
-            blobs = [pickle.loads(posted[k]) for k in keys]
-            _read_by(store, key, unique, readers)
+            with _phantoras_own():
+                unique = list(dict.fromkeys(keys))  # mirrored members share their representative's key
+                posted = {k: store.get(k) for k in unique}
+                blobs = [pickle.loads(posted[k]) for k in keys]
+                _read_by(store, key, unique, readers)
         except RuntimeError:  # torch.distributed.DistNetworkError: the store's host has exited
             return fallback
         return blobs

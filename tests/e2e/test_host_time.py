@@ -6,6 +6,7 @@ wait for them; and a fresh process's first step pays its start-up costs."""
 from __future__ import annotations
 
 import dis
+import re
 import json
 import subprocess
 import sys
@@ -166,3 +167,19 @@ def test_the_first_step_pays_the_start_up_costs_and_later_steps_do_not(tmp_path)
     host = summarize(load(str(out))).host
     assert host is not None and host.first_step_startup[0][0] in {"kernel module load", "CUDA context creation"}
 
+
+
+def test_values_phantora_carries_between_ranks_are_not_the_programs_python(tmp_path):
+    """An all-reduce's values travel through the c10d store, pickled, only under phantora; a
+    framework's replacement of torch.storage._load_from_bytes (Megatron-Core's torch.load) ran
+    when they were unpickled and was counted as the program's Python, at the collective or at the
+    value's first use depending on when the other rank posted (runs of Megatron-LM differed by
+    ~1 ms of Python a step). The same Python run by the program itself counts."""
+    proc, _ = trace(tmp_path, str(SCRIPTS / "store_values_unpickled.py"), options=(*COUNTED, "--nproc-per-node", "2"))
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("rank ")]
+    assert len(lines) == 2, proc.stdout
+    for line in lines:
+        spin_ms, read_ms, calls = (float(v) for v in re.findall(r"([\d.]+) (?:ms|unpickled)", line))
+        assert calls >= 1, line  # the premise: the values were unpickled through the replaced function
+        assert spin_ms > 5, line  # the program's own spin counts
+        assert read_ms < spin_ms / 5, line
