@@ -67,14 +67,19 @@ def _interpreter(command: list[str]) -> tuple[str, list[str]] | None:
     return None
 
 
+def torch_only_env() -> dict[str, str]:
+    """The environment to run torch's own code in torchrun's interpreter: not interposed."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def parse_torchrun(command: list[str]) -> TorchrunLine | None:
     """The torchrun line in `command`, or None if `command` is not torchrun."""
     found = _interpreter(command)
     if found is None:
         return None
     python, args = found
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the parser only, not interposed
-    proc = subprocess.run([python, "-c", _PARSE, *args], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run([python, "-c", _PARSE, *args], capture_output=True, text=True, env=torch_only_env(),
+                          timeout=120)
     if proc.returncode != 0:
         raise TorchrunLineError(f"torchrun's argument parser refused the line: {proc.stderr.strip()[-800:]}")
     a = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from string import Template
 from typing import TextIO
 
-from phantora.simulator.torchrun import TorchrunLineError, WorkerOutput
+from phantora.simulator.torchrun import TorchrunLineError, WorkerOutput, torch_only_env
 
 PREFIX_TEMPLATE_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 TAIL_INTERVAL_S = 0.1  # TailLog's default
@@ -67,9 +67,8 @@ def worker_outputs(output: WorkerOutput, nproc: int, ranks: list[int], run_id: s
     arg = {"nodes": nodes, "nproc": nproc, "run_id": run_id, "log_dir": output.log_dir,
            "redirects": output.redirects, "tee": output.tee,
            "filter": sorted(output.local_ranks_filter) if output.local_ranks_filter is not None else None}
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # torch's own code only, not interposed
-    proc = subprocess.run([output.python, "-c", _REIFY, json.dumps(arg)], capture_output=True, text=True, env=env,
-                          timeout=120)
+    proc = subprocess.run([output.python, "-c", _REIFY, json.dumps(arg)], capture_output=True, text=True,
+                          env=torch_only_env(), timeout=120)
     if proc.returncode != 0:
         raise TorchrunLineError(f"torchrun's log options (--log-dir {output.log_dir}, --redirects {output.redirects}, "
                                 f"--tee {output.tee}) were refused: {proc.stderr.strip()[-800:]}")
