@@ -307,7 +307,11 @@ def parse_attention(sig: OpSignature) -> AttentionCall:
 
 
 def attention(sig: OpSignature, ctx: CostContext) -> OpCost:
-    call = parse_attention(sig)
+    return backend_attention_cost(parse_attention(sig), ctx)
+
+
+def backend_attention_cost(call: AttentionCall, ctx: CostContext) -> OpCost:
+    """The kernels of `call.backend` ("flash", "cudnn", "efficient") for one fused attention call."""
     fwd_name, bwd_name = KERNEL_NAMES.get(call.backend, KERNEL_NAMES["flash"])
     prefix = bwd_name.split("_")[0]
     return _fused_attention_cost(call, ctx, fwd_name,

@@ -363,6 +363,8 @@ QUALIFIED_FAMILIES: dict[str, Family] = {
     "nvte::dequantize": Family("copy", transformer_engine.dequantize),
     "nvte::amax_and_scale_update": Family("pointwise", transformer_engine.amax_and_scale_update),
     "nvte::rope": Family("pointwise", transformer_engine.rope),
+    "nvte::fused_attn_fwd": Family("attention", transformer_engine.fused_attn),
+    "nvte::fused_attn_bwd": Family("attention", transformer_engine.fused_attn),
     "nvte::multi_tensor_scale": Family("foreach", transformer_engine.multi_tensor_scale),
     "nvte::multi_tensor_l2norm": Family("foreach", transformer_engine.multi_tensor_l2norm),
 }

@@ -15,6 +15,8 @@ schemas there). They are timed with the models of the kernels they are, on the s
   dgamma (and dbeta), one row per SM, are reduced by a second, finalize kernel.
 - nvte::activation / activation_bwd: elementwise kernels streaming their tensors (and the bias
   gradient's column sums, fused in TE's dbias_d* kernels, written once).
+- nvte::fused_attn_fwd / fused_attn_bwd: cuDNN's fused attention, timed as torch's cuDNN SDPA
+  kernels (attention.py) on the shape the extension read from TE's layout.
 - nvte::softmax_fwd / softmax_bwd: TE's (Megatron's) warp softmax kernels keep a row in registers:
   the scores (and the mask) read once and the probabilities written once; backward reads dy and
   y once and writes dx.
@@ -22,6 +24,7 @@ schemas there). They are timed with the models of the kernels they are, on the s
 
 from __future__ import annotations
 
+from phantora.cost.attention import AttentionCall, AttentionShape, backend_attention_cost
 from phantora.cost.gemm import (OPERAND_STREAMING_EFFICIENCY, GemmShape, gemm_kernel, gemm_kernel_name,
                                 grouped_gemm_compute_ns)
 from phantora.cost.normalization import FLOPS_PER_ELEMENT as NORM_FLOPS_PER_ELEMENT
@@ -192,6 +195,19 @@ def rope(sig: OpSignature, ctx: CostContext) -> OpCost:
     x, freqs, y, backward = sig.args[:4]
     name = "transformer_engine::fused_rope_backward_kernel" if backward else "transformer_engine::fused_rope_forward_kernel"
     return single(streaming_kernel(name, ctx.gpu, _bytes(x, freqs, y), 4.0 * x.numel))
+
+
+def fused_attn(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::fused_attn_fwd / _bwd: cuDNN's fused flash attention, timed as torch's cuDNN SDPA
+    kernels on the same shape (attention.py: the main loop over (query block, key block) pairs,
+    backward's dO.O row sums and dQ conversion). Read and written: q, k, v, the bias, o and the
+    statistics (backward also do, dq, dk, dv, dbias); not the workspace, which the dq accumulation
+    inside the main loop stands for."""
+    backward = sig.name == "nvte::fused_attn_bwd"
+    tensors = [t for t in sig.args[:10 if backward else 6] if isinstance(t, TensorMeta)]
+    batch, heads, seq_q, seq_kv, d_qk, d_v, causal = sig.args[-7:]
+    shape = AttentionShape(batch, heads, seq_q, seq_kv, d_qk, d_v, bool(causal))
+    return backend_attention_cost(AttentionCall("cudnn", shape, sig.args[0].dtype, tuple(tensors), backward), ctx)
 
 
 def multi_tensor_scale(sig: OpSignature, ctx: CostContext) -> OpCost:

@@ -13,7 +13,8 @@ raise AttributeError as there.
 Modelled: GEMMs through cuBLASLt (generic_gemm: BF16/FP16 and per-tensor FP8 operands, FP8 read
 in the TN form Hopper needs, with bias, GELU and dbias/dGELU epilogues, accumulation into the
 output; te_general_grouped_gemm for GroupedLinear), LayerNorm and RMSNorm forward and backward, the activations with their backward and fused
-bias gradient, the scaled (masked) softmax kernels of TE's unfused attention, MXFP8 (the tensors
+bias gradient, the scaled (masked) softmax kernels of TE's unfused attention, its fused attention (cuDNN's
+BF16/FP16 sub-backend, attention.py), MXFP8 (the tensors
 from the quantizer's own buffer description, one cast kernel per quantization, GEMMs on the block
 scales), and per-tensor FP8
 scaling (Float8Quantizer for delayed scaling, Float8CurrentScalingQuantizer): the FP8 tensors the
@@ -23,8 +24,7 @@ current scaling (with its amax all-reduce), and the delayed-scaling recipe's ama
 FP8 block scaling (Float8BlockScaling: the same cast op with 1x128 / 128x128 blocks, the
 columnwise copy transposed, activations cast unfused as the C++ does). Not modelled (raising
 NotImplementedError): NVFP4, the scale swizzles of MXFP8
-GEMM inputs not quantized for a GEMM, fused attention
-(cuDNN), comm+GEMM overlap, grouped GEMMs, MoE permutation and router kernels, the FP8 and master-weight variants of
+GEMM inputs not quantized for a GEMM, FP8 fused attention, comm+GEMM overlap, grouped GEMMs, MoE permutation and router kernels, the FP8 and master-weight variants of
 multi_tensor_adam, multi_tensor_unscale_l2norm and SGD.
 """
 
@@ -172,19 +172,19 @@ class NotModelledError(NotImplementedError):
     pass
 
 
-def _not_modelled(what: str) -> NotModelledError:
+def not_modelled(what: str) -> NotModelledError:
     return NotModelledError(
         f"phantora: rank {_rank()}: Transformer Engine's {what} is not modelled by phantora's stand-in for "
         f"transformer_engine_torch (interpose/device/transformer_engine/extension.py), which models BF16/FP16, "
         f"per-tensor FP8 (delayed or current scaling) and MXFP8 GEMMs and grouped GEMMs, LayerNorm/RMSNorm, "
-        f"activations, RoPE, unfused attention's softmax and the optimizers' multi-tensor kernels. Use those "
+        f"activations, RoPE, BF16/FP16 attention and the optimizers' multi-tensor kernels. Use those "
         f"(e.g. the DelayedScaling, Float8CurrentScaling or MXFP8BlockScaling recipe), or add the kernel there "
         f"with a cost model in phantora/cost/transformer_engine.py.")
 
 
 def _unmodelled_function(name: str) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
-        raise _not_modelled(f"extension function transformer_engine_torch.{name}")
+        raise not_modelled(f"extension function transformer_engine_torch.{name}")
     call.__name__ = name
     return call
 
@@ -195,7 +195,7 @@ class _Unmodelled:
     checks); making one raises."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise _not_modelled(f"extension class transformer_engine_torch.{type(self).__name__}")
+        raise not_modelled(f"extension class transformer_engine_torch.{type(self).__name__}")
 
 
 class CommOverlapCore(_Unmodelled):
@@ -246,12 +246,12 @@ def _plain(t: Any, what: str) -> torch.Tensor:
     if type(t) is torch.Tensor or type(t) is torch.nn.Parameter or (
             isinstance(t, torch.Tensor) and not hasattr(t, "_quantizer")):
         return t
-    raise _not_modelled(f"{what} with a quantized ({type(t).__name__}) operand")
+    raise not_modelled(f"{what} with a quantized ({type(t).__name__}) operand")
 
 
 def _empty(shape: Any, dtype: torch.dtype, device: torch.device, quantizer: Any, what: str) -> torch.Tensor:
     if quantizer is not None:
-        raise _not_modelled(f"{what} with a quantized output ({type(quantizer).__name__})")
+        raise not_modelled(f"{what} with a quantized output ({type(quantizer).__name__})")
     return torch.empty(tuple(int(s) for s in shape), dtype=dtype, device=device)
 
 
@@ -348,7 +348,7 @@ def _make_float8(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device: An
 def _quantized_empty(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device: Any, what: str) -> Any:
     kind = _scaling_kind(quantizer)
     if kind is None:
-        raise _not_modelled(f"{what} with a {type(quantizer).__name__} output (FP8 with per-tensor scaling, "
+        raise not_modelled(f"{what} with a {type(quantizer).__name__} output (FP8 with per-tensor scaling, "
                             f"Float8Quantizer and Float8CurrentScalingQuantizer, MXFP8 and FP8 block scaling are "
                             f"modelled)")
     if kind in ("delayed", "current"):
@@ -384,7 +384,7 @@ def _quantize_into(x: torch.Tensor, quantizer: Any, out: Any, *, dy: torch.Tenso
                                       dbias, act)
         return
     if kind != "current":
-        raise _not_modelled(f"quantization with {type(quantizer).__name__}")
+        raise not_modelled(f"quantization with {type(quantizer).__name__}")
     amax = torch.empty(1, dtype=torch.float32, device=x.device)
     scale = torch.empty(1, dtype=torch.float32, device=x.device)
     if act:  # the activation is computed in high precision, with its amax, then cast
@@ -435,7 +435,7 @@ def bgrad_quantize(input: torch.Tensor, quantizer: Any) -> list[Any]:
     x = _plain(input, "bgrad_quantize").contiguous()
     dbias = torch.empty(int(x.shape[-1]), dtype=x.dtype, device=x.device)
     if quantizer is None:
-        raise _not_modelled("bgrad_quantize without a quantizer")
+        raise not_modelled("bgrad_quantize without a quantizer")
     out = _quantized_empty(quantizer, x.shape, x.dtype, x.device, "bgrad_quantize")
     _quantize_into(x, quantizer, out, dbias=dbias)
     return [dbias, out]
@@ -444,10 +444,10 @@ def bgrad_quantize(input: torch.Tensor, quantizer: Any) -> list[Any]:
 def dequantize(input: Any, otype: Any) -> torch.Tensor:
     """A per-tensor FP8 tensor back in high precision, from its rowwise data."""
     if not hasattr(input, "_transpose"):
-        raise _not_modelled(f"dequantize of a {type(input).__name__}")
+        raise not_modelled(f"dequantize of a {type(input).__name__}")
     data = input._data
     if data is None:
-        raise _not_modelled("dequantize of an FP8 tensor that holds only its transpose")
+        raise not_modelled("dequantize of an FP8 tensor that holds only its transpose")
     out = torch.empty(data.shape, dtype=_torch_dtype(otype), device=data.device)
     nvte_ops.define_ops()
     torch.ops.nvte.dequantize(_fp8_view(data, input._fp8_dtype), input._scale_inv, out)
@@ -498,7 +498,7 @@ def _gemm_operand(t: Any, trans: bool, is_a: bool) -> tuple[torch.Tensor, torch.
         data = t._columnwise_data
         return _fp8_view(data.reshape(data.shape[0], -1), t._fp8_dtype), t._columnwise_scale_inv, not trans
     if not hasattr(t, "_transpose"):
-        raise _not_modelled(f"GEMM with a {type(t).__name__} operand (only per-tensor FP8, MXFP8 and FP8 block "
+        raise not_modelled(f"GEMM with a {type(t).__name__} operand (only per-tensor FP8, MXFP8 and FP8 block "
                             f"scaling are modelled)")
     wanted_rowwise = trans if is_a else not trans
     if _non_tn_fp8_gemm() or (wanted_rowwise and t._data is not None):
@@ -548,7 +548,7 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
                  bulk_overlap: bool = False, alpha: float = 1.0, beta: float | None = None) -> list[Any]:
     """The extension's gemm(): one cuBLASLt GEMM (nvte_cublas_gemm_v2) with its epilogue."""
     if comm_overlap is not None:
-        raise _not_modelled("comm+GEMM overlap (userbuffers, ub_overlap_*)")
+        raise not_modelled("comm+GEMM overlap (userbuffers, ub_overlap_*)")
     if not accumulate and beta not in (None, 0.0):
         raise RuntimeError("Trying to use non-zero beta while not accumulating into D tensor.")
     a_shape, b_shape = _logical_shape(A), _logical_shape(B)
@@ -629,7 +629,7 @@ def te_general_grouped_gemm(A: list, transa: bool, B: list, transb: bool, D: Any
                 bias[i].zero_()
             continue
         if pre_gelu_out[i].numel() != 0:
-            raise _not_modelled("grouped GEMM with a GELU epilogue")
+            raise not_modelled("grouped GEMM with a GELU epilogue")
         flags = (ta, tb)
         a_used.append(a)
         b_used.append(b)
@@ -807,7 +807,7 @@ def multi_tensor_adam(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: An
     DeepSpeed's and Apex's extensions share (interpose/device/cuda_extensions.py, its cost model)."""
     from interpose.device.cuda_extensions import multi_tensor_adam as shared_kernel
     if len(tensor_lists) != 4:
-        raise _not_modelled(f"multi_tensor_adam with {len(tensor_lists)} tensor lists (FusedAdam with "
+        raise not_modelled(f"multi_tensor_adam with {len(tensor_lists)} tensor lists (FusedAdam with "
                             f"master_weights)")
     shared_kernel(chunk_size, noop_flag, tensor_lists, *args)
 
@@ -843,7 +843,10 @@ def multi_tensor_l2norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: 
 # --- the module --------------------------------------------------------------------------------
 
 def _modelled_functions() -> dict[str, Callable[..., Any]]:
+    from interpose.device.transformer_engine import attention  # it imports this module's enums
     fns: dict[str, Callable[..., Any]] = {
+        "get_fused_attn_backend": attention.get_fused_attn_backend,
+        "fused_attn_fwd": attention.fused_attn_fwd, "fused_attn_bwd": attention.fused_attn_bwd,
         "generic_gemm": generic_gemm,
         "layernorm_fwd": layernorm_fwd, "layernorm_bwd": layernorm_bwd,
         "rmsnorm_fwd": rmsnorm_fwd, "rmsnorm_bwd": rmsnorm_bwd,
