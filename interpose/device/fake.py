@@ -76,6 +76,50 @@ def _set_data(self: torch.Tensor, new: torch.Tensor) -> None:
         self.fake_device = new.fake_device
 
 
+
+# --- the class a program's tensors have ---------------------------------------------------------
+#
+# On a GPU a program's tensors are plain: `type(t) == torch.Tensor`. Frameworks choose paths with
+# that test: Transformer Engine offers its fused attention backends (cuDNN, FlashAttention 3) only
+# when `type(q) in (torch.Tensor, Float8Tensor, ...)` (dot_product_attention/utils.py), and falls
+# back to its unfused attention (two batched GEMMs around a softmax over [b, h, s, s] scores)
+# otherwise; its CPU offload and Megatron's CUDA graphs test the same way. Under phantora the class
+# is FakeTensor, so every such test took the path of a tensor subclass. The program's tensors (those
+# of phantora's mode, not the FakeTensors torch.compile makes for itself) are instances of a
+# FakeTensor subclass whose class compares equal (==, and so `in` a list or tuple) to torch.Tensor.
+# `is` still tells them apart, and the class hashes as itself, so a dict or set keyed by class
+# (pytree, singledispatch, copyreg) sees what it saw before. A parameter of the program is such a
+# tensor marked `_is_param` (nn.Parameter of a tensor subclass), so its class compares equal to
+# torch.Tensor too, where a GPU's is nn.Parameter; isinstance(p, nn.Parameter) holds on both.
+
+
+class _ComparesAsTensor(type(FakeTensor)):  # type: ignore[misc]
+    def __eq__(cls, other: object) -> bool:
+        return cls is other or other is torch.Tensor
+
+    def __ne__(cls, other: object) -> bool:
+        return not (cls is other or other is torch.Tensor)
+
+    __hash__ = type.__hash__
+
+
+class ProgramFakeTensor(FakeTensor, metaclass=_ComparesAsTensor):
+    """A FakeTensor of phantora's mode: the tensors the program holds."""
+
+    __slots__ = ()
+
+
+ProgramFakeTensor.__name__ = ProgramFakeTensor.__qualname__ = "FakeTensor"
+_stock_fake_new = FakeTensor.__new__
+
+
+def _fake_tensor_new(cls: type, fake_mode: Any, *args: Any, **kwargs: Any) -> FakeTensor:
+    # Every FakeTensor is made by FakeTensor(mode, ...) (fake_tensor.py, fake_impls.py); the mode
+    # tells the program's tensors from torch.compile's.
+    if cls is FakeTensor and isinstance(fake_mode, VirtualCudaFakeMode):
+        cls = ProgramFakeTensor
+    return _stock_fake_new(cls, fake_mode, *args, **kwargs)
+
 # --- Module.to() / .cuda() / .half(): the path real device tensors take ------------------------
 #
 # On a real GPU, `module.to("cuda")` converts each parameter with `param.data = converted` (and
@@ -320,6 +364,7 @@ def install_fake_fixes() -> None:
     _count_fake_tensors_as_foreach_capable()
     _register_cuda_kernels_of_fused_ops()
     _ft.FakeTensorConverter.from_meta_and_device = _from_meta_and_device
+    FakeTensor.__new__ = staticmethod(_fake_tensor_new)  # type: ignore[assignment]
     # Every FakeTensorMode of the process, not only phantora's: torch.compile makes its own
     # (Dynamo, AOTAutograd, Inductor's pattern matcher), and one that believes CUDA is there
     # constant-folds `torch.tensor(..., device="cuda")` with a real CUDA kernel.

@@ -83,9 +83,11 @@ def test_transformer_engine_spec_fp8_delayed_scaling_tp2_sequence_parallel(tmp_p
         # backward FP8 region (Megatron's fp8 context around the transformer block)
         assert ops["nvte::amax_and_scale_update"] == 2 * microbatches, ops
         # TE's LayerNorms (two per layer, in LayerNormLinear and LayerNormMLP, and the final one);
-        # attention takes TE's unfused path (its fused backends need type(q) is torch.Tensor)
+        # attention is cuDNN's fused attention, in BF16 (FP8 attention is TE's fp8_dpa, off), as
+        # TE chooses on an H100: not its unfused path's softmax
         assert ops["nvte::layernorm_fwd"] == ops["nvte::layernorm_bwd"] == (2 * cfg.layers + 1) * microbatches
-        assert ops["nvte::softmax_fwd"] == ops["nvte::softmax_bwd"] == layer_mbs, ops
+        assert ops["nvte::fused_attn_fwd"] == ops["nvte::fused_attn_bwd"] == layer_mbs, ops
+        assert ops["nvte::softmax_fwd"] == ops["nvte::softmax_bwd"] == 0, ops
         # gradient clipping with TE's multi-tensor kernels, once per step
         assert ops["nvte::multi_tensor_l2norm"] == ops["nvte::multi_tensor_scale"] == cfg.iters, ops
 

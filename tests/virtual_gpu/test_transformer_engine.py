@@ -79,8 +79,8 @@ def test_extension_surface() -> None:
     # the C enums' values (transformer_engine.h, fused_attn.h)
     assert (ext.DType.kBFloat16, ext.DType.kFloat8E5M2, ext.NVTE_QKV_Layout.NVTE_BSHD_BSHD_BSHD,
             ext.NVTE_Fused_Attn_Backend.NVTE_No_Backend, ext.NVTEScalingMode.NVTE_INVALID_SCALING) == (6, 8, 9, -1, 100)
-    with pytest.raises(NotImplementedError, match="transformer_engine_torch.fused_attn_fwd"):
-        ext.fused_attn_fwd()
+    with pytest.raises(NotImplementedError, match="transformer_engine_torch.moe_permute_fwd"):
+        ext.moe_permute_fwd()
     with pytest.raises(NotImplementedError, match="CommOverlap"):
         ext.CommOverlap()
     with pytest.raises(AttributeError):
@@ -157,6 +157,117 @@ def test_rope_and_multi_tensor_outputs() -> None:
                        cuda_tensor((0,))), ())
     kernels = te_cost.multi_tensor_l2norm(sig, CostContext(gpu)).kernels
     assert kernels[-1].name == "cleanup" and sum(k.bytes for k in kernels[:-1]) == 4.0 * (71000 + 320)
+
+
+def _attention_params(**overrides: object) -> types.SimpleNamespace:
+    """TE's FusedAttentionParams (dot_product_attention/utils.py) for a causal BF16 self-attention."""
+    params = dict(is_training=True, deterministic=False, cuda_graph=False, return_max_logit=False,
+                  attn_mask_type=tex.NVTE_Mask_Type.NVTE_CAUSAL_MASK, bias_type=tex.NVTE_Bias_Type.NVTE_NO_BIAS,
+                  window_size_left=-1, window_size_right=0, bottom_right_diagonal=True,
+                  softmax_type=tex.NVTE_Softmax_Type.NVTE_VANILLA_SOFTMAX, dropout=0.0, attn_scale=0.125,
+                  qkv_dtype=tex.DType.kBFloat16, qkv_layout=tex.NVTE_QKV_Layout.NVTE_SBHD_SBHD_SBHD,
+                  batch_size=2, num_attn_heads=16, num_gqa_groups=4, head_dim_qk=128, head_dim_v=128,
+                  max_seqlen_q=4096, max_seqlen_kv=4096)
+    params.update(overrides)
+    return types.SimpleNamespace(**params)
+
+
+@pytest.mark.parametrize(("sm", "overrides", "refused"), [
+    (90, {}, ""),
+    (90, {"head_dim_qk": 256, "head_dim_v": 256}, ""),  # Hopper: up to 256 (cuDNN 9.5+ for training)
+    (90, {"head_dim_qk": 264, "head_dim_v": 264}, "head dimensions"),
+    (100, {"head_dim_qk": 256, "head_dim_v": 256}, "head dimensions"),  # Blackwell training: 128, or 192/128
+    (90, {"head_dim_qk": 192, "head_dim_v": 128}, ""),  # MLA's shape
+    (90, {"head_dim_qk": 256, "head_dim_v": 128}, "d_qk=256 != d_v=128"),  # cuDNN 9.11+'s Hopper backward
+    (90, {"head_dim_qk": 100, "head_dim_v": 100}, "multiples of 8"),
+    (80, {"qkv_layout": tex.NVTE_QKV_Layout.NVTE_THD_THD_THD}, "THD"),
+    (90, {"attn_mask_type": tex.NVTE_Mask_Type.NVTE_PADDING_CAUSAL_MASK, "dropout": 0.1}, "padding"),
+    (75, {}, "compute capability"),
+    (90, {"qkv_dtype": tex.DType.kFloat8E4M3}, "phantora: FP8 fused attention"),
+])
+def test_fused_attention_backend_as_cudnn_answers(monkeypatch: pytest.MonkeyPatch, sm: int, overrides: dict,
+                                                  refused: str) -> None:
+    """get_fused_attn_backend: cuDNN's F16 sub-backend where the core library's rules (cuDNN 9.24 as
+    phantora reports it) accept the configuration on the virtual GPU's architecture, else
+    No_Backend with the reason TE logs before it picks another backend."""
+    from interpose.device.transformer_engine import attention
+    monkeypatch.setattr(attention, "_arch", lambda: sm)
+    backend, reason = attention.get_fused_attn_backend(_attention_params(**overrides))
+    if refused:
+        assert backend == tex.NVTE_Fused_Attn_Backend.NVTE_No_Backend and refused in reason, reason
+    else:
+        assert (backend, reason) == (tex.NVTE_Fused_Attn_Backend.NVTE_F16_arbitrary_seqlen, "")
+
+
+def test_fused_attention_outputs_follow_the_extension() -> None:
+    """fused_attn_fwd / _bwd allocate as the C++ extension does (csrc/extensions/attention.cpp): O
+    in the output format, the fp32 softmax statistics [b, h, sq, 1] (THD: [t, h, 1]) and the RNG
+    state; the gradients of a packed QKV layout as views of one buffer; and the kernels see the
+    sequences of a THD batch (from cu_seqlens) and grouped-query K/V."""
+    ext = _module()
+    L, F, B, M = ext.NVTE_QKV_Layout, ext.NVTE_QKV_Format, ext.NVTE_Bias_Type, ext.NVTE_Mask_Type
+    vanilla = ext.NVTE_Softmax_Type.NVTE_VANILLA_SOFTMAX
+    s, b, h, g, d = 256, 2, 8, 2, 64
+
+    def meta(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    cu = meta(b + 1, dtype=torch.int32)
+    q, k, v = meta(s, b, h, d), meta(s, b, g, d), meta(s, b, g, d)
+    out = ext.fused_attn_fwd(s, s, True, 0.125, 0.0, False, L.NVTE_SBHD_SBHD_SBHD, F.NVTE_BSHD, F.NVTE_QKV_Format_NOT_SET,
+                             B.NVTE_NO_BIAS, M.NVTE_CAUSAL_MASK, vanilla, [-1, 0], True, cu, cu, q, k, v,
+                             torch.bfloat16, None, None, None, None, None, None, None, None, None, 0, False, False)
+    o, stats, rng = out
+    assert (tuple(o.shape), o.dtype) == ((b, s, h, d), torch.bfloat16)  # o_format bshd
+    assert (tuple(stats.shape), stats.dtype, tuple(rng.shape), rng.dtype) == ((b, h, s, 1), torch.float32, (2,),
+                                                                             torch.int64)
+    # packed QKV (sb3hd): dQ, dK, dV are views of one [s, b, 3, h, d] buffer
+    qkv = meta(s, b, 3, h, d)
+    q3, k3, v3 = qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2)
+    dq, dk, dv, dbias, doffset = ext.fused_attn_bwd(
+        s, s, 0.125, 0.0, False, L.NVTE_SB3HD, F.NVTE_SBHD, F.NVTE_SBHD, L.NVTE_SB3HD, F.NVTE_QKV_Format_NOT_SET,
+        F.NVTE_QKV_Format_NOT_SET, B.NVTE_NO_BIAS, M.NVTE_CAUSAL_MASK, vanilla, [-1, 0], True, False, cu, cu,
+        q3, k3, v3, meta(s, b, h, d), meta(s, b, h, d), torch.bfloat16, [stats, rng], None, None, None, None, None,
+        False)
+    assert dq.shape == dk.shape == dv.shape == (s, b, h, d) and dbias is None and doffset is None
+    assert dq._base is dk._base is dv._base and tuple(dq._base.shape) == (s, b, 3, h, d)
+    # THD: 3 sequences in 600 tokens; the statistics per token
+    tq = meta(600, h, d)
+    o, stats, _ = ext.fused_attn_fwd(256, 256, True, 0.125, 0.0, False, L.NVTE_THD_THD_THD, F.NVTE_THD,
+                                     F.NVTE_QKV_Format_NOT_SET, B.NVTE_NO_BIAS, M.NVTE_PADDING_CAUSAL_MASK, vanilla,
+                                     [-1, 0], True, meta(4, dtype=torch.int32), meta(4, dtype=torch.int32), tq,
+                                     meta(600, g, d), meta(600, g, d), torch.bfloat16, None, None, None, None, None,
+                                     None, None, None, None, 0, False, False)
+    assert tuple(o.shape) == (600, h, d) and tuple(stats.shape) == (600, h, 1)
+
+    from interpose.device.transformer_engine.attention import _attention_dims
+    assert _attention_dims(q, k, v, L.NVTE_SBHD_SBHD_SBHD, cu, s, s) == (b, h, s, s, d, d)
+    assert _attention_dims(tq, meta(600, g, d), meta(600, g, d), L.NVTE_THD_THD_THD, meta(4, dtype=torch.int32),
+                           256, 256) == (3, h, 200, 200, d, d)
+
+
+def test_fused_attention_costs_cudnn_attention_on_the_same_shape() -> None:
+    """nvte::fused_attn_fwd / _bwd are timed as torch's cuDNN SDPA ops of the same attention (B x
+    H x S x D = 2 x 16 x 4096 x 128, causal): the same kernels and durations."""
+    from phantora.cost.attention import attention as sdpa_cost
+    gpu = lookup_gpu("h100-sxm-80gb")
+    ctx = CostContext(gpu)
+    b, h, s, d = 2, 16, 4096, 128
+    sbhd, bhsd = cuda_tensor((s, b, h, d), "bfloat16"), cuda_tensor((b, h, s, d), "bfloat16")
+    stats = cuda_tensor((b, h, s, 1), "float32")
+    fwd = te_cost.fused_attn(OpSignature("nvte::fused_attn_fwd", "default",
+                                         (sbhd, sbhd, sbhd, None, sbhd, stats, b, h, s, s, d, d, True), ()), ctx)
+    sdpa = sdpa_cost(OpSignature("aten::_scaled_dot_product_cudnn_attention", "default",
+                                 (bhsd, bhsd, bhsd, None, True, 0.0, True), ()), ctx)
+    assert [k.name for k in fwd.kernels] == [k.name for k in sdpa.kernels]
+    assert fwd.kernels[0].duration_ns == pytest.approx(sdpa.kernels[0].duration_ns, rel=0.02)
+    assert fwd.kernels[0].flops == 2 * 2 * d * (s * (s + 1) / 2) * b * h
+    ws = cuda_tensor((b * h * s * (d + 1) * 4,), "uint8")
+    bwd = te_cost.fused_attn(OpSignature("nvte::fused_attn_bwd", "default",
+                                         (sbhd, sbhd, sbhd, sbhd, sbhd, stats, sbhd, sbhd, sbhd, None, ws,
+                                          b, h, s, s, d, d, True), ()), ctx)
+    assert len(bwd.kernels) == 3 and bwd.kernels[1].flops == 2.5 * fwd.kernels[0].flops
+    assert classify("nvte::fused_attn_fwd").name == classify("nvte::fused_attn_bwd").name == "attention"
 
 
 def test_grouped_gemm_follows_the_groups() -> None:
@@ -270,3 +381,14 @@ def test_te_layers_traced(tmp_path: Path, te_cuda_python: str) -> None:
     names = {k["name"] for k in kernels}
     assert {"transformer_engine::normalization::ln_fwd_tuned_kernel", "scaled_masked_softmax_warp_forward",
             "scaled_masked_softmax_warp_backward", "transformer_engine::delayed_scaling::kernel"} <= names, names
+    # cuDNN's fused attention for the 16 x 64 causal attention: one forward kernel, and backward's
+    # dO.O row sums, main kernel and dQ conversion. Counted by hand: the forward's FLOPs, QK^T and
+    # PV (2 x 2 x 64 per visible score) over the 512 x 513 / 2 visible scores of each of 2 x 16
+    # heads; its bytes, q, k, v read and o written (bf16) and the fp32 softmax statistics
+    fwd, bwd = [k for k in kernels if k["args"].get("op", "").startswith("nvte::fused_attn")]
+    assert (fwd["name"], fwd["args"]["kernels"]) == ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob", 1)
+    assert (bwd["name"], bwd["args"]["kernels"]) == (
+        "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob (+2 kernels)", 3)
+    assert fwd["args"]["flops"] == 2 * 2 * 64 * (512 * 513 / 2) * 2 * 16
+    assert fwd["args"]["bytes"] == 4 * s * b * 16 * 64 * 2 + b * 16 * s * 4
+    assert bwd["args"]["flops"] == 2.5 * fwd["args"]["flops"]

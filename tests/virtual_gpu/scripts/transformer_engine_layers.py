@@ -13,11 +13,23 @@ y = mlp(x)
 y.sum().backward()
 assert y.shape == x.shape and x.grad.shape == x.shape and mlp.fc1_weight.grad.shape == (f, h)
 print("ok layernorm_mlp")
+from transformer_engine.pytorch.attention.dot_product_attention import _attention_backends  # noqa: E402
+
+# TE chooses its backend as on an H100: cuDNN's fused attention (FusedAttention, sub-backend
+# F16_arbitrary_seqlen) for head dimension 64; for 264 (cuDNN on Hopper stops at 256) its unfused
+# attention, two batched GEMMs around its fused softmax
 dpa = te.DotProductAttention(16, 64, attn_mask_type="causal")
 q = torch.randn(s, b, 16, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 o = dpa(q, q, q)
+assert _attention_backends["use_fused_attention"] and _attention_backends["fused_attention_backend"] == 1, _attention_backends
 o.sum().backward()
 assert o.shape == (s, b, 1024) and q.grad.shape == q.shape
+wide = te.DotProductAttention(4, 264, attn_mask_type="causal")
+q = torch.randn(s, b, 4, 264, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+o = wide(q, q, q)
+assert _attention_backends["use_unfused_attention"] and not _attention_backends["use_fused_attention"], _attention_backends
+o.sum().backward()
+assert o.shape == (s, b, 4 * 264) and q.grad.shape == q.shape
 print("ok dot_product_attention")
 from transformer_engine.common.recipe import DelayedScaling, Format  # noqa: E402
 
