@@ -87,20 +87,22 @@ def _set_data(self: torch.Tensor, new: torch.Tensor) -> None:
 # is FakeTensor, so every such test took the path of a tensor subclass. The program's tensors (those
 # of phantora's mode, not the FakeTensors torch.compile makes for itself) are instances of a
 # FakeTensor subclass whose class compares equal (==, and so `in` a list or tuple) to torch.Tensor.
-# `is` still tells them apart, and the class hashes as itself, so a dict or set keyed by class
-# (pytree, singledispatch, copyreg) sees what it saw before. A parameter of the program is such a
+# `is` still tells them apart. It also compares equal to FakeTensor and hashes as FakeTensor, so a
+# dict or set keyed by class (Dynamo's type dispatch, pytree, singledispatch, copyreg) finds
+# FakeTensor's entry, as it did before the subclass existed. A parameter of the program is such a
 # tensor marked `_is_param` (nn.Parameter of a tensor subclass), so its class compares equal to
 # torch.Tensor too, where a GPU's is nn.Parameter; isinstance(p, nn.Parameter) holds on both.
 
 
 class _ComparesAsTensor(type(FakeTensor)):  # type: ignore[misc]
     def __eq__(cls, other: object) -> bool:
-        return cls is other or other is torch.Tensor
+        return cls is other or other is torch.Tensor or other is FakeTensor
 
     def __ne__(cls, other: object) -> bool:
-        return not (cls is other or other is torch.Tensor)
+        return not (cls is other or other is torch.Tensor or other is FakeTensor)
 
-    __hash__ = type.__hash__
+    def __hash__(cls) -> int:
+        return hash(FakeTensor)
 
 
 class ProgramFakeTensor(FakeTensor, metaclass=_ComparesAsTensor):
