@@ -8,7 +8,7 @@ flash-attention kernels (nvte_fused_attn_fwd / _bwd of the core library).
 Here:
   * `get_fused_attn_backend` answers as the core library's nvte_get_fused_attn_backend does for
     BF16/FP16 on the virtual GPU's architecture and the cuDNN phantora reports
-    (extension.CUDNN_VERSION): the F16_arbitrary_seqlen sub-backend where cuDNN supports the
+    (CUDNN_VERSION): the F16_arbitrary_seqlen sub-backend where cuDNN supports the
     head dimensions, masks, bias, formats and windows, else No_Backend with the reason (TE then
     picks another backend, as on a GPU). FP8 attention (the FP8 sub-backend, TE's `fp8_dpa`) and
     paged KV caches are not modelled: No_Backend, with a reason that says so.
@@ -25,12 +25,24 @@ transformer_engine.fused_attn). Sliding windows are costed as the full (causal) 
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import torch
 
 from interpose.device.transformer_engine import ops as nvte_ops
-from interpose.device.transformer_engine.extension import CUDNN_VERSION, NVTE_Fused_Attn_Backend, not_modelled
+from interpose.device.transformer_engine.errors import not_modelled
+
+# What the virtual machine reports: the cuDNN that torch 2.14's CUDA 13 wheels bring (9.24.0,
+# encoded as cudnnGetVersion does).
+CUDNN_VERSION = 92400
+
+
+class NVTE_Fused_Attn_Backend(enum.IntEnum):
+    NVTE_No_Backend = -1
+    NVTE_F16_arbitrary_seqlen = 1
+    NVTE_FP8 = 2
+
 
 CAUSAL_MASKS = ("NVTE_CAUSAL_MASK", "NVTE_PADDING_CAUSAL_MASK", "NVTE_CAUSAL_BOTTOM_RIGHT_MASK",
                 "NVTE_PADDING_CAUSAL_BOTTOM_RIGHT_MASK")

@@ -36,7 +36,10 @@ from typing import Any, Callable
 
 import torch
 
+from interpose.device.transformer_engine import attention
 from interpose.device.transformer_engine import ops as nvte_ops
+from interpose.device.transformer_engine.attention import CUDNN_VERSION, NVTE_Fused_Attn_Backend
+from interpose.device.transformer_engine.errors import not_modelled
 
 # --- enums (values from the core library's headers) --------------------------------------------
 
@@ -95,12 +98,6 @@ NVTE_QKV_Layout = enum.IntEnum("NVTE_QKV_Layout", [(name, i) for i, name in enum
     "NVTE_Paged_KV_THD_SBHD_SBHD", "NVTE_BHSD_BHSD_BHSD", "NVTE_QKV_Layout_NOT_SET"))])
 
 
-class NVTE_Fused_Attn_Backend(enum.IntEnum):
-    NVTE_No_Backend = -1
-    NVTE_F16_arbitrary_seqlen = 1
-    NVTE_FP8 = 2
-
-
 class NVTEScalingMode(enum.IntEnum):
     NVTE_DELAYED_TENSOR_SCALING = 0
     NVTE_MXFP8_1D_SCALING = 1
@@ -152,34 +149,10 @@ TORCH_DTYPES = {
     DType.kFloat8E5M2: torch.float8_e5m2,
 }
 
-# What the virtual machine reports: the cuDNN that torch 2.14's CUDA 13 wheels bring (9.24.0,
-# encoded as cudnnGetVersion does) and cuBLASLt 13.1.1 (cublasLtGetVersion); the core library's
-# compute streams for grouped GEMMs (nvte_get_num_compute_streams).
-CUDNN_VERSION = 92400
+# What the virtual machine reports: cuBLASLt 13.1.1 (cublasLtGetVersion; cuDNN's version is in
+# attention.py); the core library's compute streams for grouped GEMMs (nvte_get_num_compute_streams).
 CUBLASLT_VERSION = 130101
 NUM_COMPUTE_STREAMS = 4
-
-
-def _rank() -> str:
-    from interpose import runtime as rt_mod
-    try:
-        return str(rt_mod.get().rank)
-    except Exception:  # outside a traced run (unit tests)
-        return "?"
-
-
-class NotModelledError(NotImplementedError):
-    pass
-
-
-def not_modelled(what: str) -> NotModelledError:
-    return NotModelledError(
-        f"phantora: rank {_rank()}: Transformer Engine's {what} is not modelled by phantora's stand-in for "
-        f"transformer_engine_torch (interpose/device/transformer_engine/extension.py), which models BF16/FP16, "
-        f"per-tensor FP8 (delayed or current scaling) and MXFP8 GEMMs and grouped GEMMs, LayerNorm/RMSNorm, "
-        f"activations, RoPE, BF16/FP16 attention and the optimizers' multi-tensor kernels. Use those "
-        f"(e.g. the DelayedScaling, Float8CurrentScaling or MXFP8BlockScaling recipe), or add the kernel there "
-        f"with a cost model in phantora/cost/transformer_engine.py.")
 
 
 def _unmodelled_function(name: str) -> Callable[..., Any]:
@@ -843,7 +816,6 @@ def multi_tensor_l2norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: 
 # --- the module --------------------------------------------------------------------------------
 
 def _modelled_functions() -> dict[str, Callable[..., Any]]:
-    from interpose.device.transformer_engine import attention  # it imports this module's enums
     fns: dict[str, Callable[..., Any]] = {
         "get_fused_attn_backend": attention.get_fused_attn_backend,
         "fused_attn_fwd": attention.fused_attn_fwd, "fused_attn_bwd": attention.fused_attn_bwd,

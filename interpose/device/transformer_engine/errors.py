@@ -1,0 +1,25 @@
+"""What the virtual `transformer_engine_torch` raises for what phantora does not model."""
+
+from __future__ import annotations
+
+
+def _rank() -> str:
+    from interpose import runtime as rt_mod
+    try:
+        return str(rt_mod.get().rank)
+    except Exception:  # outside a traced run (unit tests)
+        return "?"
+
+
+class NotModelledError(NotImplementedError):
+    pass
+
+
+def not_modelled(what: str) -> NotModelledError:
+    return NotModelledError(
+        f"phantora: rank {_rank()}: Transformer Engine's {what} is not modelled by phantora's stand-in for "
+        f"transformer_engine_torch (interpose/device/transformer_engine/extension.py), which models BF16/FP16, "
+        f"per-tensor FP8 (delayed or current scaling) and MXFP8 GEMMs and grouped GEMMs, LayerNorm/RMSNorm, "
+        f"activations, RoPE, BF16/FP16 attention and the optimizers' multi-tensor kernels. Use those "
+        f"(e.g. the DelayedScaling, Float8CurrentScaling or MXFP8BlockScaling recipe), or add the kernel there "
+        f"with a cost model in phantora/cost/transformer_engine.py.")
