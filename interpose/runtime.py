@@ -310,11 +310,8 @@ class Runtime:
 
     def _storage_freed(self, key: int, device: int) -> None:
         # runs wherever the program drops its last reference: phantora's work, not the program's
-        self.python_time.enter()
-        try:
+        with self.python_time.own_work:
             self._storage_freed_locked(key, device)
-        finally:
-            self.python_time.exit()
 
     def _storage_freed_locked(self, key: int, device: int) -> None:
         with self.lock:

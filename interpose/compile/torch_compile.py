@@ -184,11 +184,10 @@ class CompileClock:
             return compile_kernel(*args, **kwargs)
         rt = self.rt
         self.clock.hold()
-        rt.python_time.enter()
         try:
-            return compile_kernel(*args, **kwargs)
+            with rt.python_time.own_work:
+                return compile_kernel(*args, **kwargs)
         finally:
-            rt.python_time.exit()
             self.clock.release()
             if rt.active and rt.client.connected:
                 rt.client.record([P.R_HOST, "triton_compile", 1])

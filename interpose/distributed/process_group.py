@@ -18,7 +18,7 @@ import pickle
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -35,19 +35,6 @@ from phantora.roles import ENV as RanksEnv, RankRoles
 _rt: Any = None
 
 
-@contextlib.contextmanager
-def _phantoras_own() -> Iterator[None]:
-    """Values carried through the store are phantora's work, not the program's: on a GPU they
-    are simply in the tensors. Pickling them runs torch's Python (and what a framework put in
-    its place: Megatron-Core's torch.storage._load_from_bytes is a torch.load, ~30,000
-    instructions a tensor), which the counted host must not charge to the program. Whether a
-    value is read at the collective or at its first use depends on when the other ranks posted,
-    so charging it made runs differ."""
-    _rt.python_time.enter()
-    try:
-        yield
-    finally:
-        _rt.python_time.exit()
 SIMULATED_NCCL_VERSION = (2, 27, 5)  # what torch.cuda.nccl.version() reports under phantora
 _groups: dict[str, "SimProcessGroup"] = {}  # group name -> its simulated backend
 _live_works: dict[int, "SimWork"] = {}  # work id -> work, until waited (oldest dropped past the cap)
@@ -432,8 +419,15 @@ class SimProcessGroup(dist.ProcessGroup):
         keys = [f"{key}/{_source(r, self.global_ranks, me)}" for r in self.global_ranks]
         return keys, lambda: self._collect(key, keys, _processes(self.global_ranks), [mine] * len(keys))
 
+    # Values carried through the store are phantora's work, not the program's: on a GPU they are
+    # simply in the tensors. Pickling them runs torch's Python (and what a framework put in its
+    # place: Megatron-Core's torch.storage._load_from_bytes is a torch.load, ~30,000 instructions a
+    # tensor), which the counted host must not charge to the program. Whether a value is read at
+    # the collective or at its first use depends on when the other ranks posted, so charging it
+    # made runs differ. _post and _collect run in phantora's bracket (python_time.own_work).
+
     def _post(self, key: str, mine: list[_Held]) -> None:
-        with _phantoras_own(), values.real_cpu():
+        with _rt.python_time.own_work, values.real_cpu():
             c10d._get_default_store().set(key, pickle.dumps(mine))
 
     def _collect(self, key: str, keys: list[str], readers: int, fallback: list[list[_Held]]) -> list[list[_Held]]:
@@ -443,7 +437,7 @@ class SimProcessGroup(dist.ProcessGroup):
         every member is then taken to have contributed what this one did (`fallback`)."""
         store = c10d._get_default_store()
         try:
-            with _phantoras_own():
+            with _rt.python_time.own_work:
                 unique = list(dict.fromkeys(keys))  # mirrored members share their representative's key
                 posted = {k: store.get(k) for k in unique}
                 blobs = [pickle.loads(posted[k]) for k in keys]
@@ -1031,13 +1025,8 @@ def _derived_contributions(obj: Any, ranks: list[int]) -> dict[int, bytes]:
     if not ranks:
         return {}
     timer = getattr(_rt, "python_time", None)
-    if timer is not None:
-        timer.enter()
-    try:
+    with timer.own_work if timer is not None else contextlib.nullcontext():
         return {r: pickle.dumps(o) for r, o in checkpoint_plans.mirrors_plans(obj, ranks).items()}
-    finally:
-        if timer is not None:
-            timer.exit()
 
 
 def _all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:

@@ -34,6 +34,21 @@ ENV = "PHANTORA_HOST_TIME"  # phantora trace --host-time: cost/host.py HOST_TIME
 _thread_ns = time.thread_time_ns  # clock.py leaves thread_time real: it measures the interposer itself
 
 
+class _OwnWork:
+    """`with python_time.own_work:` brackets a block of phantora's own work (enter / exit)."""
+
+    __slots__ = ("_pt",)
+
+    def __init__(self, pt: "PythonTime") -> None:
+        self._pt = pt
+
+    def __enter__(self) -> None:
+        self._pt.enter()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._pt.exit()
+
+
 class PythonTime:
     """Per-thread Python time outside phantora, taken with the records that follow it: counted
     work on the reference host (mode "counted", python_work.py) or this machine's CPU time
@@ -60,6 +75,7 @@ class PythonTime:
         self._tls = threading.local()
         self.since_speed_probe_ns = 0  # measured Python handed over since this machine's speed was measured
         self.charged = 0  # every thread's Python so far, in the clock's unit (ps counted, ns measured): for probes
+        self.own_work = _OwnWork(self)
 
     def enter(self, dispatch: bool = False) -> None:
         """phantora's own work starts on this thread (nested entries are its own work too);
