@@ -23,6 +23,7 @@ class GPTConfig:
     tp: int = 1
     pp: int = 1
     vp: int | None = None  # model chunks per pipeline rank (interleaved 1F1B)
+    cp: int = 1  # context parallel size (the sequence split over ranks; TE's layer spec)
     layers: int = 2
     hidden: int = 256
     heads: int = 4
@@ -54,6 +55,8 @@ class GPTConfig:
              "--train-iters", str(self.iters)]
         if self.vp is not None:
             a += ["--virtual-pipeline-model-parallel-size", str(self.vp)]
+        if self.cp > 1:
+            a += ["--context-parallel-size", str(self.cp)]
         if self.bucket_size is not None:
             a += ["--ddp-bucket-size", str(self.bucket_size)]
         if self.experts is not None:

@@ -113,7 +113,7 @@ def check_run(run: Run, cfg: GPTConfig, world: int, adam_ops: tuple[str, ...] = 
         peak = next(m.allocated_bytes for m in summary.memory if m.rank == rank)
         low = static_bytes(cfg, stage, dp)
         if stage == cfg.pp - 1:
-            low += 2 * cfg.micro_batch * cfg.seq * cfg.vocab // cfg.tp
+            low += 2 * cfg.micro_batch * (cfg.seq // cfg.cp) * cfg.vocab // cfg.tp  # context parallel: its share
         high = (static_bytes(cfg, stage, dp) + 4 * math.ceil(gpt_params(cfg, stage) / dp)
                 + min(cfg.pp, cfg.microbatches) * activation_bytes(cfg, stage) + 64 * MiB)
         assert low <= peak <= high, (rank, low / MiB, peak / MiB, high / MiB)

@@ -105,3 +105,36 @@ def test_transformer_engine_spec_fp8_delayed_scaling_tp2_sequence_parallel(tmp_p
         # gradient (its forward all-reduces, then splits the sequence)
         assert tp_group[("all_gather", "bfloat16", 2 * tokens * h)] == 3 * microbatches, tp_group
         assert tp_group[("all_reduce", "bfloat16", 2 * tokens * h)] == microbatches, tp_group
+
+
+def test_transformer_engine_spec_context_parallel_two_ranks(tmp_path, megatron_te_python):
+    """Context parallel 2 (Megatron's default p2p ring, through TE's attention): each rank holds
+    2 of the sequence's 4 chunks (load-balanced for the causal mask: rank 0 chunks 0 and 3, rank 1
+    chunks 1 and 2), attends over its own chunks and then over the other rank's K/V, which goes
+    round the ring once forward and, with its gradient, once more in backward; the weights'
+    gradients are reduced over the two ranks (one data-parallel x context-parallel group)."""
+    cfg = GPTConfig(cp=2, transformer_impl="transformer_engine")
+    run = run_megatron(tmp_path, megatron_te_python, 2, cfg)
+    check_run(run, cfg, world=2, adam_ops=TE_ADAM)
+    events = trace_events(run)
+    layer_mbs = cfg.layers * cfg.microbatches * cfg.iters
+    chunk = cfg.seq // (2 * cfg.cp)  # 64 tokens
+    heads, d = cfg.heads, cfg.hidden // cfg.heads
+    kv_bytes = 2 * (2 * chunk) * cfg.micro_batch * heads * d * 2  # K and V of a rank's 128 tokens, bf16
+    for rank in (0, 1):
+        kernels = compute_kernels(events, rank)
+        # (query tokens, key tokens) of each forward: q [tokens, b, heads, d], k likewise
+        fwd = Counter((k["args"]["shapes"][0][0], k["args"]["shapes"][1][0])
+                      for k in kernels if k["args"]["op"] == "nvte::fused_attn_fwd.default")
+        # per layer and microbatch: the diagonal step (own 128 queries over own 128 keys, causal),
+        # and the step over the other rank's keys: rank 0's later chunk (3) sees all of rank 1's
+        # (64 queries x 128 keys); all of rank 1's queries see rank 0's first chunk (128 x 64)
+        off_diagonal = (chunk, 2 * chunk) if rank == 0 else (2 * chunk, chunk)
+        assert fwd == Counter({(2 * chunk, 2 * chunk): layer_mbs, off_diagonal: layer_mbs}), (rank, fwd)
+        ops = Counter(k["args"]["op"].split(".")[0] for k in kernels)
+        assert ops["nvte::fused_attn_bwd"] == 2 * layer_mbs and ops["nvte::softmax_fwd"] == 0, ops
+        ring = Counter((k["args"]["op"], k["args"]["bytes"]) for k in nccl(events, rank)
+                       if k["args"]["op"] in ("send", "recv"))
+        assert ring == Counter({("send", kv_bytes): 3 * layer_mbs, ("recv", kv_bytes): 3 * layer_mbs}), ring
+        grads = [k for k in nccl(events, rank) if k["args"]["op"] == "reduce_scatter"]
+        assert len(grads) == cfg.iters and all(k["args"]["group ranks"] == [0, 1] for k in grads), grads

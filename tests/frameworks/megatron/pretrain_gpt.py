@@ -40,12 +40,15 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.rerun_state_machine import get_rerun_state_machine
 from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.utils import get_batch_on_this_cp_rank
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tp", type=int, default=1, help="tensor model parallel size")
     p.add_argument("--pp", type=int, default=1, help="pipeline model parallel size")
+    p.add_argument("--context-parallel-size", dest="cp", type=int, default=1,
+                   help="context parallel size (the sequence split over ranks; Transformer Engine's layer spec)")
     p.add_argument("--virtual-pipeline-model-parallel-size", dest="vp", type=int, default=None,
                    help="model chunks per pipeline rank (interleaved 1F1B)")
     p.add_argument("--num-layers", type=int, default=4)
@@ -93,14 +96,15 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def initialize_distributed(tp: int, pp: int, vp: int | None, ep: int = 1, etp: int | None = None) -> None:
+def initialize_distributed(tp: int, pp: int, vp: int | None, ep: int = 1, etp: int | None = None,
+                           cp: int = 1) -> None:
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
     torch.distributed.init_process_group(backend="nccl", rank=int(os.environ["RANK"]),
                                          world_size=int(os.environ["WORLD_SIZE"]))
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                             virtual_pipeline_model_parallel_size=vp, expert_model_parallel_size=ep,
-                                             expert_tensor_parallel_size=etp)
+                                             virtual_pipeline_model_parallel_size=vp, context_parallel_size=cp,
+                                             expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
 
 
@@ -115,6 +119,7 @@ def model_provider(args: argparse.Namespace) -> tuple[list[GPTModel], Transforme
         tensor_model_parallel_size=args.tp,
         pipeline_model_parallel_size=args.pp,
         virtual_pipeline_model_parallel_size=args.vp,
+        context_parallel_size=args.cp,
         bf16=True,
         params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16,
@@ -176,6 +181,13 @@ def forward_step(data_iterator: Iterator, model: torch.nn.Module, check_for_nan:
     labels = data["labels"].cuda(non_blocking=True)
     loss_mask = data["loss_mask"].cuda(non_blocking=True)
     position_ids = data["position_ids"].cuda(non_blocking=True)
+    if parallel_state.get_context_parallel_world_size() > 1:
+        # pretrain_gpt.py's get_batch: this rank's two chunks of the sequence (load-balanced for
+        # the causal mask)
+        part = get_batch_on_this_cp_rank({"tokens": tokens, "labels": labels, "loss_mask": loss_mask,
+                                          "position_ids": position_ids, "cu_seqlens": None}, is_hybrid_cp=False,
+                                         cp_group=parallel_state.get_context_parallel_group())
+        tokens, labels, loss_mask, position_ids = (part[k] for k in ("tokens", "labels", "loss_mask", "position_ids"))
     # Both layer specs build the causal mask themselves (attn_mask_type=causal).
     output_tensor = model(tokens, position_ids, None, labels=labels)
 
@@ -210,7 +222,7 @@ def num_floating_point_operations(args: argparse.Namespace, batch_size: int) -> 
 
 def main() -> None:
     args = parse_args()
-    initialize_distributed(args.tp, args.pp, args.vp, args.ep, args.etp)
+    initialize_distributed(args.tp, args.pp, args.vp, args.ep, args.etp, args.cp)
     rank = torch.distributed.get_rank()
     world = torch.distributed.get_world_size()
     dp = parallel_state.get_data_parallel_world_size()
