@@ -1,7 +1,7 @@
 """Megatron-LM's own `pretrain_gpt.py`, unmodified, with `--mock-data`, on 8 simulated H100s
 (one DGX node): `phantora trace -- torchrun --nproc-per-node 8 pretrain_gpt.py ...` from a
-Megatron-LM checkout, with the Transformer Engine layer spec (Megatron's default), FP8, MoE and
-the local spec on Apex's kernels.
+Megatron-LM checkout, with the Transformer Engine layer spec (Megatron's default; with context
+parallelism too), FP8, MoE and the local spec on Apex's kernels.
 
 Megatron-LM's training package and launch script are not on any package index, so this needs a
 checkout and an environment you set up once (benchmarks/frameworks/setup_megatron_lm.sh, which
@@ -49,6 +49,8 @@ _ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*elapsed time per iteratio
 CONFIGS: dict[str, list[str]] = {
     "TE spec, TP2 x PP2 x DP2, SP, dist. optimizer": [
         "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--sequence-parallel", *DIST_OPT],
+    "TE spec, TP2 x CP2 x DP2, SP, dist. optimizer": [
+        "--tensor-model-parallel-size", "2", "--context-parallel-size", "2", "--sequence-parallel", *DIST_OPT],
     "TE spec, PP4 x VP2 x DP2, dist. optimizer": [
         "--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage", "1", *DIST_OPT],
     "TE spec, FP8 hybrid (delayed), TP2 x DP4, SP": [
