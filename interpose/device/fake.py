@@ -76,7 +76,6 @@ def _set_data(self: torch.Tensor, new: torch.Tensor) -> None:
         self.fake_device = new.fake_device
 
 
-
 # --- the class a program's tensors have ---------------------------------------------------------
 #
 # On a GPU a program's tensors are plain: `type(t) == torch.Tensor`. Frameworks choose paths with
@@ -121,6 +120,7 @@ def _fake_tensor_new(cls: type, fake_mode: Any, *args: Any, **kwargs: Any) -> Fa
     if cls is FakeTensor and isinstance(fake_mode, VirtualCudaFakeMode):
         cls = ProgramFakeTensor
     return _stock_fake_new(cls, fake_mode, *args, **kwargs)
+
 
 # --- Module.to() / .cuda() / .half(): the path real device tensors take ------------------------
 #
