@@ -98,7 +98,7 @@ class _ComparesAsTensor(type(FakeTensor)):  # type: ignore[misc]
         return cls is other or other is torch.Tensor or other is FakeTensor
 
     def __ne__(cls, other: object) -> bool:
-        return not (cls is other or other is torch.Tensor or other is FakeTensor)
+        return not _ComparesAsTensor.__eq__(cls, other)
 
     def __hash__(cls) -> int:
         return hash(FakeTensor)

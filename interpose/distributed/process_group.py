@@ -33,8 +33,6 @@ from phantora import protocol as P
 from phantora.roles import ENV as RanksEnv, RankRoles
 
 _rt: Any = None
-
-
 SIMULATED_NCCL_VERSION = (2, 27, 5)  # what torch.cuda.nccl.version() reports under phantora
 _groups: dict[str, "SimProcessGroup"] = {}  # group name -> its simulated backend
 _live_works: dict[int, "SimWork"] = {}  # work id -> work, until waited (oldest dropped past the cap)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from interpose.device.transformer_engine import ops as nvte_ops
-from interpose.device.transformer_engine.errors import not_modelled
+from interpose.device.transformer_engine.errors import not_modelled, plain
 
 # What the virtual machine reports: the cuDNN that torch 2.14's CUDA 13 wheels bring (9.24.0,
 # encoded as cudnnGetVersion does).
@@ -169,12 +169,6 @@ def get_fused_attn_backend(params: Any) -> tuple[Any, str]:
 
 # --- forward and backward ------------------------------------------------------------------------
 
-def _dense(t: Any, what: str) -> torch.Tensor:
-    if isinstance(t, torch.Tensor) and not hasattr(t, "_quantizer"):
-        return t
-    raise not_modelled(f"fused attention with a quantized {what} ({type(t).__name__}): FP8 attention")
-
-
 def _attention_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Any, cu_seqlens_q: Any,
                     max_seqlen_q: int, max_seqlen_kv: int) -> tuple[int, int, int, int, int, int]:
     """(batch, query heads, seq_q, seq_kv, d_qk, d_v) the kernel works on. THD: the sequences'
@@ -200,7 +194,7 @@ def fused_attn_fwd(max_seqlen_q: int, max_seqlen_kv: int, is_training: bool, att
                    fake_dtype: torch.dtype, cu_seqlens_q_padded: Any, cu_seqlens_kv_padded: Any, page_table_k: Any,
                    page_table_v: Any, s_quantizer: Any, o_quantizer: Any, Bias: Any, SoftmaxOffset: Any,
                    rng_gen: Any, rng_elts_per_thread: int, return_max_logit: bool, cuda_graph: bool) -> list[Any]:
-    q, k, v = _dense(Q, "Q"), _dense(K, "K"), _dense(V, "V")
+    q, k, v = (plain(t, f"fused attention's {what}") for t, what in ((Q, "Q"), (K, "K"), (V, "V")))
     if o_quantizer is not None:
         raise not_modelled(f"fused attention with a quantized output ({type(o_quantizer).__name__}): FP8 attention")
     if page_table_k is not None:
@@ -208,15 +202,14 @@ def fused_attn_fwd(max_seqlen_q: int, max_seqlen_kv: int, is_training: bool, att
     q_format, _ = layout_formats(qkv_layout)
     out_format = _format_of(o_format, q_format)
     b, sq, h, _ = _dims(tuple(q.shape), q_format)
-    d_v = _dims(tuple(v.shape), layout_formats(qkv_layout)[1])[3]
+    batch, heads, seq_q, seq_kv, d_qk, d_v = _attention_dims(q, k, v, qkv_layout, cu_seqlens_q,
+                                                              max_seqlen_q, max_seqlen_kv)
     o = torch.empty(_shape(b, sq, h, d_v, out_format), dtype=fake_dtype, device=q.device)
     if out_format == "thd":
         o.zero_()
     # the softmax statistics (log-sum-exp per query row), and the max logits when asked
     stats_shape = [sq, h, 1] if q_format == "thd" else [b, h, sq, 1]
     stats = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
-    batch, heads, seq_q, seq_kv, d_qk, d_v = _attention_dims(q, k, v, qkv_layout, cu_seqlens_q,
-                                                              max_seqlen_q, max_seqlen_kv)
     causal = _name(attn_mask_type) in CAUSAL_MASKS
     bias = Bias if isinstance(Bias, torch.Tensor) and _name(bias_type) not in ("NVTE_NO_BIAS", "NVTE_ALIBI") else None
     nvte_ops.define_ops()
@@ -256,7 +249,8 @@ def fused_attn_bwd(max_seqlen_q: int, max_seqlen_kv: int, attn_scale: float, p_d
                    cu_seqlens_kv: torch.Tensor, Q: Any, K: Any, V: Any, O: Any, dO: Any, fake_dtype: torch.dtype,
                    Aux_CTX_Tensors: list, cu_seqlens_q_padded: Any, cu_seqlens_kv_padded: Any, s_quantizer: Any,
                    dp_quantizer: Any, dqkv_quantizer: Any, cuda_graph: bool) -> list[Any]:
-    q, k, v, o, do = (_dense(t, what) for t, what in ((Q, "Q"), (K, "K"), (V, "V"), (O, "O"), (dO, "dO")))
+    q, k, v, o, do = (plain(t, f"fused attention's {what}")
+                      for t, what in ((Q, "Q"), (K, "K"), (V, "V"), (O, "O"), (dO, "dO")))
     if dqkv_quantizer is not None:
         raise not_modelled(f"fused attention backward with quantized gradients ({type(dqkv_quantizer).__name__})")
     q_format, kv_format = layout_formats(qkv_layout)

@@ -1,6 +1,11 @@
-"""What the virtual `transformer_engine_torch` raises for what phantora does not model."""
+"""What the virtual `transformer_engine_torch` raises for what phantora does not model, and the
+check every modelled function makes of an operand it takes in high precision only."""
 
 from __future__ import annotations
+
+from typing import Any
+
+import torch
 
 
 def _rank() -> str:
@@ -23,3 +28,11 @@ def not_modelled(what: str) -> NotModelledError:
         f"activations, RoPE, BF16/FP16 attention and the optimizers' multi-tensor kernels. Use those "
         f"(e.g. the DelayedScaling, Float8CurrentScaling or MXFP8BlockScaling recipe), or add the kernel there "
         f"with a cost model in phantora/cost/transformer_engine.py.")
+
+
+def plain(t: Any, what: str) -> torch.Tensor:
+    """A high-precision tensor argument; a quantized one is not modelled here yet."""
+    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter or (
+            isinstance(t, torch.Tensor) and not hasattr(t, "_quantizer")):
+        return t
+    raise not_modelled(f"{what} with a quantized ({type(t).__name__}) operand")

@@ -39,7 +39,7 @@ import torch
 from interpose.device.transformer_engine import attention
 from interpose.device.transformer_engine import ops as nvte_ops
 from interpose.device.transformer_engine.attention import CUDNN_VERSION, NVTE_Fused_Attn_Backend
-from interpose.device.transformer_engine.errors import not_modelled
+from interpose.device.transformer_engine.errors import not_modelled, plain
 
 # --- enums (values from the core library's headers) --------------------------------------------
 
@@ -214,14 +214,6 @@ def _torch_dtype(dtype: Any) -> torch.dtype:
     return TORCH_DTYPES[DType(int(dtype))]
 
 
-def _plain(t: Any, what: str) -> torch.Tensor:
-    """A high-precision tensor argument; a quantized one is not modelled here yet."""
-    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter or (
-            isinstance(t, torch.Tensor) and not hasattr(t, "_quantizer")):
-        return t
-    raise not_modelled(f"{what} with a quantized ({type(t).__name__}) operand")
-
-
 def _empty(shape: Any, dtype: torch.dtype, device: torch.device, quantizer: Any, what: str) -> torch.Tensor:
     if quantizer is not None:
         raise not_modelled(f"{what} with a quantized output ({type(quantizer).__name__})")
@@ -322,8 +314,8 @@ def _quantized_empty(quantizer: Any, shape: Any, fake_dtype: torch.dtype, device
     kind = _scaling_kind(quantizer)
     if kind is None:
         raise not_modelled(f"{what} with a {type(quantizer).__name__} output (FP8 with per-tensor scaling, "
-                            f"Float8Quantizer and Float8CurrentScalingQuantizer, MXFP8 and FP8 block scaling are "
-                            f"modelled)")
+                           f"Float8Quantizer and Float8CurrentScalingQuantizer, MXFP8 and FP8 block scaling are "
+                           f"modelled)")
     if kind in ("delayed", "current"):
         return _make_float8(quantizer, shape, fake_dtype, device)
     return _make_from_spec(quantizer, shape, fake_dtype, device)
@@ -374,7 +366,7 @@ def _quantize_into(x: torch.Tensor, quantizer: Any, out: Any, *, dy: torch.Tenso
 
 
 def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: Any = None) -> Any:
-    x = _plain(tensor, "quantize").contiguous()
+    x = plain(tensor, "quantize").contiguous()
     out = output if output is not None else _quantized_empty(quantizer, x.shape, x.dtype, x.device, "quantize")
     if x.numel() != 0:  # the kernel launches whatever `noop` holds (it skips its work on the GPU)
         _quantize_into(x, quantizer, out)
@@ -391,7 +383,7 @@ def split_quantize(tensor: torch.Tensor, split_sections: Any, quantizer_list: li
                    disable_bulk_allocation: bool = False) -> list:
     """The input split along dim 0 into `split_sections` rows (GroupedLinear's per-expert
     tokens), each part quantized with its quantizer."""
-    x = _plain(tensor, "split_quantize").contiguous()
+    x = plain(tensor, "split_quantize").contiguous()
     if len(quantizer_list) != len(split_sections):
         raise RuntimeError(f"Expected {len(split_sections)} quantizers, but got {len(quantizer_list)}")
     parts = torch.split(x, [int(n) for n in split_sections], dim=0)
@@ -405,7 +397,7 @@ def create_empty_quantized_tensor(quantizer: Any, shape: Any, dtype: torch.dtype
 
 def bgrad_quantize(input: torch.Tensor, quantizer: Any) -> list[Any]:
     """The bias gradient (column sums) and the quantized input, in one cast+transpose+dbias kernel."""
-    x = _plain(input, "bgrad_quantize").contiguous()
+    x = plain(input, "bgrad_quantize").contiguous()
     dbias = torch.empty(int(x.shape[-1]), dtype=x.dtype, device=x.device)
     if quantizer is None:
         raise not_modelled("bgrad_quantize without a quantizer")
@@ -449,7 +441,7 @@ def _gemm_operand(t: Any, trans: bool, is_a: bool) -> tuple[torch.Tensor, torch.
     GEMM reads the operand that way, else its transpose, with the flag flipped (cuBLASLt's operand
     canonicalization in TE's core library)."""
     if not hasattr(t, "_fp8_dtype"):
-        return _plain(t, "generic_gemm"), None, trans
+        return plain(t, "generic_gemm"), None, trans
     if isinstance(t, _te_classes().MXFP8TensorStorage):
         # MXFP8 keeps both usages in the logical layout, each with its own block scales: a GEMM
         # reads the rowwise copy where it reads the operand along K by rows, else the columnwise one
@@ -472,7 +464,7 @@ def _gemm_operand(t: Any, trans: bool, is_a: bool) -> tuple[torch.Tensor, torch.
         return _fp8_view(data.reshape(data.shape[0], -1), t._fp8_dtype), t._columnwise_scale_inv, not trans
     if not hasattr(t, "_transpose"):
         raise not_modelled(f"GEMM with a {type(t).__name__} operand (only per-tensor FP8, MXFP8 and FP8 block "
-                            f"scaling are modelled)")
+                           f"scaling are modelled)")
     wanted_rowwise = trans if is_a else not trans
     if _non_tn_fp8_gemm() or (wanted_rowwise and t._data is not None):
         if t._data is None:
@@ -538,7 +530,7 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
     # scaling quantizer; otherwise the GEMM writes high precision and the extension quantizes it
     fused_quantize = quantizer is not None and low_precision and _scaling_kind(quantizer) == "delayed"
     if quantizer is None:
-        d_buffer = _plain(D, "generic_gemm output")
+        d_buffer = plain(D, "generic_gemm output")
     elif fused_quantize:
         d_buffer = _fp8_view(D._data, D._fp8_dtype)
     else:
@@ -625,7 +617,7 @@ def _norm_output(x: torch.Tensor, ln_out: Any, quantizer: Any, otype: Any, what:
     out_dtype = _torch_dtype(otype)
     if quantizer is None:
         out = ln_out if ln_out is not None else torch.empty(x.shape, dtype=out_dtype, device=x.device)
-        return out, _plain(out, f"{what} output"), False
+        return out, plain(out, f"{what} output"), False
     out = ln_out if ln_out is not None else _quantized_empty(quantizer, x.shape, out_dtype, x.device, what)
     if _scaling_kind(quantizer) == "delayed" and out._data is not None:
         return out, _fp8_view(out._data, out._fp8_dtype), False
@@ -641,13 +633,13 @@ def _finish_norm_output(out: Any, written: torch.Tensor, quantizer: Any, cast: b
 
 def layernorm_fwd(input: Any, weight: Any, bias: Any, eps: float, ln_out: Any, quantizer: Any, otype: Any,
                   sm_margin: int, zero_centered_gamma: bool) -> list[Any]:
-    x = _plain(input, "layernorm_fwd")
+    x = plain(input, "layernorm_fwd")
     rows, _ = _flat2d(x.shape)
     mu = torch.empty(rows, dtype=torch.float32, device=x.device)
     rsigma = torch.empty(rows, dtype=torch.float32, device=x.device)
     out, written, cast = _norm_output(x, ln_out, quantizer, otype, "LayerNorm")
     nvte_ops.define_ops()
-    torch.ops.nvte.layernorm_fwd(x, _plain(weight, "layernorm_fwd"), bias, written, mu, rsigma, float(eps),
+    torch.ops.nvte.layernorm_fwd(x, plain(weight, "layernorm_fwd"), bias, written, mu, rsigma, float(eps),
                                  bool(zero_centered_gamma))
     _finish_norm_output(out, written, quantizer, cast)
     return [out, mu, rsigma]
@@ -655,12 +647,12 @@ def layernorm_fwd(input: Any, weight: Any, bias: Any, eps: float, ln_out: Any, q
 
 def rmsnorm_fwd(input: Any, weight: Any, eps: float, ln_out: Any, quantizer: Any, otype: Any, sm_margin: int,
                 zero_centered_gamma: bool) -> list[Any]:
-    x = _plain(input, "rmsnorm_fwd")
+    x = plain(input, "rmsnorm_fwd")
     rows, _ = _flat2d(x.shape)
     rsigma = torch.empty(rows, dtype=torch.float32, device=x.device)
     out, written, cast = _norm_output(x, ln_out, quantizer, otype, "RMSNorm")
     nvte_ops.define_ops()
-    torch.ops.nvte.rmsnorm_fwd(x, _plain(weight, "rmsnorm_fwd"), written, rsigma, float(eps),
+    torch.ops.nvte.rmsnorm_fwd(x, plain(weight, "rmsnorm_fwd"), written, rsigma, float(eps),
                                bool(zero_centered_gamma))
     _finish_norm_output(out, written, quantizer, cast)
     return [out, None, rsigma]
@@ -696,7 +688,7 @@ ACTIVATIONS = {
 
 def _activation(kind: str, gated: bool) -> Callable[..., Any]:
     def forward(input: torch.Tensor, quantizer: Any) -> Any:
-        x = _plain(input, kind).contiguous()
+        x = plain(input, kind).contiguous()
         shape = list(x.shape)
         if gated:
             shape[-1] //= 2
@@ -716,7 +708,7 @@ def _dactivation(kind: str, with_dbias: bool) -> Callable[..., Any]:
     name = f"dbias_d{kind}" if with_dbias else f"d{kind}"
 
     def backward(grad: torch.Tensor, fwd_input: torch.Tensor, quantizer: Any) -> Any:
-        dy, x = _plain(grad, name).contiguous(), _plain(fwd_input, name).contiguous()
+        dy, x = plain(grad, name).contiguous(), plain(fwd_input, name).contiguous()
         dbias = torch.empty(int(x.shape[-1]), dtype=dy.dtype, device=x.device) if with_dbias else None
         nvte_ops.define_ops()
         if quantizer is None:
@@ -781,7 +773,7 @@ def multi_tensor_adam(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: An
     from interpose.device.cuda_extensions import multi_tensor_adam as shared_kernel
     if len(tensor_lists) != 4:
         raise not_modelled(f"multi_tensor_adam with {len(tensor_lists)} tensor lists (FusedAdam with "
-                            f"master_weights)")
+                           f"master_weights)")
     shared_kernel(chunk_size, noop_flag, tensor_lists, *args)
 
 
