@@ -53,6 +53,47 @@ class VirtualCudaFakeMode(FakeTensorMode):
             flag = self.__dict__.setdefault("_phantora_kernel_flag", threading.local())
         return flag
 
+    # FakeTensorMode reuses an op's outputs when the op, its scalars and its tensors' metadata
+    # repeat (its dispatch cache), so a steady training step never runs a fake kernel; what it
+    # still pays per op is the cache key. Stock builds it per tensor as a TensorMetadata dataclass
+    # (suggest_memory_format, the sparse checks, a field-by-field flatten): about a fifth of a
+    # GPT step's CPU under phantora. For the plain strided tensors of this mode the same facts go
+    # into the key as one tuple: everything TensorMetadata holds for such a tensor, less
+    # memory_format, which its shape and strides decide. Anything else (sparse, symbolic,
+    # constants, another mode's tensors, torch.Size, dicts) takes the stock path, and a key of
+    # this form never equals a stock one (the marker), so the class-wide cache stays sound.
+    def _prep_args_for_hash(self, result: list, args: Any, state: Any, id_hashed_objects: list) -> None:
+        if type(args) is not list and type(args) is not tuple:
+            return super()._prep_args_for_hash(result, args, state, id_hashed_objects)
+        result.append(type(args))
+        result.append(f"length_{len(args)}")
+        for arg in args:
+            cls = type(arg)
+            if cls in _KEYED_AS_VALUES:  # as stock keys a scalar: 1 and 1.0 give different dtypes
+                result.append(cls)
+                result.append(arg)
+            elif (cls is ProgramFakeTensor and arg.fake_mode is self and arg.constant is None
+                  and arg.layout == torch.strided and not arg._has_symbolic_sizes_strides):
+                result.append(_STRIDED_TENSOR)
+                result.append((arg.dtype, arg.shape, arg.stride(), arg.fake_device, arg.storage_offset(),
+                               arg.untyped_storage().nbytes(), arg.requires_grad, arg.is_quantized, arg.is_conj(),
+                               arg.is_neg(), arg.is_inference()))
+            else:
+                super()._prep_args_for_hash(result, iter((arg,)), state, id_hashed_objects)
+
+
+class _StridedTensorKey:
+    """Marks a dispatch-cache key entry made by VirtualCudaFakeMode._prep_args_for_hash."""
+
+    def __repr__(self) -> str:
+        return "<phantora strided tensor>"
+
+
+_STRIDED_TENSOR = _StridedTensorKey()
+# Argument types whose value is the key (stock FakeTensorMode keys them by type and value too)
+_KEYED_AS_VALUES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                              torch.memory_format})
+
 
 def _from_meta_and_device(self: Any, fake_mode: Any, t: torch.Tensor, device: torch.device,
                           pytype: Any = None, dispatch_keys: Any = None) -> FakeTensor:

@@ -1,0 +1,16 @@
+"""FakeTensorMode's dispatch cache keys the program's plain tensors in phantora's cheaper form
+(interpose/device/fake.py VirtualCudaFakeMode._prep_args_for_hash), and that form tells argument
+lists apart exactly as stock FakeTensorMode's key does: shape, strides, storage offset and size,
+dtype, device, requires_grad, inference, conjugate and negative views; scalars by type and value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.virtual_gpu.harness import BUILDS, assert_ran, run_traced
+
+
+@BUILDS
+def test_dispatch_cache_key_distinguishes_what_stock_does(tmp_path: Path, user_python: str) -> None:
+    proc, _ = run_traced(tmp_path, user_python, "dispatch_cache_key.py")
+    assert_ran(proc, "made", "same_distinctions", "scalars", "stock_path", "cache_hits")
