@@ -34,7 +34,9 @@ class VirtualCudaFakeMode(FakeTensorMode):
     # flag belongs to the thread running the kernel, as the meta dispatch key it goes with is.
     @property
     def in_kernel_invocation(self) -> bool:  # type: ignore[override]
-        return getattr(self._kernel_flag(), "active", False)
+        # read at every FakeTensor.device: the plain lookup, not a call
+        flag = self.__dict__.get("_phantora_kernel_flag")
+        return flag is not None and flag.active
 
     @in_kernel_invocation.setter
     def in_kernel_invocation(self, active: bool) -> None:
@@ -47,10 +49,10 @@ class VirtualCudaFakeMode(FakeTensorMode):
         memo[id(self)] = self
         return self
 
-    def _kernel_flag(self) -> threading.local:
+    def _kernel_flag(self) -> "_KernelFlag":
         flag = self.__dict__.get("_phantora_kernel_flag")
         if flag is None:
-            flag = self.__dict__.setdefault("_phantora_kernel_flag", threading.local())
+            flag = self.__dict__.setdefault("_phantora_kernel_flag", _KernelFlag())
         return flag
 
     # FakeTensorMode reuses an op's outputs when the op, its scalars and its tensors' metadata
@@ -80,6 +82,12 @@ class VirtualCudaFakeMode(FakeTensorMode):
                                arg.is_neg(), arg.is_inference()))
             else:
                 super()._prep_args_for_hash(result, iter((arg,)), state, id_hashed_objects)
+
+
+class _KernelFlag(threading.local):
+    """Whether this thread is running a fake kernel (VirtualCudaFakeMode.in_kernel_invocation)."""
+
+    active = False
 
 
 class _StridedTensorKey:
