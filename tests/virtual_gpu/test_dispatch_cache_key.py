@@ -13,4 +13,4 @@ from tests.virtual_gpu.harness import BUILDS, assert_ran, run_traced
 @BUILDS
 def test_dispatch_cache_key_distinguishes_what_stock_does(tmp_path: Path, user_python: str) -> None:
     proc, _ = run_traced(tmp_path, user_python, "dispatch_cache_key.py")
-    assert_ran(proc, "made", "same_distinctions", "scalars", "stock_path", "cache_hits")
+    assert_ran(proc, "made", "same_distinctions", "scalars", "stock_path", "cache_hits", "unsafe_view")

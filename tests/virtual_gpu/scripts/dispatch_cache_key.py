@@ -76,3 +76,19 @@ for _ in range(3):
 after = FakeTensorMode.cache_info()
 assert after.hits - before.hits >= 6 and after.misses == before.misses, (before, after)
 print("ok cache_hits")
+
+# aten::linear of a 3-d input ends in _unsafe_view, which phantora serves as view's cache entry
+# (interpose/ops/observer.py _CACHED_EQUIVALENT): what autograd and the storage show is a GPU's
+x, w = torch.randn(4, 8, 32, device="cuda"), torch.randn(16, 32, device="cuda", requires_grad=True)
+before = FakeTensorMode.cache_info().bypasses.get("unsafe view", 0)
+for _ in range(3):
+    y = torch.nn.functional.linear(x, w)
+    m = torch.randn(32, 16, device="cuda")
+    u = torch.ops.aten._unsafe_view(m, [4, 8, 16])
+assert FakeTensorMode.cache_info().bypasses.get("unsafe view", 0) == before
+assert type(y.grad_fn).__name__ == "UnsafeViewBackward0" and not y._is_view() and y.shape == (4, 8, 16)
+assert not u._is_view() and u._base is None and u.untyped_storage()._cdata == m.untyped_storage()._cdata
+assert u.shape == (4, 8, 16) and u.stride() == (128, 16, 1)
+y.sum().backward()
+assert w.grad.shape == (16, 32)
+print("ok unsafe_view")
