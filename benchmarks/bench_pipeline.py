@@ -17,6 +17,10 @@ ratios move with the load, the rank's CPU ratio less):
   before the observer answered prim.device itself: wall ratio 1.92-2.47 (median 2.10),
     563-890 us/op against 268-361 us/op; rank CPU ratio 2.1-2.2 (0.47 s against 0.22 s per step)
   after: wall ratio 1.66-2.25 (median 1.70), rank CPU ratio 1.89-1.95
+Measured 2026-11-29 (load ~1, two alternating runs each, afc268f against the dispatch-cache
+changes after it, docs/scale.md "What one op costs"): median ratio 2.52 and 2.66 before, 2.47
+and 2.16 after (rank CPU ratio 2.30-2.98 before, 1.80-2.56 after): this ratio moves by 0.5 between
+runs here, so compare per-step CPU of long runs instead (docs/scale.md).
 Where the rank's extra CPU goes (cProfile with a CPU-time clock over the main and the autograd
 threads, GPT-124M, shares of the time spent in interpose/): no one cost dominates. The observer's
 _report (signature key, the record, the allocator model) ~30%, values (note_result, note_shadow)
