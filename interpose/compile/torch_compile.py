@@ -304,7 +304,11 @@ def _never_convert_own_frames() -> None:
     """Code Dynamo generates calls some of phantora's functions directly (it rebuilds a stream
     with torch.accelerator.current_stream, which is phantora's): such a call must run as it is.
     Converting its frame traced phantora's own code, which graph-broke and rebuilt the stream
-    again, without end. Inside traced user code phantora's functions are inlined as before."""
+    again, without end. Inside traced user code phantora's functions are inlined as before.
+    Every code object of phantora's modules is marked, as Dynamo skips torch's own files: methods
+    held as staticmethod (every `__new__`), classmethod or property, and the functions defined
+    inside them. Missing `Stream.__new__` left torch.cuda.current_stream() in a compiled function
+    one graph break (and a warning about a builtin Dynamo cannot trace) that a GPU does not have."""
     import sys
     import types
 
@@ -314,12 +318,35 @@ def _never_convert_own_frames() -> None:
         if not name.startswith("interpose.") or module is None:
             continue
         for value in list(vars(module).values()):
-            functions = [value] if isinstance(value, types.FunctionType) else (
-                [v for v in vars(value).values() if isinstance(v, types.FunctionType)]
-                if isinstance(value, type) and value.__module__ == name else [])
-            for fn in functions:
-                if fn.__module__ == name:
-                    skip_code(fn.__code__)
+            members = [value] if isinstance(value, types.FunctionType) else (
+                list(vars(value).values()) if isinstance(value, type) and value.__module__ == name else [])
+            for member in members:
+                for fn in _functions_of(member):
+                    if fn.__module__ == name:
+                        for code in _code_objects(fn.__code__):
+                            skip_code(code)
+
+
+def _functions_of(member: Any) -> list:
+    """The plain functions a module or class member holds."""
+    import types
+
+    if isinstance(member, types.FunctionType):
+        return [member]
+    if isinstance(member, (staticmethod, classmethod)):
+        return _functions_of(member.__func__)
+    if isinstance(member, property):
+        return [f for f in (member.fget, member.fset, member.fdel) if isinstance(f, types.FunctionType)]
+    return []
+
+
+def _code_objects(code: Any) -> list:
+    """`code` and the code of every function, lambda and comprehension defined inside it."""
+    found = [code]
+    for const in code.co_consts:
+        if isinstance(const, type(code)):
+            found.extend(_code_objects(const))
+    return found
 
 
 JOINT_GRAPH = "torch._inductor.fx_passes.joint_graph"

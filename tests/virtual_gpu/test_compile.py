@@ -93,7 +93,7 @@ def test_compiled_kernels_are_inductors_fused_kernels(tmp_path: Path, user_pytho
 def test_compile_graph_breaks_checkpoint_optimizer_flex(tmp_path: Path, user_python: str) -> None:
     proc, trace = run_traced(tmp_path, user_python, "compile_modes.py")
     assert_ran(proc, "graph_break", "checkpoint", "optimizer", "flex_causal", "flex_sliding", "flex_document",
-               "reduce_overhead", "custom_backend_refused")
+               "reduce_overhead", "custom_backend_refused", "current_stream")
     events = _events(trace)
     generated = _generated(_kernels(trace))
     # graph break: sin*2 and cos+1 are two graphs, one kernel each

@@ -106,3 +106,24 @@ try:
 except RuntimeError as e:
     assert "phantora" in str(e) and "my_backend" in str(e), e
     print("ok custom_backend_refused")
+
+# --- the current stream in compiled code: Dynamo traces torch.cuda.current_stream() into the
+# graph (its handler for torch's function), as on a GPU; no graph break, no warning about code
+# of phantora's it tried to trace
+import warnings  # noqa: E402
+
+from torch._dynamo.utils import counters  # noqa: E402
+
+
+def on_current_stream(t: torch.Tensor) -> torch.Tensor:
+    s = torch.cuda.current_stream()
+    return t * 2 + s.device.index
+
+
+before = sum(counters["graph_break"].values())
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    out = torch.compile(on_current_stream, backend="eager")(torch.randn(8, device="cuda"))
+assert out.shape == (8,) and sum(counters["graph_break"].values()) == before, dict(counters["graph_break"])
+assert not [w for w in seen if "Dynamo" in str(w.message)], [str(w.message)[:200] for w in seen]
+print("ok current_stream")
