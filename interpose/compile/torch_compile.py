@@ -305,17 +305,18 @@ def _never_convert_own_frames() -> None:
     with torch.accelerator.current_stream, which is phantora's): such a call must run as it is.
     Converting its frame traced phantora's own code, which graph-broke and rebuilt the stream
     again, without end. Inside traced user code phantora's functions are inlined as before.
-    Every code object of phantora's modules is marked, as Dynamo skips torch's own files: methods
-    held as staticmethod (every `__new__`), classmethod or property, and the functions defined
-    inside them. Missing `Stream.__new__` left torch.cuda.current_stream() in a compiled function
-    one graph break (and a warning about a builtin Dynamo cannot trace) that a GPU does not have."""
+    Every code object of phantora's modules (interpose and phantora: a skipped frame's callees are
+    looked at one by one) is marked, as Dynamo skips torch's own files: methods held as
+    staticmethod (every `__new__`), classmethod or property, and the functions defined inside
+    them. Missing `Stream.__new__` left torch.cuda.current_stream() in a compiled function one
+    graph break (and a warning about a builtin Dynamo cannot trace) that a GPU does not have."""
     import sys
     import types
 
     from torch._dynamo.eval_frame import skip_code
 
     for name, module in list(sys.modules.items()):
-        if not name.startswith("interpose.") or module is None:
+        if not name.startswith(("interpose.", "phantora.")) or module is None:
             continue
         for value in list(vars(module).values()):
             members = [value] if isinstance(value, types.FunctionType) else (
