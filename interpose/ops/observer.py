@@ -64,8 +64,8 @@ _GEMMS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten._addmm_activation, a
 # Ops FakeTensorMode computes the same way as another op that its dispatch cache serves.
 # _unsafe_view is view without autograd's view record (aten::linear of a 3-d input ends in one,
 # so every such Linear has one); stock FakeTensorMode never caches it and runs its shape function
-# each time (466 us of CPU per call through phantora, 281 us as view; upstream pytorch#193765
-# caches it in a later release). Both fake kernels are fake_impls._view_meta, and below
+# each time (466 us of CPU per call through phantora, 281 us as view; upstream, pytorch#193765
+# proposes caching it). Both fake kernels are fake_impls._view_meta, and below
 # autograd, where the observer runs, neither records a view: view's cache entry gives the same
 # tensor on the same storage. The op is still reported as _unsafe_view.
 _CACHED_EQUIVALENT = {aten._unsafe_view.default: aten.view.default}
