@@ -33,6 +33,8 @@ decided on.
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any, Callable
 
 import torch
@@ -310,9 +312,6 @@ def _never_convert_own_frames() -> None:
     staticmethod (every `__new__`), classmethod or property, and the functions defined inside
     them. Missing `Stream.__new__` left torch.cuda.current_stream() in a compiled function one
     graph break (and a warning about a builtin Dynamo cannot trace) that a GPU does not have."""
-    import sys
-    import types
-
     from torch._dynamo.eval_frame import skip_code
 
     for name, module in list(sys.modules.items()):
@@ -330,8 +329,6 @@ def _never_convert_own_frames() -> None:
 
 def _functions_of(member: Any) -> list:
     """The plain functions a module or class member holds."""
-    import types
-
     if isinstance(member, types.FunctionType):
         return [member]
     if isinstance(member, (staticmethod, classmethod)):
@@ -341,11 +338,11 @@ def _functions_of(member: Any) -> list:
     return []
 
 
-def _code_objects(code: Any) -> list:
+def _code_objects(code: types.CodeType) -> list:
     """`code` and the code of every function, lambda and comprehension defined inside it."""
     found = [code]
     for const in code.co_consts:
-        if isinstance(const, type(code)):
+        if isinstance(const, types.CodeType):
             found.extend(_code_objects(const))
     return found
 
