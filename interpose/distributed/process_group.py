@@ -180,13 +180,9 @@ class SimWork(dist._Work):
 
     def wait(self, timeout: Any = None) -> bool:
         _live_works.pop(self.work_id, None)
+        _unwaited.pending.pop(self.work_id, None)
         self.waited = True
-        _rt.client.record([P.R_WORK_WAIT, self.work_id, self.device, current_stream_id(self.device),
-                           int(self.host_blocks)])
-        if self.host_blocks:
-            # A barrier holds the process until every member is in (scripts rely on it, e.g.
-            # rank 0 writes a file the others read): the clock call is answered only then.
-            _rt.client.call(P.C_NOW)
+        _record_wait(self.work_id, self.device, self.host_blocks)
         return True
 
     def is_completed(self) -> bool:
@@ -207,24 +203,38 @@ class SimWork(dist._Work):
         return fut
 
 
+def _record_wait(work_id: int, device: int, host_blocks: bool) -> None:
+    _rt.client.record([P.R_WORK_WAIT, work_id, device, current_stream_id(device), int(host_blocks)])
+    if host_blocks:
+        # A barrier holds the process until every member is in (scripts rely on it, e.g.
+        # rank 0 writes a file the others read): the clock call is answered only then.
+        _rt.client.call(P.C_NOW)
+
+
 class _Unwaited:
-    """Works issued inside a backward pass and not waited on by the end of it."""
+    """Works issued inside a backward pass and not waited on by the end of it. Kept by id, not
+    by the work: a work holds its tensors, and one the program waited on and dropped must free
+    them then, as on a GPU (FSDP's all-gather and reduce-scatter buffers and an expert-parallel
+    all-to-all's outputs, a layer at a time), not at the end of the backward."""
 
     def __init__(self) -> None:
-        self.works: list[SimWork] = []
+        self.pending: dict[int, tuple[int, bool]] = {}  # work id -> (device, host_blocks)
         self.callback_queued = False
 
     def add(self, work: SimWork) -> None:
-        self.works.append(work)
+        self.pending[work.work_id] = (work.device, work.host_blocks)
         if not self.callback_queued:
             self.callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self.flush)
 
     def flush(self) -> None:
-        works, self.works, self.callback_queued = self.works, [], False
-        for w in works:
-            if not w.waited:
-                w.wait()
+        pending, self.pending, self.callback_queued = self.pending, {}, False
+        for work_id, (device, host_blocks) in pending.items():
+            work = _live_works.get(work_id)
+            if work is not None:
+                work.wait()
+            else:  # dropped by the program (or past _MAX_LIVE_WORKS) without a wait
+                _record_wait(work_id, device, host_blocks)
 
 
 _unwaited = _Unwaited()

@@ -185,3 +185,17 @@ def test_object_collectives_leave_nothing_in_the_store(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after = map(int, re.search(r"store keys after 1 round (\d+), after 31 rounds (\d+)", proc.stdout).groups())
     assert after == before, (before, after)
+
+
+def test_collectives_in_a_backward_free_their_tensors_when_the_program_drops_them(tmp_path):
+    """Four backward steps each run a synchronous all-reduce (64 MiB), an all-to-all (2 x 16 MiB
+    out) and a waited async all-reduce (32 MiB), then drop the tensors: nothing stays allocated.
+    Before: phantora kept every work issued in a backward, with its tensors, to the backward's end
+    (128 MiB left after each step here; a 16-GPU DeepSeek-V3 16B step with full checkpointing
+    peaked at 31.4 GiB instead of 16.6)."""
+    proc, _ = trace_script(tmp_path, str(SCRIPTS / "backward_collective_memory.py"),
+                           options=("--nproc-per-node", "2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank}: MiB still allocated after each backward's collectives [0, 0, 0, 0]" in proc.stdout, \
+            proc.stdout
