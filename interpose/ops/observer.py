@@ -487,19 +487,8 @@ def _signature_key(func: Any, args: tuple, kwargs: dict, rt: rt_mod.Runtime) -> 
             if device < 0 and a.device.type == "cuda":
                 device = a.device.index or 0
         elif isinstance(a, (list, tuple)):
-            sub = []
-            for x in a:
-                if isinstance(x, torch.Tensor):
-                    sub.append(_tensor_key(x, rt))
-                    if device < 0 and x.device.type == "cuda":
-                        device = x.device.index or 0
-                elif isinstance(x, float):
-                    sub.append(float)
-                elif isinstance(x, list):  # nested int lists (FSDP2's split sizes)
-                    sub.append(_frozen(x))
-                else:
-                    sub.append(x)
-            parts.append(tuple(sub))
+            sub, device = _sequence_key(a, device, rt)
+            parts.append(sub)
         elif isinstance(a, float):
             parts.append(float)
         else:
@@ -511,13 +500,33 @@ def _signature_key(func: Any, args: tuple, kwargs: dict, rt: rt_mod.Runtime) -> 
                 device = v.device.index or 0
         elif isinstance(v, float):
             parts.append((k, float))
-        elif isinstance(v, list):
-            parts.append((k, _frozen(v)))
+        elif isinstance(v, (list, tuple)):
+            # an `out=` list (FSDP2's split_with_sizes_copy): its tensors by signature, never
+            # the tensors themselves, which rt.sig_ids would keep alive for the whole run
+            sub, device = _sequence_key(v, device, rt)
+            parts.append((k, sub))
         else:
             if device < 0 and isinstance(v, torch.device) and v.type == "cuda":
                 device = v.index if v.index is not None else torch._C._accelerator_getDeviceIndex()
             parts.append((k, v))
     return tuple(parts), device
+
+
+def _sequence_key(a: list | tuple, device: int, rt: rt_mod.Runtime) -> tuple[tuple, int]:
+    """_signature_key's part for a list argument, and the op's device updated from it."""
+    sub = []
+    for x in a:
+        if isinstance(x, torch.Tensor):
+            sub.append(_tensor_key(x, rt))
+            if device < 0 and x.device.type == "cuda":
+                device = x.device.index or 0
+        elif isinstance(x, float):
+            sub.append(float)
+        elif isinstance(x, list):  # nested int lists (FSDP2's split sizes)
+            sub.append(_frozen(x))
+        else:
+            sub.append(x)
+    return tuple(sub), device
 
 
 def _frozen(a: list) -> tuple:
