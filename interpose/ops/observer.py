@@ -513,7 +513,9 @@ def _signature_key(func: Any, args: tuple, kwargs: dict, rt: rt_mod.Runtime) -> 
 
 
 def _sequence_key(a: list | tuple, device: int, rt: rt_mod.Runtime) -> tuple[tuple, int]:
-    """_signature_key's part for a list argument, and the op's device updated from it."""
+    """_signature_key's part for a list argument, and the op's device updated from it. Nested
+    lists and tuples (FSDP2's split sizes, a flex-attention BlockMask) are keyed the same way,
+    so that no tensor itself ends up in the key."""
     sub = []
     for x in a:
         if isinstance(x, torch.Tensor):
@@ -522,15 +524,12 @@ def _sequence_key(a: list | tuple, device: int, rt: rt_mod.Runtime) -> tuple[tup
                 device = x.device.index or 0
         elif isinstance(x, float):
             sub.append(float)
-        elif isinstance(x, list):  # nested int lists (FSDP2's split sizes)
-            sub.append(_frozen(x))
+        elif isinstance(x, (list, tuple)):
+            part, device = _sequence_key(x, device, rt)
+            sub.append(part)
         else:
             sub.append(x)
     return tuple(sub), device
-
-
-def _frozen(a: list) -> tuple:
-    return tuple(_frozen(x) if isinstance(x, list) else x for x in a)
 
 
 # --- ops answered here ----------------------------------------------------------------------
