@@ -479,20 +479,8 @@ def _signature_key(func: Any, args: tuple, kwargs: dict, rt: rt_mod.Runtime) -> 
 
     Float scalars are left out so that, e.g., a changing learning rate does not create a new
     signature every step (they do not change kernel times)."""
-    device = -1
-    parts: list[Any] = [func]
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            parts.append(_tensor_key(a, rt))
-            if device < 0 and a.device.type == "cuda":
-                device = a.device.index or 0
-        elif isinstance(a, (list, tuple)):
-            sub, device = _sequence_key(a, device, rt)
-            parts.append(sub)
-        elif isinstance(a, float):
-            parts.append(float)
-        else:
-            parts.append(a)
+    positional, device = _sequence_key(args, -1, rt)
+    parts: list[Any] = [func, *positional]
     for k, v in kwargs.items():
         if isinstance(v, torch.Tensor):
             parts.append((k, _tensor_key(v, rt)))
@@ -513,9 +501,9 @@ def _signature_key(func: Any, args: tuple, kwargs: dict, rt: rt_mod.Runtime) -> 
 
 
 def _sequence_key(a: list | tuple, device: int, rt: rt_mod.Runtime) -> tuple[tuple, int]:
-    """_signature_key's part for a list argument, and the op's device updated from it. Nested
-    lists and tuples (FSDP2's split sizes, a flex-attention BlockMask) are keyed the same way,
-    so that no tensor itself ends up in the key."""
+    """_signature_key's part for a sequence of arguments (the positional ones, a list argument),
+    and the op's device updated from it. Nested lists and tuples (FSDP2's split sizes, a
+    flex-attention BlockMask) are keyed the same way, so that no tensor itself ends up in the key."""
     sub = []
     for x in a:
         if isinstance(x, torch.Tensor):
