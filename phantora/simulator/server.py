@@ -14,6 +14,8 @@ rank's process itself only stops at its next call. Held ranks that see no progre
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import selectors
 import socket
@@ -24,7 +26,7 @@ import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from phantora import protocol as P
 from phantora.engine.collectives import CollectiveMismatch
@@ -36,6 +38,23 @@ from phantora.simulator.progress import REFRESH_S, Progress, RunStatus
 FLUSH_S = 1.0  # the trace reaches the disk at least this often (a killed run leaves a readable prefix)
 
 _HELD = object()  # a call that cannot be answered until a collective completes
+
+# The simulator allocates flows, events and records by the million and keeps many of them for the
+# run. Under CPython's default thresholds (700, 10, 10) its collector ran 50,832 young and 204 full
+# collections in one step of DeepSeek-V3 671B at 128 GPUs (EP 64, --ranks auto). Young cyclic
+# garbage still goes (1.7-1.8 M objects collected either way); full collections come 100x rarer.
+SERVE_GC_THRESHOLD = (100_000, 10, 10)
+
+
+@contextlib.contextmanager
+def fewer_collections(threshold: tuple[int, int, int] = SERVE_GC_THRESHOLD) -> Iterator[None]:
+    """The cyclic collector's thresholds raised while the simulator serves, then restored."""
+    before = gc.get_threshold()
+    gc.set_threshold(*threshold)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 @dataclass
@@ -97,14 +116,15 @@ class SimulatorServer:
     # --- loop ---------------------------------------------------------------------------------
     def serve(self, keep_going: Callable[[], bool], poll_s: float = 0.05) -> None:
         """Serve until keep_going() is false, then drain what connected processes already sent."""
-        while self.failure is None and self.refuted is None and keep_going():
-            self._guarded_poll(poll_s)
-        if self.refuted is not None:
-            return
-        deadline = time.monotonic() + 2.0
-        while self.failure is None and self.open_connections() and time.monotonic() < deadline:
-            if not self._guarded_poll(0.05):
-                break
+        with fewer_collections():
+            while self.failure is None and self.refuted is None and keep_going():
+                self._guarded_poll(poll_s)
+            if self.refuted is not None:
+                return
+            deadline = time.monotonic() + 2.0
+            while self.failure is None and self.open_connections() and time.monotonic() < deadline:
+                if not self._guarded_poll(0.05):
+                    break
 
     # --- the simulator's own failures -----------------------------------------------------------
     def _guarded_poll(self, timeout: float) -> bool:

@@ -64,3 +64,26 @@ def test_a_collective_waits_only_in_the_time_the_server_waits_for_the_ranks():
         server._poll(0.05)  # waiting for the ranks: this time counts
     assert e.matcher.overdue(0.2) == [p]
     assert 0.3 <= server.waited_s <= 0.6
+
+
+def test_the_server_raises_the_collectors_thresholds_while_it_serves_and_restores_them():
+    import gc
+
+    from engine.test_collectives import two_rank_engine
+    from phantora.simulator.server import SERVE_GC_THRESHOLD
+
+    before = gc.get_threshold()
+    assert before != SERVE_GC_THRESHOLD
+    server = SimulatorServer(two_rank_engine())
+    seen = []
+
+    def keep_going() -> bool:
+        seen.append(gc.get_threshold())
+        return len(seen) < 2
+
+    try:
+        server.serve(keep_going, poll_s=0.01)
+    finally:
+        server.close()
+    assert seen == [SERVE_GC_THRESHOLD, SERVE_GC_THRESHOLD]
+    assert gc.get_threshold() == before
