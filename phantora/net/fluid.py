@@ -171,10 +171,14 @@ class FlowSimulator:
         self.islands.clear()
         self._island_parent.clear()
         self._link_island[:] = -1
+        link_island = self._link_island
         for fid in sorted(self.flows):
             f = self.flows[fid]
-            ids = self._link_island[f.links]
-            roots = sorted({self._find(int(i)) for i in np.unique(ids[ids >= 0])})
+            if len(f.link_list) > _MANY_LINKS:
+                ids = link_island[f.links]
+                roots = sorted({self._find(int(i)) for i in np.unique(ids[ids >= 0])})
+            else:  # a point-to-point transfer's few links: numpy's per-call cost would dominate
+                roots = sorted({self._find(i) for i in link_island[f.links].tolist() if i >= 0})
             island = self._new_island() if not roots else self.islands[roots[0]]
             for r in roots[1:]:
                 other = self.islands.pop(r)
