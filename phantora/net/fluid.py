@@ -201,22 +201,33 @@ class FlowSimulator:
 
     # ---- the link index of active flows -------------------------------------------------
 
-    def activate(self, f: Flow) -> None:
+    def activate(self, f: Flow, count: bool = True) -> None:
+        """`count=False`: the caller adds the flow to `_flows_on_link` itself (_count_links)."""
         for link in f.link_list:
             s = self._on_link.get(link)
             if s is None:
                 self._on_link[link] = {f.fid}
             else:
                 s.add(f.fid)
-        self._flows_on_link[f.links] += 1
+        if count:
+            self._flows_on_link[f.links] += 1
 
-    def deactivate(self, f: Flow) -> None:
+    def deactivate(self, f: Flow, count: bool = True) -> None:
         for link in f.link_list:
             s = self._on_link[link]
             s.discard(f.fid)
             if not s:
                 del self._on_link[link]
-        self._flows_on_link[f.links] -= 1
+        if count:
+            self._flows_on_link[f.links] -= 1
+
+    def _count_links(self, flows: list[Flow], delta: int) -> None:
+        """_flows_on_link for a batch of flows (activated or deactivated with count=False) in one
+        numpy call: an all-to-all's thousands of flows arrive and drain together."""
+        if len(flows) == 1:
+            self._flows_on_link[flows[0].links] += delta
+        elif flows:
+            np.add.at(self._flows_on_link, np.concatenate([f.links for f in flows]), delta)
 
     def remove(self, f: Flow) -> None:
         """Forget a finished flow (pruning)."""
@@ -282,14 +293,16 @@ class FlowSimulator:
             f.state = DONE
             f.done_t = t
             f.version += 1
-            self.deactivate(f)
+            self.deactivate(f, count=False)
             self.live.discard(f.fid)
             self.done_by_time.add((t, f.fid))
+        self._count_links(drained, -1)
         for f in drained:
             for link in f.link_list:
                 s = self._on_link.get(link)
                 if s:
                     seeds |= s
+        activated = []
         for f in arrived:
             if f.state != PENDING:
                 continue  # listed twice in the heap
@@ -297,8 +310,10 @@ class FlowSimulator:
             f.seg_t.append(t)
             f.seg_rem.append(f.nbytes)
             f.seg_rate.append(0.0)
-            self.activate(f)
+            self.activate(f, count=False)
+            activated.append(f)
             seeds.add(f.fid)
+        self._count_links(activated, 1)
         for component in self._components(seeds):
             self._solve(island, component, t)
         island.processed_until = max(island.processed_until, t)
