@@ -201,28 +201,25 @@ class FlowSimulator:
 
     # ---- the link index of active flows -------------------------------------------------
 
-    def activate(self, f: Flow, count: bool = True) -> None:
-        """`count=False`: the caller adds the flow to `_flows_on_link` itself (_count_links)."""
+    def activate(self, f: Flow) -> None:
+        """Index the flow's links; its caller counts them with count_links, for the whole batch."""
         for link in f.link_list:
             s = self._on_link.get(link)
             if s is None:
                 self._on_link[link] = {f.fid}
             else:
                 s.add(f.fid)
-        if count:
-            self._flows_on_link[f.links] += 1
 
-    def deactivate(self, f: Flow, count: bool = True) -> None:
+    def deactivate(self, f: Flow) -> None:
+        """Unindex the flow's links; its caller counts them with count_links, for the whole batch."""
         for link in f.link_list:
             s = self._on_link[link]
             s.discard(f.fid)
             if not s:
                 del self._on_link[link]
-        if count:
-            self._flows_on_link[f.links] -= 1
 
-    def _count_links(self, flows: list[Flow], delta: int) -> None:
-        """_flows_on_link for a batch of flows (activated or deactivated with count=False) in one
+    def count_links(self, flows: list[Flow], delta: int) -> None:
+        """_flows_on_link for a batch of flows just activated (+1) or deactivated (-1), in one
         numpy call: an all-to-all's thousands of flows arrive and drain together."""
         if len(flows) == 1:
             self._flows_on_link[flows[0].links] += delta
@@ -293,10 +290,10 @@ class FlowSimulator:
             f.state = DONE
             f.done_t = t
             f.version += 1
-            self.deactivate(f, count=False)
+            self.deactivate(f)
             self.live.discard(f.fid)
             self.done_by_time.add((t, f.fid))
-        self._count_links(drained, -1)
+        self.count_links(drained, -1)
         for f in drained:
             for link in f.link_list:
                 s = self._on_link.get(link)
@@ -310,10 +307,10 @@ class FlowSimulator:
             f.seg_t.append(t)
             f.seg_rem.append(f.nbytes)
             f.seg_rate.append(0.0)
-            self.activate(f, count=False)
+            self.activate(f)
             activated.append(f)
             seeds.add(f.fid)
-        self._count_links(activated, 1)
+        self.count_links(activated, 1)
         for component in self._components(seeds):
             self._solve(island, component, t)
         island.processed_until = max(island.processed_until, t)

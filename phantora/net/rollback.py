@@ -66,7 +66,7 @@ def rollback_scope(sim: FlowSimulator, seeds: list[Flow], t: int) -> list[Flow]:
 
 def roll_back(sim: FlowSimulator, flows: list[Flow], t: int) -> list[Flow]:
     """Rewind these flows (a rollback_scope) to just before t; returns those whose state changed."""
-    affected = []
+    affected, deactivated, activated = [], [], []
     for f in flows:
         if f.state == PENDING:
             continue
@@ -76,6 +76,7 @@ def roll_back(sim: FlowSimulator, flows: list[Flow], t: int) -> list[Flow]:
         if f.start >= t:
             if f.state == ACTIVE:
                 sim.deactivate(f)
+                deactivated.append(f)
             f.state = PENDING
             f.seg_t.clear()
             f.seg_rem.clear()
@@ -95,11 +96,14 @@ def roll_back(sim: FlowSimulator, flows: list[Flow], t: int) -> list[Flow]:
             f.state = ACTIVE
             f.done_t = -1
             sim.activate(f)
+            activated.append(f)
             changed = True
         if changed:
             f.version += 1
             sim.queue_drain(f)
             affected.append(f)
+    sim.count_links(deactivated, -1)
+    sim.count_links(activated, 1)
     return affected
 
 
