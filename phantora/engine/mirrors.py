@@ -196,6 +196,7 @@ class Mirrors:
         sink = self.sink = trace.sink
         self.groups = GroupFamilies()
         self.witness = Witness(roles)
+        self._p2p_vias: dict[tuple, str] = {}  # (group name, pair, rank) -> the group that carries it (_p2p_via)
         self.ranks: dict[int, MirrorRank] = {}
         for rank in range(roles.world_size):
             rep = roles.representative(rank)
@@ -257,17 +258,36 @@ class Mirrors:
                 f"{self.roles.env_value()} mirrors rank {peer} from rank {rep}: ranks that exchange point-to-point "
                 f"messages (pipeline stages) do different work. Run one representative per stage, e.g. --ranks "
                 f"{','.join(map(str, stages))}, or every rank (--ranks all).", stages)
-        pg = self.groups.members.get(call.group_name)
-        if pg is None:
+        if call.group_name not in self.groups.members:
             raise CallError(f"rank {rep} called {call.op} on process group {call.group_name!r}, which phantora did not "
                             "see created; run every rank (--ranks all)")
-        positions = (pg.index(call.group[0]), pg.index(call.group[1]))
+        via = self._p2p_via(call, mirrors)
+        vg = self.groups.members[via]
+        positions = (vg.index(call.group[0]), vg.index(call.group[1]))
         calls = []
         for m in mirrors:
-            name, group = self.groups.counterpart(call.group_name, m, rep)
+            name, _ = self.groups.counterpart(call.group_name, m, rep)
+            _, group = self.groups.counterpart(via, m, rep)
             pair = (group[positions[0]], group[positions[1]])
             calls.append(_mirrored_call(call, m, pair, call.root, name))
         return calls
+
+    def _p2p_via(self, call: CollectiveCall, mirrors: list[int]) -> str:
+        """The group whose family carries a point-to-point pair over to the mirrors: the
+        narrowest group holding both peers whose family holds every mirror. A send on the
+        world group (`dist.send(t, dst)`, Megatron-LM's interleaved schedule) between stages 0
+        and 4 is then carried by the pipeline group [0, 4] to [1, 5], where the world's own
+        family (one group) would leave it between 0 and 4."""
+        key = (call.group_name, call.group, call.rank)
+        via = self._p2p_vias.get(key)
+        if via is None:
+            a, b = call.group
+            families = self.groups.family
+            holding = [n for n, members in self.groups.members.items() if a in members and b in members
+                       and all(m in families[n].by_rank for m in mirrors)]
+            holding.sort(key=lambda n: (len(self.groups.members[n]), n != call.group_name))
+            via = self._p2p_vias[key] = holding[0] if holding else call.group_name
+        return via
 
     # --- trace --------------------------------------------------------------------------------
     def collective(self, call: CollectiveCall, name: str, ready: int, start: int, end: int, work: int) -> None:

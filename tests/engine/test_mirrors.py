@@ -228,6 +228,25 @@ def test_pipeline_stages_as_representatives_mirror_their_data_parallel_peers():
     assert all(s["args"]["group ranks"] == [1, 3] for s in mirrored)
 
 
+def test_a_send_on_the_world_group_pairs_mirrors_through_the_pipeline_groups():
+    """8 ranks (pp 2, tp 4), stage representatives 0 and 4. The stages send on the world group
+    (`dist.send(t, dst=4)`, as Megatron-LM's interleaved schedule does): mirror 1 must pair with
+    5, as the pipeline group [1, 5] says, not with 4 as the world would."""
+    sink = SliceRecorder()
+    e = mirrored_engine(8, "0,4", sink)
+    groups = [[P.R_GROUP, "0", list(range(8))], [P.R_GROUP, "tp0", [0, 1, 2, 3]], [P.R_GROUP, "tp1", [4, 5, 6, 7]],
+              *([P.R_GROUP, f"pp{i}", [i, i + 4]] for i in range(4))]
+    for rep in (0, 4):
+        e.apply(rep, groups)
+    base = {"group": [0, 4], "seq": 0, "nbytes": 8 << 20, "dtype": "bfloat16", "stream": 0, "group_name": "0"}
+    assert e.join_collective(0, dict(base, op="send", device=0)) == e.join_collective(4, dict(base, op="recv", device=4))
+    e.place_all()
+    e.read_all_collectives()
+    mirrored = {s["pid"] - 1: s["args"]["group ranks"] for s in sink.slices
+                if s["name"].startswith("ncclDevKernel") and s["pid"] - 1 not in (0, 4)}
+    assert mirrored == {1: [1, 5], 2: [2, 6], 3: [3, 7], 5: [1, 5], 6: [2, 6], 7: [3, 7]}
+
+
 def test_stages_found_by_auto_keep_a_witness_of_the_last_stage():
     roles = RankRoles.parse("0,8,16,24", 32, witness=True)
     assert roles.processes == (0, 8, 16, 24, 31) and roles.role_of(31) == 24
