@@ -593,7 +593,11 @@ def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Callabl
     outs = out if isinstance(out, (tuple, list)) else (out,)
     base = _shadow_cap(func)
     from_tensors = func not in _SHAPE_ONLY and (_has_tensor(args) or _has_tensor(tuple(kwargs.values())))
-    caps = [max(base, _derived_cap(o, from_tensors)) for o in outs]
+    # An uninitialized result (empty, empty_like) holds nothing a program may read, so it is index
+    # data to shadow only up to the base cap: FP8 payloads are uint8 `empty`s (Transformer
+    # Engine), and shadowing them kept a real copy of every FP8 weight and activation per rank
+    # (9 GB on Megatron-LM's Llama 3 70B stage, where the GPU holds it, not the host).
+    caps = [base if func in _UNINITIALIZED else max(base, _derived_cap(o, from_tensors)) for o in outs]
     if not any(shadowable(o, cap) for o, cap in zip(outs, caps)):
         return
     if exact is not None and not (_any_shadow(args) or _any_shadow(tuple(kwargs.values()))) and \
