@@ -234,3 +234,19 @@ def test_a_wrapper_subclass_reads_as_its_inner_tensor() -> None:
                 t.sum().item()]
 
     assert _virtual(run) == [False, 0.0, 2.0, 0, False, 0.0]
+
+
+def test_an_uninitialized_tensor_holds_no_host_copy_where_index_data_computed_from_data_does() -> None:
+    """torch.empty of an integer dtype is no index data: nothing in it may be read. Transformer
+    Engine's FP8 payloads are such uint8 empties, and each used to take a real host copy."""
+    n = 1 << 20
+
+    def make() -> tuple[Any, ...]:
+        empty = torch.empty(n, dtype=torch.uint8)
+        like = torch.empty_like(empty)
+        ids = torch.arange(n) % 7  # index data computed from data: routing needs its elements
+        return empty, like, ids, values.shadow_of(empty), values.shadow_of(like), values.shadow_of(ids)
+
+    empty, like, ids, empty_shadow, like_shadow, ids_shadow = _virtual(make)
+    assert empty_shadow is None and like_shadow is None
+    assert ids_shadow is not None and ids_shadow.shape == (n,) and int(ids_shadow[9]) == 2
