@@ -158,6 +158,25 @@ class ProgramFakeTensor(FakeTensor, metaclass=_ComparesAsTensor):
 
     __slots__ = ()
 
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        # A wrapper subclass may call its inner data's __torch_dispatch__ itself, with its own
+        # `types` (Transformer Engine's Float8Tensor slices its `_data` so). On a GPU that data is
+        # a plain tensor, whose __torch_dispatch__ runs the op; FakeTensor's would answer
+        # NotImplemented. The dispatcher passes only types some argument has, so a type no
+        # argument has marks such a call.
+        if _called_directly(types, args, kwargs):
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def _called_directly(types: Any, args: tuple, kwargs: dict | None) -> bool:
+    foreign = [t for t in types if not issubclass(t, FakeTensor) and t is not torch.Tensor]
+    if not foreign:  # the dispatcher's usual call: no leaf to look at
+        return False
+    leaves = torch.utils._pytree.arg_tree_leaves(*args, **(kwargs or {}))
+    return any(not any(isinstance(x, t) for x in leaves) for t in foreign)
+
 
 ProgramFakeTensor.__name__ = ProgramFakeTensor.__qualname__ = "FakeTensor"
 _stock_fake_new = FakeTensor.__new__

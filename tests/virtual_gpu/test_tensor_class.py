@@ -13,4 +13,5 @@ from tests.virtual_gpu.harness import BUILDS, assert_ran, run_traced
 @BUILDS
 def test_tensor_class_compares_as_torch_tensor(tmp_path: Path, user_python: str) -> None:
     proc, _ = run_traced(tmp_path, user_python, "tensor_class.py")
-    assert_ran(proc, "compares_as_tensor", "lookups_by_class", "parameters_and_copies", "compiled")
+    assert_ran(proc, "compares_as_tensor", "lookups_by_class", "parameters_and_copies",
+               "inner_dispatch_called_directly", "compiled")

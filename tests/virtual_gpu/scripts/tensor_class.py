@@ -21,6 +21,28 @@ assert type(copy.deepcopy(y)) == torch.Tensor and type(y.detach().clone()) == to
 print("ok parameters_and_copies")
 
 
+class Wrapper(torch.Tensor):
+    """A wrapper subclass that slices its inner data by calling the data's own __torch_dispatch__,
+    passing its own types, as Transformer Engine's Float8Tensor does: a plain tensor runs the op."""
+
+    @staticmethod
+    def __new__(cls, data):
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device=data.device)
+
+    def __init__(self, data):
+        self.data_ = data
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        inner = args[0].data_
+        return Wrapper(inner.__torch_dispatch__(func, types, [inner, *args[1:]], kwargs))
+
+
+piece = Wrapper(y)[2:5]
+assert type(piece) is Wrapper and piece.shape == (3, 64) and piece.data_.shape == (3, 64)
+print("ok inner_dispatch_called_directly")
+
+
 @torch.compile(backend="eager")
 def f(t):
     return t.sin() * 2 if type(t) in (torch.Tensor,) else t.cos()
