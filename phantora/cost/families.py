@@ -367,6 +367,7 @@ QUALIFIED_FAMILIES: dict[str, Family] = {
     "nvte::fused_attn_bwd": Family("attention", transformer_engine.fused_attn),
     "nvte::multi_tensor_scale": Family("foreach", transformer_engine.multi_tensor_scale),
     "nvte::multi_tensor_l2norm": Family("foreach", transformer_engine.multi_tensor_l2norm),
+    "nvte::multi_tensor_compute_scale": Family("foreach", transformer_engine.multi_tensor_compute_scale),
 }
 
 

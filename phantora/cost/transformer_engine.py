@@ -218,6 +218,15 @@ def multi_tensor_scale(sig: OpSignature, ctx: CostContext) -> OpCost:
                                        _bytes(*src, *dst), 1.0, ctx))
 
 
+def multi_tensor_compute_scale(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::multi_tensor_compute_scale(noop, amaxes, scales, scale_invs): multi_tensor_apply over
+    3 lists of one-element tensors (launch-bound)."""
+    amaxes, scales, scale_invs = (list(a) for a in sig.args[1:4])
+    return OpCost(multi_tensor_kernels("multi_tensor_apply_kernel<ComputeScaleAndScaleInvFunctor>",
+                                       [t.numel for t in amaxes], 3, _bytes(*amaxes, *scales, *scale_invs), 4.0,
+                                       ctx))
+
+
 def multi_tensor_l2norm(sig: OpSignature, ctx: CostContext) -> OpCost:
     """nvte::multi_tensor_l2norm(noop, tensors, partials, norm, partials_per_tensor, norm_per_tensor):
     multi_tensor_apply over 1 list (each tensor read once into per-block partial sums), then the

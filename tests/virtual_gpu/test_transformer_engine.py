@@ -159,6 +159,29 @@ def test_rope_and_multi_tensor_outputs() -> None:
     assert kernels[-1].name == "cleanup" and sum(k.bytes for k in kernels[:-1]) == 4.0 * (71000 + 320)
 
 
+def test_master_weight_cast_of_current_scaling() -> None:
+    """cast_master_weights_to_fp8 (FP8 weights under current scaling: Megatron's
+    --fp8-param-gather): each master weight's amax (one read of it), then one multi_tensor_apply
+    launch writing every scale and scale_inv from its amax."""
+    ext = _module()
+    master = torch.empty(4096, 1024, dtype=torch.float32, device="meta")
+    amax = torch.empty(1, dtype=torch.float32, device="meta")
+    ext.compute_amax(master, amax)
+    noop = torch.empty(1, dtype=torch.int32, device="meta")
+    ones = [torch.empty(1, dtype=torch.float32, device="meta") for _ in range(3)]
+    ext.multi_tensor_compute_scale_and_scale_inv(65536, noop, [ones, ones, ones], 448.0, False, 0.0)
+
+    gpu = lookup_gpu("h100-sxm-80gb")
+    amax_sig = OpSignature("nvte::compute_amax", "default", (cuda_tensor((4096, 1024)), cuda_tensor((1,))), ())
+    assert [k.bytes for k in te_cost.compute_amax(amax_sig, CostContext(gpu)).kernels] == [4.0 * (4096 * 1024 + 1)]
+    scalars = [cuda_tensor((1,)) for _ in range(3)]
+    sig = OpSignature("nvte::multi_tensor_compute_scale", "default",
+                      (cuda_tensor((1,), "int32"), scalars, scalars, scalars), ())
+    kernels = te_cost.multi_tensor_compute_scale(sig, CostContext(gpu)).kernels
+    assert len(kernels) == 1 and kernels[0].bytes == 4.0 * 9
+    assert classify("nvte::multi_tensor_compute_scale").name == "foreach"
+
+
 def _attention_params(**overrides: object) -> types.SimpleNamespace:
     """TE's FusedAttentionParams (dot_product_attention/utils.py) for a causal BF16 self-attention."""
     params = dict(is_training=True, deterministic=False, cuda_graph=False, return_max_logit=False,

@@ -784,6 +784,23 @@ def multi_tensor_scale(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: A
     torch.ops.nvte.multi_tensor_scale(noop_flag, src, dst, scale if isinstance(scale, torch.Tensor) else None)
 
 
+def compute_amax(x: torch.Tensor, amax: torch.Tensor) -> None:
+    """The amax kernel on its own: cast_master_weights_to_fp8 (FP8 weights under current scaling,
+    --fp8-param-gather) takes each master weight's amax before all-reducing them."""
+    nvte_ops.define_ops()
+    torch.ops.nvte.compute_amax(plain(x, "compute_amax input"), amax)
+
+
+def multi_tensor_compute_scale_and_scale_inv(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Any,
+                                             max_fp8: float, force_pow_2_scales: bool = False,
+                                             epsilon: float = 0.0) -> None:
+    """[amaxes, scales, scale_invs]: one multi_tensor_apply launch writing each scale and
+    scale_inv from its amax."""
+    amaxes, scales, scale_invs = (list(lst) for lst in tensor_lists)
+    nvte_ops.define_ops()
+    torch.ops.nvte.multi_tensor_compute_scale(noop_flag, amaxes, scales, scale_invs)
+
+
 def multi_tensor_l2norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Any,
                         per_tensor: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The C++ multi_tensor_l2norm_cuda: zeroed partial sums (320 blocks), the norm, and per tensor
@@ -818,6 +835,8 @@ def _modelled_functions() -> dict[str, Callable[..., Any]]:
         "te_general_grouped_gemm": te_general_grouped_gemm,
         "multi_tensor_adam": multi_tensor_adam, "multi_tensor_scale": multi_tensor_scale,
         "multi_tensor_scale_tensor": multi_tensor_scale, "multi_tensor_l2norm": multi_tensor_l2norm,
+        "compute_amax": compute_amax,
+        "multi_tensor_compute_scale_and_scale_inv": multi_tensor_compute_scale_and_scale_inv,
         "quantize": quantize, "create_empty_quantized_tensor": create_empty_quantized_tensor,
         "split_quantize": split_quantize, "multi_tensor_quantize": multi_tensor_quantize,
         "bgrad_quantize": bgrad_quantize, "dequantize": dequantize, "fp8_transpose": fp8_transpose,

@@ -75,6 +75,8 @@ SCHEMAS = (
     # scale with a non-finite check into noop; the L2 norm of a list (partial sums per chunk, then a
     # cleanup kernel into norm, and per tensor when asked)
     "multi_tensor_scale(Tensor(a!) noop, Tensor[] src, Tensor(b!)[] dst, Tensor? scale) -> ()",
+    # multi_tensor_compute_scale_and_scale_inv: each amax read, its scale and scale_inv written
+    "multi_tensor_compute_scale(Tensor(a!) noop, Tensor[] amaxes, Tensor(b!)[] scales, Tensor(c!)[] scale_invs) -> ()",
     "multi_tensor_l2norm(Tensor(a!) noop, Tensor[] tensors, Tensor(b!) partials, Tensor(c!) norm, "
     "Tensor(d!) partials_per_tensor, Tensor(e!) norm_per_tensor) -> ()",
     # the GEMMs of a group (GroupedLinear: one per expert), each as cublas_gemm's D_i = op(B_i) op(A_i)^T,
