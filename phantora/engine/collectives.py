@@ -130,6 +130,12 @@ class CollectiveMatcher:
         # seconds it has spent waiting for the ranks: while it is busy simulating, ranks wait
         # for it, not for a missing member, and that is no reason to give up on one.
         self.clock: Callable[[], float] = time.monotonic
+        # When a rank's process last sent anything, on `clock`'s scale (the server sets it; a
+        # mirrored rank is heard through its representative). A collective times out when a
+        # member it waits for has been silent for the timeout, not when it has merely waited that
+        # long: on a loaded machine a pipeline stage may run minutes of forward work before it
+        # posts the receive its neighbour waits in, as its GPU would in milliseconds.
+        self.heard: Callable[[int], float] = lambda rank: float("-inf")
 
     def join(self, call: CollectiveCall) -> PendingCollective:
         """Register one member's call (on the host: its stream may reach the collective later).
@@ -162,7 +168,8 @@ class CollectiveMatcher:
 
     def overdue(self, timeout_s: float, now_s: float | None = None) -> list[PendingCollective]:
         now = self.clock() if now_s is None else now_s
-        return [p for p in self.pending.values() if now - p.first_wall_s > timeout_s]
+        return [p for p in self.pending.values() if now - p.first_wall_s > timeout_s
+                and now - max(map(self.heard, p.missing()), default=float("-inf")) > timeout_s]
 
     def drop(self, key: CollectiveKey) -> None:
         self.pending.pop(key, None)

@@ -82,6 +82,8 @@ class SimulatorServer:
         # a member late to a collective is waiting for its answers, not missing.
         self.waited_s = 0.0
         engine.matcher.clock = lambda: self.waited_s
+        self._heard: dict[int, float] = {}  # rank process -> waited_s when it last sent anything
+        engine.matcher.heard = self._heard_from
         self.hello_reply = hello_reply or {}
         self.tmpdir = Path(tempfile.mkdtemp(prefix="phantora-"))
         os.chmod(self.tmpdir, 0o700)
@@ -112,6 +114,13 @@ class SimulatorServer:
         self._next_tick = 0.0
         self._next_flush = 0.0
         self._last_seen: dict[int, float] = {}  # rank -> when it last sent anything
+
+    def _heard_from(self, rank: int) -> float:
+        """When `rank` last sent anything (waited_s): a mirrored rank through its representative."""
+        mirrors = self.engine.mirrors
+        if mirrors is not None and rank in mirrors:
+            rank = mirrors.ranks[rank].representative
+        return self._heard.get(rank, float("-inf"))
 
     # --- loop ---------------------------------------------------------------------------------
     def serve(self, keep_going: Callable[[], bool], poll_s: float = 0.05) -> None:
@@ -226,8 +235,8 @@ class SimulatorServer:
                 call = next(iter(p.arrivals.values()))
                 progress.notice(f"wait {p.key}", f"{call.describe()} (collective #{call.seq} of group "
                                 f"{list(call.group)}, called at {call.site}) has waited {waited:.0f} s "
-                                f"for rank(s) {p.missing()}; it fails after --collective-timeout "
-                                f"{self.collective_timeout_s:.0f} s")
+                                f"for rank(s) {p.missing()}; it fails once they have sent nothing for "
+                                f"--collective-timeout {self.collective_timeout_s:.0f} s")
         pids = {c.rank: c.pid for c in self.connections if c.rank is not None}
         for rank, seen in self._last_seen.items():
             st = self.engine.ranks.get(rank)
@@ -293,6 +302,7 @@ class SimulatorServer:
             self._handle(conn, msg)
         if conn.rank is not None:
             self._last_seen[conn.rank] = time.monotonic()
+            self._heard[conn.rank] = self.waited_s
 
     # --- messages -----------------------------------------------------------------------------
     def _handle(self, conn: Connection, msg: Any) -> None:

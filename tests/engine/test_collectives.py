@@ -85,6 +85,18 @@ def test_overdue_collectives_are_found_by_wall_time():
     assert m.overdue(10.0, now_s=p.first_wall_s + 11) == [p]
 
 
+def test_a_collective_waits_out_a_missing_member_that_is_still_sending():
+    """A pipeline stage on a loaded machine may run minutes of work before it posts the receive
+    its neighbour waits in: the timeout counts the missing member's silence, not the wait."""
+    m = CollectiveMatcher()
+    m.arrive(call(0), 0)
+    p = next(iter(m.pending.values()))
+    heard = {1: p.first_wall_s + 8}
+    m.heard = lambda rank: heard.get(rank, float("-inf"))
+    assert m.overdue(10.0, now_s=p.first_wall_s + 15) == []  # rank 1 sent something 7 s ago
+    assert m.overdue(10.0, now_s=p.first_wall_s + 19) == [p]  # and nothing for 11 s since
+
+
 def test_kernel_names_follow_nccl():
     assert nccl_kernel_name("all_reduce", "bfloat16", "sum", "ring", "LL") == "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
     assert nccl_kernel_name("all_gather", "float32", "", "ring", "simple") == "ncclDevKernel_AllGather_f32_RING_SIMPLE"
