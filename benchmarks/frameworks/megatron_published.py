@@ -9,10 +9,11 @@ sets, `--ranks auto`.
 The published figures are Megatron-Bridge's docs/performance-summary-archive.md, "DGX-H100"
 tables; the configurations are its performance recipes at v0.3.0 (the 26.02 container):
 scripts/performance/configs/llama/llama3_workload_base_configs.py (parallelism, batch),
-llama3_llm_pretrain.py and recipes/llama/llama3.py (sequence 8192, vocabulary 128,256, distributed
-optimizer with overlapped gradient reduce and parameter gather, 128 MiB buckets, manual GC every
-100 iterations, no attention mask from the data loader), utils/precision.py (FP8-CS: hybrid
-format, tensorwise current scaling, FP8 parameter all-gather, no BF16 first/last layers).
+llama3_llm_pretrain.py and recipes/llama/llama3.py (sequence 8192, vocabulary 128,256,
+gradients reduced in BF16, distributed optimizer with overlapped gradient reduce and parameter
+gather, 128 MiB buckets, manual GC every 100 iterations, no attention mask from the data
+loader), utils/precision.py (FP8-CS: hybrid format, tensorwise current scaling, FP8 parameter
+all-gather, no BF16 first/last layers).
 
 What differs from the published run, each said where it applies:
 - tp_comm_overlap (TE userbuffers: TP all-gathers and reduce-scatters overlapped with the GEMMs)
@@ -44,7 +45,7 @@ LLAMA3_70B = ["--num-layers", "80", "--hidden-size", "8192", "--ffn-hidden-size"
 COMMON = ["--seq-length", "8192", "--max-position-embeddings", "8192", "--vocab-size", "128256",
           "--tokenizer-type", "NullTokenizer", "--mock-data", "--no-create-attention-mask-in-dataloader",
           "--lr", "3e-4", "--min-lr", "3e-5", "--lr-warmup-iters", "10", "--lr-decay-iters", "50", "--bf16",
-          "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+          "--grad-reduce-in-bf16", "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
           "--ddp-bucket-size", "134217728", "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "native",
           "--manual-gc", "--manual-gc-interval", "100", "--log-interval", "1", "--eval-iters", "0",
           "--eval-interval", "100000"]
