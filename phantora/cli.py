@@ -135,7 +135,7 @@ def main() -> None:
 @click.option("--collective-timeout", type=click.FloatRange(1.0), default=300.0, show_default=True,
               help="Seconds (wall time, not counting the simulator's own busy time) a collective waits for a "
                    "missing member that sends nothing before the waiting ranks fail (a member still running its "
-                   "work is waited for).")
+                   "work is waited for, up to 10 times this).")
 @click.option("--call-timeout", type=click.FloatRange(1.0), default=600.0, show_default=True,
               help="Seconds a script waits for any answer from the simulator before failing.")
 @click.option("--comm-slowdown", type=click.FloatRange(0.0, 10.0), default=0.1, show_default=True,

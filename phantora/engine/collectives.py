@@ -123,6 +123,11 @@ class PendingCollective:
         return len(self.arrivals) == len(self.members)
 
 
+# A member that keeps sending yet never joins (a loop polling work.is_completed() on another
+# collective) is given up on after this many timeouts of waiting: no wait is without end.
+WAIT_CEILING = 10
+
+
 class CollectiveMatcher:
     def __init__(self) -> None:
         self.pending: dict[CollectiveKey, PendingCollective] = {}
@@ -169,7 +174,8 @@ class CollectiveMatcher:
     def overdue(self, timeout_s: float, now_s: float | None = None) -> list[PendingCollective]:
         now = self.clock() if now_s is None else now_s
         return [p for p in self.pending.values() if now - p.first_wall_s > timeout_s
-                and now - max(map(self.heard, p.missing()), default=float("-inf")) > timeout_s]
+                and (now - max(map(self.heard, p.missing()), default=float("-inf")) > timeout_s
+                     or now - p.first_wall_s > WAIT_CEILING * timeout_s)]
 
     def drop(self, key: CollectiveKey) -> None:
         self.pending.pop(key, None)

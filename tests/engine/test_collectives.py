@@ -95,6 +95,9 @@ def test_a_collective_waits_out_a_missing_member_that_is_still_sending():
     m.heard = lambda rank: heard.get(rank, float("-inf"))
     assert m.overdue(10.0, now_s=p.first_wall_s + 15) == []  # rank 1 sent something 7 s ago
     assert m.overdue(10.0, now_s=p.first_wall_s + 19) == [p]  # and nothing for 11 s since
+    heard[1] = p.first_wall_s + 99  # a member that keeps sending but never joins: given up on at 10 timeouts
+    assert m.overdue(10.0, now_s=p.first_wall_s + 99.5) == []
+    assert m.overdue(10.0, now_s=p.first_wall_s + 101) == [p]
 
 
 def test_kernel_names_follow_nccl():
