@@ -196,7 +196,7 @@ class Mirrors:
         sink = self.sink = trace.sink
         self.groups = GroupFamilies()
         self.witness = Witness(roles)
-        self._p2p_vias: dict[tuple, str] = {}  # (group name, pair, rank) -> the group that carries it (_p2p_via)
+        self._p2p_vias: dict[tuple, str] = {}  # (group name, pair, rank) -> the group carrying it (_p2p_via)
         self.ranks: dict[int, MirrorRank] = {}
         for rank in range(roles.world_size):
             rep = roles.representative(rank)

@@ -239,7 +239,8 @@ def test_a_send_on_the_world_group_pairs_mirrors_through_the_pipeline_groups():
     for rep in (0, 4):
         e.apply(rep, groups)
     base = {"group": [0, 4], "seq": 0, "nbytes": 8 << 20, "dtype": "bfloat16", "stream": 0, "group_name": "0"}
-    assert e.join_collective(0, dict(base, op="send", device=0)) == e.join_collective(4, dict(base, op="recv", device=4))
+    sent = e.join_collective(0, dict(base, op="send", device=0))
+    assert sent == e.join_collective(4, dict(base, op="recv", device=4))
     e.place_all()
     e.read_all_collectives()
     mirrored = {s["pid"] - 1: s["args"]["group ranks"] for s in sink.slices
