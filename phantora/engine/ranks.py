@@ -92,6 +92,7 @@ class RankState:
     actions: deque[Action] = field(default_factory=deque)  # GPU work in program order, until placed
     event_src: dict[int, EventRecord] = field(default_factory=dict)  # event id -> its latest record
     comm_log: dict[int, list[Arrive]] = field(default_factory=dict)  # device -> its collectives, program order
+    comm_log_prune_at: dict[int, int] = field(default_factory=dict)  # device -> log length of its next pruning
     blocked: HostWait | None = None  # the host waits for a time not known yet
     blocked_call: WaitTarget | None = None  # a call waits for a time not known yet
     graphs: RankGraphs = field(default_factory=RankGraphs)  # CUDA graphs (phantora/engine/graphs.py)
