@@ -72,21 +72,31 @@ def _environment() -> tuple[Path, str]:
     return Path(checkout), python
 
 
-def _run(config: str, args: list[str], work: Path) -> Row:
+def run_pretrain_gpt(args: list[str], work: Path, iterations: int, *, phantora_options: tuple[str, ...] = (),
+                     torchrun_options: tuple[str, ...] = ("--nproc-per-node", str(RANKS)),
+                     timeout_s: float = 3600) -> tuple[dict[int, float], Path, float]:
+    """`phantora trace -- torchrun pretrain_gpt.py args` in the checkout: Megatron's logged
+    iteration times (iteration -> ms), the trace and the wall seconds; RuntimeError with the first
+    error line unless it exits 0 having logged `iterations` iterations."""
     checkout, python = _environment()
     trace = work / "run.json"
     torchrun = str(Path(python).parent / "torchrun")
-    cmd = [sys.executable, "-m", "phantora.cli", "trace", "--quiet", "-o", str(trace), "--", torchrun,
-           "--nproc-per-node", str(RANKS), "pretrain_gpt.py", *MODEL, *args]
+    cmd = [sys.executable, "-m", "phantora.cli", "trace", "--quiet", *phantora_options, "-o", str(trace), "--",
+           torchrun, *torchrun_options, "pretrain_gpt.py", *args]
     start = time.monotonic()
     env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="1")  # as Megatron-LM's example scripts export it
-    proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, timeout=timeout_s)
     wall_s = time.monotonic() - start
-    iterations = {int(n): float(ms) for n, ms in _ITERATION.findall(proc.stdout + proc.stderr)}
-    if proc.returncode != 0 or len(iterations) != ITERS:
+    logged = {int(n): float(ms) for n, ms in _ITERATION.findall(proc.stdout + proc.stderr)}
+    if proc.returncode != 0 or len(logged) != iterations:
         errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "Error: " in line]
-        raise RuntimeError(f"exit {proc.returncode}, {len(iterations)} iteration lines; first error: "
+        raise RuntimeError(f"exit {proc.returncode}, {len(logged)} iteration lines; first error: "
                            f"{errors[0] if errors else proc.stderr[-1500:]}")
+    return logged, trace, wall_s
+
+
+def _run(config: str, args: list[str], work: Path) -> Row:
+    iterations, trace, wall_s = run_pretrain_gpt([*MODEL, *args], work, ITERS)
     summary = summarize(load(trace))
     steady = [iterations[n] for n in range(STEADY_FROM, ITERS + 1)]
     iteration_ms = sum(steady) / len(steady)

@@ -25,15 +25,11 @@ What differs from the published run, each said where it applies:
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.frameworks.megatron_lm import _ITERATION, _environment
+from benchmarks.frameworks.megatron_lm import run_pretrain_gpt
 from phantora.query import load
 from phantora.query.summary import summarize
 
@@ -74,20 +70,9 @@ ROWS = [
 
 
 def run(row: PublishedRow, work: Path) -> dict:
-    checkout, python = _environment()
-    trace = work / "run.json"
-    torchrun = str(Path(python).parent / "torchrun")
-    cmd = [sys.executable, "-m", "phantora.cli", "trace", "--quiet", "--ranks", "auto", "-o", str(trace), "--",
-           torchrun, "--nnodes", str(row.gpus // 8), "--nproc-per-node", "8", "pretrain_gpt.py", *row.args,
-           "--train-iters", str(row.iterations)]
-    start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=checkout, env={**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": "1"},
-                          capture_output=True, text=True, timeout=4 * 3600)
-    wall_s = time.monotonic() - start
-    iterations = {int(n): float(ms) for n, ms in _ITERATION.findall(proc.stdout + proc.stderr)}
-    if proc.returncode != 0 or len(iterations) != row.iterations:
-        raise RuntimeError(f"{row.name}: exit {proc.returncode}, {len(iterations)} iteration lines:\n"
-                           f"{proc.stderr[-3000:]}")
+    iterations, trace, wall_s = run_pretrain_gpt(
+        [*row.args, "--train-iters", str(row.iterations)], work, row.iterations, phantora_options=("--ranks", "auto"),
+        torchrun_options=("--nnodes", str(row.gpus // 8), "--nproc-per-node", "8"), timeout_s=4 * 3600)
     last_ms = iterations[row.iterations]
     predicted = row.global_batch * row.seq / (last_ms / 1e3) / row.gpus
     summary = summarize(load(trace))
