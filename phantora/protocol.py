@@ -48,6 +48,11 @@ R_PYTHON = 19
 R_LOADER_START = 20  # [R_LOADER_START, loader, workers, window]: an iterator (or epoch) starts; window: prefetched batches
 R_LOADER_BATCH = 21  # [R_LOADER_BATCH, loader, worker, cpu_ns]: the loop takes a batch that cost its worker cpu_ns
 R_HOST_SPEED = 22  # [R_HOST_SPEED, bench_ms]: this machine's Python benchmark now (phantora/cost/host_bench.py)
+# [R_JOIN, handle, call dict]: made by the server, never sent: a C_COLLECTIVE from a rank whose host
+# waits was answered with `handle` at once and joins here, in program order (server.py); a
+# Work.wait() on the handle waits for the work it became
+R_JOIN = 23
+JOIN_HANDLE_BASE = 1 << 40  # handles of such joins start here; work ids stay far below
 # CUDA graphs (phantora/engine/graphs.py). Between R_GRAPH_BEGIN and R_GRAPH_END, ops on the
 # capturing streams come as R_OP with OP_CAPTURED: recorded into the graph, not run.
 R_GRAPH_BEGIN = 30  # [R_GRAPH_BEGIN, graph_id, device, stream_id]: cudaStreamBeginCapture on this stream
@@ -74,7 +79,7 @@ C_ELAPSED = 2  # [id, C_ELAPSED, start_event_id, end_event_id] -> milliseconds (
 C_QUERY_EVENT = 3  # [id, C_QUERY_EVENT, event_id] -> bool: has the event completed by now?
 C_QUERY_STREAM = 4  # [id, C_QUERY_STREAM, device, stream_id] -> bool
 C_BYE = 5  # [id, C_BYE, exit info] -> None: the process is exiting normally
-C_COLLECTIVE = 6  # [id, C_COLLECTIVE, call dict (engine/collectives.py)] -> work id, once every member joined
+C_COLLECTIVE = 6  # [id, C_COLLECTIVE, call dict (engine/collectives.py)] -> work id (a handle, R_JOIN, while the host waits)
 C_IDENTIFY = 7  # [id, C_IDENTIFY, {rank, local_rank, node, world_size}] -> None: init_process_group's rank
 
 _LEN = struct.Struct("<I")

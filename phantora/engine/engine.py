@@ -53,10 +53,10 @@ from phantora.engine.collectives import CollectiveMatcher
 from phantora.engine.finality import Finality
 from phantora.engine.host_records import PYTHON_SLICE_NS, HostRecords
 from phantora.engine.host_waits import NOT_YET, HostWaits, NotYet, host_waits_for_copy
-from phantora.engine.mirrors import Mirrors
+from phantora.engine.mirrors import Mirrors, RolesRefuted
 from phantora.engine.placement import Placement
 from phantora.engine.rank_identity import RankIdentities
-from phantora.engine.ranks import CallError, DeviceMemory, RankInfo, RankState, WaitTarget
+from phantora.engine.ranks import CallError, DeferredJoinError, DeviceMemory, RankInfo, RankState, WaitTarget
 from phantora.engine.summary import EngineSummary, simulated_end_ns, summarize
 from phantora.engine.timeline import TimingConfig
 from phantora.engine.trace_events import (HOST_TRACK, NETWORK_PID, SIMULATOR_PID, STEP_TRACK, TraceEvents,
@@ -67,7 +67,7 @@ from phantora.roles import RankRoles
 from phantora.trace import TraceSink
 
 # Names other modules and tests import from here.
-__all__ = ["CallError", "DeviceMemory", "Engine", "EngineSummary", "HOST_TRACK", "NETWORK_PID", "NOT_YET", "NotYet",
+__all__ = ["CallError", "DeferredJoinError", "DeviceMemory", "Engine", "EngineSummary", "HOST_TRACK", "NETWORK_PID", "NOT_YET", "NotYet",
            "RankInfo", "RankState", "SIMULATOR_PID", "STEP_TRACK", "SYNC_MODES", "host_waits_for_copy",
            "nccl_kernel_name"]
 
@@ -253,7 +253,12 @@ class Engine:
             elif kind == P.R_HOST:
                 host.host_event(st, str(rec[1]), int(rec[2]))
             elif kind == P.R_WORK_WAIT:
-                waits.work_wait(st, int(rec[1]), int(rec[2]), int(rec[3]), bool(rec[4]))
+                work = int(rec[1])
+                if work >= P.JOIN_HANDLE_BASE:  # 0 (nothing to wait for) if its join failed
+                    work = st.join_handles.get(work, 0)
+                waits.work_wait(st, work, int(rec[2]), int(rec[3]), bool(rec[4]))
+            elif kind == P.R_JOIN:
+                st.join_handles[int(rec[1])] = self.join_deferred(st, rec[2])
             elif kind == P.R_STREAM:
                 placement.stream(st, rec[1], rec[2])
             elif kind == P.R_ROUTING:
@@ -337,6 +342,16 @@ class Engine:
         """One rank calls a collective: its work id, at once. CollectiveMismatch once the
         members disagree (collective_lifecycle.py)."""
         return self.collectives.join(self.ranks[rank], wire)
+
+    def join_deferred(self, st: RankState, wire: dict[str, Any]) -> int:
+        """A collective the rank called while its host waited (R_JOIN): its process already
+        has a handle, so an error reaches it at its next call (DeferredJoinError)."""
+        try:
+            return self.collectives.join(st, wire)
+        except RolesRefuted:  # not the program's error: the launcher starts again (--ranks auto)
+            raise
+        except CallError as e:
+            raise DeferredJoinError(str(e)) from None
 
     def collective_end_ns(self, work: int) -> int | None:
         """When collective `work` completes (reading it from the network, final or not); None

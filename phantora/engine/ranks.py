@@ -25,6 +25,11 @@ class CallError(Exception):
     """A call the user's script made cannot be answered; the message is raised there."""
 
 
+class DeferredJoinError(CallError):
+    """A collective joined after its call was answered (R_JOIN) cannot be: the rank's next
+    call raises the message."""
+
+
 @dataclass
 class RankInfo:
     rank: int
@@ -93,6 +98,7 @@ class RankState:
     event_src: dict[int, EventRecord] = field(default_factory=dict)  # event id -> its latest record
     comm_log: dict[int, list[Arrive]] = field(default_factory=dict)  # device -> its collectives, program order
     comm_log_prune_at: dict[int, int] = field(default_factory=dict)  # device -> log length of its next pruning
+    join_handles: dict[int, int] = field(default_factory=dict)  # R_JOIN handle -> the work it joined
     blocked: HostWait | None = None  # the host waits for a time not known yet
     blocked_call: WaitTarget | None = None  # a call waits for a time not known yet
     graphs: RankGraphs = field(default_factory=RankGraphs)  # CUDA graphs (phantora/engine/graphs.py)

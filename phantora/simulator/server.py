@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator
 
 from phantora import protocol as P
 from phantora.engine.collectives import CollectiveMismatch
-from phantora.engine.engine import NOT_YET, CallError, Engine, RankInfo
+from phantora.engine.engine import NOT_YET, CallError, DeferredJoinError, Engine, RankInfo
 from phantora.engine.mirrors import RolesRefuted
 from phantora.simulator.failure import SimulatorFailure
 from phantora.simulator.progress import REFRESH_S, Progress, RunStatus
@@ -114,6 +114,7 @@ class SimulatorServer:
         self._next_tick = 0.0
         self._next_flush = 0.0
         self._last_seen: dict[int, float] = {}  # rank -> when it last sent anything
+        self._join_handles = 0  # collectives answered before they joined (_answer_join)
 
     def _heard_from(self, rank: int) -> float:
         """When `rank` last sent anything (waited_s): a mirrored rank through its representative."""
@@ -315,6 +316,7 @@ class SimulatorServer:
                 self._handle_failed(conn, call)
             return
         if rank is not None and rank in self.held:
+            records, call = self._answer_join(conn, records, call)
             self.held[rank].append((conn, records, call))
             return
         self._process(conn, records, call)
@@ -335,7 +337,8 @@ class SimulatorServer:
                     raise CallError("a rank process sent records before saying hello")
                 done = self.engine.apply(conn.rank, records)
                 if done < len(records) or self.engine.host_blocked(conn.rank):
-                    self.held.setdefault(conn.rank, deque()).appendleft((conn, records[done:], call))
+                    rest, call = self._answer_join(conn, records[done:], call)
+                    self.held.setdefault(conn.rank, deque()).appendleft((conn, rest, call))
                     return False
             if call is not None:
                 value = self._call(conn, call)
@@ -359,6 +362,12 @@ class SimulatorServer:
             self.failed.setdefault(conn.rank, str(e))
             if call is not None:
                 self._reply(conn, call[0], False, str(e))
+        except DeferredJoinError as e:  # its call was answered already: the rank's next call raises it
+            self.rank_errors.append(str(e))
+            print(f"phantora: {e}", file=sys.stderr, flush=True)
+            self.failed.setdefault(conn.rank, str(e))
+            if call is not None:
+                self._reply(conn, call[0], False, str(e))
         except CallError as e:
             if call is not None:
                 self._reply(conn, call[0], False, str(e))
@@ -369,6 +378,19 @@ class SimulatorServer:
             self._simulator_failed(e, f"simulating rank {conn.rank}")
             return False
         return True
+
+    def _answer_join(self, conn: Connection, records: list[Any], call: Any) -> tuple[list[Any], Any]:
+        """A collective called while the rank's host waits is answered at once with a handle and
+        joins later, in program order (R_JOIN): the process runs on to its next call that needs
+        a time, as a GPU host runs on to its next synchronisation. Without this, a pipeline
+        stage blocked behind a receive held its process at every collective it launched, and
+        the stages' processes ran one at a time."""
+        if call is None or call[1] != P.C_COLLECTIVE:
+            return records, call
+        self._join_handles += 1
+        handle = P.JOIN_HANDLE_BASE + self._join_handles
+        self._reply(conn, call[0], True, handle)
+        return [*records, [P.R_JOIN, handle, call[2]]], None
 
     def _resume_unblocked(self) -> None:
         """Go on with held ranks the engine can answer now; that can unblock more."""
@@ -381,8 +403,12 @@ class SimulatorServer:
                 conn, records, call = queue.popleft()
                 if conn.sock.fileno() < 0:
                     continue
+                if rank in self.failed:  # a join it queued failed: what it sent after is dropped
+                    if call is not None:
+                        self._handle_failed(conn, call)
+                    continue
                 if not self._process(conn, records, call):
-                    if self.failure is not None:
+                    if self.failure is not None or self.refuted is not None:
                         return
                     self.held[rank].extend(queue)  # _process put the unapplied part in front
                     break
