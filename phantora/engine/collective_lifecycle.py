@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from phantora.cost.host import HOST_COSTS
 from phantora.cost.startup import NCCL_COMM_INIT, nccl_init_ns
+from phantora.engine.comm_log import CommLog
 from phantora.engine.collectives import (CollectiveCall, CollectiveMatcher, CollectiveMismatch, PendingCollective,
                                          split_matrix)
 from phantora.engine.deferred import Action, Arrive
@@ -153,7 +154,7 @@ class CollectiveLifecycle:
         current = self.placement.stream(st, call.device, call.stream)
         arrive = Arrive(self.placement.next_seq(), comm, call, work, current, tl.host_ns)
         self.arrivals[(work, rank)] = arrive
-        st.comm_log.setdefault(call.device, []).append(arrive)
+        st.comm_log.setdefault(call.device, CommLog()).append(arrive)
         self.placement.enqueue(st, arrive)
         return work
 
@@ -219,7 +220,7 @@ class CollectiveLifecycle:
         work = self._match(call)
         arrive = Arrive(self.placement.next_seq(), self.comm_stream(st, call), call, work, current, host_ns)
         self.arrivals[(work, call.rank)] = arrive
-        st.comm_log.setdefault(call.device, []).append(arrive)
+        st.comm_log.setdefault(call.device, CommLog()).append(arrive)
         self.placement.enqueue(st, arrive)
         return work
 

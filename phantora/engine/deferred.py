@@ -22,13 +22,14 @@ from phantora.engine.timeline import Stream, op_span
 class Action:
     """One piece of GPU-side work in a rank's program order (seq), on one stream."""
 
-    __slots__ = ("seq", "stream", "placed", "tail_ns")
+    __slots__ = ("seq", "stream", "placed", "tail_ns", "enqueued_ns")
 
     def __init__(self, seq: int, stream: Stream) -> None:
         self.seq = seq
         self.stream = stream
         self.placed = False
         self.tail_ns: int | None = None  # the stream's tail once this is placed
+        self.enqueued_ns = 0  # the host clock when it joined its stream's queue (Placement.enqueue)
 
 
 class OpWork(Action):

@@ -96,6 +96,7 @@ class Placement:
         return stream
 
     def enqueue(self, st: RankState, action: Action) -> None:
+        action.enqueued_ns = st.timeline.host_ns
         st.actions.append(action)
         action.stream.queue.append(action)
         if len(action.stream.queue) == 1:
@@ -383,10 +384,9 @@ class Placement:
         log = st.comm_log.get(device)
         if not log:
             return 0
+        c = self.collectives
         spans = []
-        for a in log:
-            if a.seq > seq:
-                break
+        for a in log.settle(seq, c.work_end_ns, c.dropped):
             if not a.placed and a.host_ns + self.timing.launch_latency_ns >= end:
                 continue  # its NCCL kernel cannot start before `end`
             if not a.placed and not self.place_stream(st, a.stream, a, force):
@@ -407,16 +407,14 @@ class Placement:
                 return None
             if done > max(ready, start):
                 spans.append((max(ready, start), done))
-        if len(log) > st.comm_log_prune_at.get(device, 64):
+        spans += log.spans(seq, start, end)
+        if len(log.settled) > log.prune_at:
             # forget collectives that ended before anything still to be placed can start (work
-            # queued on a stream starts after its tail; work not launched yet, after the host
-            # clock: a stream idle since early in the run does not hold the floor back). Next
-            # time at twice what is left: a pipeline stage's receives and overlapped gradient
-            # reductions can keep hundreds unfinished, and pruning at every op then cost a pass
-            # over all of them (27% of the simulator in Megatron-LM's 70B layout at 64 GPUs).
-            floor = min([st.timeline.host_ns] + [x.tail_ns for x in st.timeline.streams.values()
-                                                 if x.device == device and x.queue])
-            ends = self.collectives.work_end_ns
-            log[:] = [a for a in log if not (a.placed and ends.get(a.work, floor) < floor)]
-            st.comm_log_prune_at[device] = max(64, 2 * len(log))
+            # queued on a stream starts after its tail and after the host clock when the oldest
+            # of it was queued; work not launched yet, after the host clock now: a stream idle
+            # since early in the run, or one whose tail waits for a receive posted long ago, does
+            # not hold the floor back)
+            log.prune(min([st.timeline.host_ns] + [max(x.tail_ns, x.queue[0].enqueued_ns)
+                                                   for x in st.timeline.streams.values()
+                                                   if x.device == device and x.queue]))
         return _union_ns(spans)

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phantora.cost import KernelEstimate
+from phantora.engine.comm_log import CommLog
 from phantora.engine.data_loading import LoaderTimeline
-from phantora.engine.deferred import Action, Arrive, EventRecord
+from phantora.engine.deferred import Action, EventRecord
 from phantora.engine.graphs import RankGraphs
 from phantora.engine.routing_log import RoutingDecision
 from phantora.engine.timeline import RankTimeline, Stream
@@ -96,8 +97,7 @@ class RankState:
     step_end_ns: int = 0
     actions: deque[Action] = field(default_factory=deque)  # GPU work in program order, until placed
     event_src: dict[int, EventRecord] = field(default_factory=dict)  # event id -> its latest record
-    comm_log: dict[int, list[Arrive]] = field(default_factory=dict)  # device -> its collectives, program order
-    comm_log_prune_at: dict[int, int] = field(default_factory=dict)  # device -> log length of its next pruning
+    comm_log: dict[int, CommLog] = field(default_factory=dict)  # device -> its collectives (comm_log.py)
     join_handles: dict[int, int] = field(default_factory=dict)  # R_JOIN handle -> the work it joined
     blocked: HostWait | None = None  # the host waits for a time not known yet
     blocked_call: WaitTarget | None = None  # a call waits for a time not known yet
