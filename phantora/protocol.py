@@ -79,7 +79,8 @@ C_ELAPSED = 2  # [id, C_ELAPSED, start_event_id, end_event_id] -> milliseconds (
 C_QUERY_EVENT = 3  # [id, C_QUERY_EVENT, event_id] -> bool: has the event completed by now?
 C_QUERY_STREAM = 4  # [id, C_QUERY_STREAM, device, stream_id] -> bool
 C_BYE = 5  # [id, C_BYE, exit info] -> None: the process is exiting normally
-C_COLLECTIVE = 6  # [id, C_COLLECTIVE, call dict (engine/collectives.py)] -> work id (a handle, R_JOIN, while the host waits)
+# [id, C_COLLECTIVE, call dict (engine/collectives.py)] -> work id (a handle, R_JOIN, while the host waits)
+C_COLLECTIVE = 6
 C_IDENTIFY = 7  # [id, C_IDENTIFY, {rank, local_rank, node, world_size}] -> None: init_process_group's rank
 
 _LEN = struct.Struct("<I")

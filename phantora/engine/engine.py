@@ -67,9 +67,9 @@ from phantora.roles import RankRoles
 from phantora.trace import TraceSink
 
 # Names other modules and tests import from here.
-__all__ = ["CallError", "DeferredJoinError", "DeviceMemory", "Engine", "EngineSummary", "HOST_TRACK", "NETWORK_PID", "NOT_YET", "NotYet",
-           "RankInfo", "RankState", "SIMULATOR_PID", "STEP_TRACK", "SYNC_MODES", "host_waits_for_copy",
-           "nccl_kernel_name"]
+__all__ = ["CallError", "DeferredJoinError", "DeviceMemory", "Engine", "EngineSummary", "HOST_TRACK", "NETWORK_PID",
+           "NOT_YET", "NotYet", "RankInfo", "RankState", "SIMULATOR_PID", "STEP_TRACK", "SYNC_MODES",
+           "host_waits_for_copy", "nccl_kernel_name"]
 
 SYNC_MODES = ("optimistic", "conservative")
 
