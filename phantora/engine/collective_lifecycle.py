@@ -34,9 +34,9 @@ from typing import Any, Protocol
 
 from phantora.cost.host import HOST_COSTS
 from phantora.cost.startup import NCCL_COMM_INIT, nccl_init_ns
-from phantora.engine.comm_log import CommLog
 from phantora.engine.collectives import (CollectiveCall, CollectiveMatcher, CollectiveMismatch, PendingCollective,
                                          split_matrix)
+from phantora.engine.comm_log import CommLog
 from phantora.engine.deferred import Action, Arrive
 from phantora.engine.graphs import CapturedGraph
 from phantora.engine.mirrors import Mirrors

@@ -365,9 +365,7 @@ class SimulatorServer:
         except DeferredJoinError as e:  # its call was answered already: the rank's next call raises it
             self.rank_errors.append(str(e))
             print(f"phantora: {e}", file=sys.stderr, flush=True)
-            self.failed.setdefault(conn.rank, str(e))
-            if call is not None:
-                self._reply(conn, call[0], False, str(e))
+            self._fail_rank(conn.rank, str(e))
         except CallError as e:
             if call is not None:
                 self._reply(conn, call[0], False, str(e))
