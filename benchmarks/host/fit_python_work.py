@@ -114,9 +114,14 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=Path, default=Path("/tmp/phantora-fit-python-work"))
+    ap.add_argument("--real", type=Path, default=ROOT / "tests/data/groundtruth/host_probe.json",
+                    help="host_probe.json of the host to fit (default: the lent H100 VM's; the lent H200 VM's is "
+                         "tests/data/groundtruth/h200_vm/host_probe.json)")
+    ap.add_argument("--bench-ms", type=float, default=BENCH_AFTER_TORCH_MS,
+                    help="that host's python_bench_after_torch (startup.jsonl; the H200 VM's: 85.697)")
     args = ap.parse_args()
     args.runs.mkdir(parents=True, exist_ok=True)
-    real = {w["name"]: w for w in json.loads((ROOT / "tests/data/groundtruth/host_probe.json").read_text())["data"]}
+    real = {w["name"]: w for w in json.loads(args.real.read_text())["data"]}
     base, counts = base_phases(args.runs), counted_phases(args.runs)
     rows, names = [], []
     for name, w in real.items():
@@ -130,8 +135,8 @@ def main() -> None:
     # one row whose instructions are not framework code, which sets plain instructions apart from
     # call sites.
     bench = bench_counts()
-    rows.append(([bench[0] - bench[2], bench[2], bench[1], 0, 0, 0, 0, 0], BENCH_AFTER_TORCH_MS * 1e6,
-                 BENCH_AFTER_TORCH_MS * 1e6, 0.0))
+    rows.append(([bench[0] - bench[2], bench[2], bench[1], 0, 0, 0, 0, 0], args.bench_ms * 1e6,
+                 args.bench_ms * 1e6, 0.0))
     names.append(("python_bench", "whole"))
     a = np.array([[f * s for f, s in zip(r[0], SCALE)] for r in rows])
     b = np.array([r[1] for r in rows])
