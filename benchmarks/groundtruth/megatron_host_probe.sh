@@ -9,7 +9,8 @@
 #   2. --num-workers 0 (batches made in the training thread: no worker hand-over, no pin thread);
 #   3. --no-check-for-nan-in-loss-and-grad (no per-micro-batch validate_result syncs);
 #   4. as 1, under torch.profiler for iterations 6-7 (Megatron's --profile --use-pytorch-profiler,
-#      record_shapes and with_stack): a Chrome trace of CPU ops, kernels and Python frames.
+#      record_shapes and with_stack): a Chrome trace of CPU ops, kernels and Python frames;
+# and first, benchmarks/host/function_apply.py on the GPU (a custom Function's own host cost).
 # Carry .dev/ as device_probe_2026_11_29.sh does. Results: $OUT/results.tar.gz, $OUT/log.txt.
 set -u
 ROOT=$(pwd)
@@ -31,6 +32,8 @@ megatron() {  # name, limit, args...
   grep -oE "iteration +[0-9]+/ +[0-9]+ .*elapsed time per iteration \(ms\): [0-9.]+|rc [0-9]+" $W/megatron_$name.log \
     | awk '{print $2, $NF}' | tr '\n' ' '; echo; pack
 }
+echo "=== custom autograd.Function overhead"
+timeout 60 python3 benchmarks/host/function_apply.py --device cuda > $W/function_apply.json 2>&1; cat $W/function_apply.json; pack
 megatron base 90
 megatron workers0 90 --num-workers 0
 megatron nocheck 90 --no-check-for-nan-in-loss-and-grad
