@@ -10,7 +10,8 @@
 #   3. --no-check-for-nan-in-loss-and-grad (no per-micro-batch validate_result syncs);
 #   4. as 1, under torch.profiler for iterations 6-7 (Megatron's --profile --use-pytorch-profiler,
 #      record_shapes and with_stack): a Chrome trace of CPU ops, kernels and Python frames;
-# and first, benchmarks/host/function_apply.py on the GPU (a custom Function's own host cost).
+# and first, benchmarks/host/pure_python.py's call-heavy rows on the VM itself (the counted host's
+# cost per frame, docs/host-time.md) and benchmarks/host/function_apply.py on the GPU.
 # Carry .dev/ as device_probe_2026_11_29.sh does. Results: $OUT/results.tar.gz, $OUT/log.txt.
 set -u
 ROOT=$(pwd)
@@ -32,6 +33,8 @@ megatron() {  # name, limit, args...
   grep -oE "iteration +[0-9]+/ +[0-9]+ .*elapsed time per iteration \(ms\): [0-9.]+|rc [0-9]+" $W/megatron_$name.log \
     | awk '{print $2, $NF}' | tr '\n' ' '; echo; pack
 }
+echo "=== pure-Python rows on this host (docs/host-time.md: 'run it on the lent VM')"
+timeout 120 python3 benchmarks/host/pure_python.py --json $W/pure_python.json > $W/pure_python.log 2>&1; tail -12 $W/pure_python.log; pack
 echo "=== custom autograd.Function overhead"
 timeout 60 python3 benchmarks/host/function_apply.py --device cuda > $W/function_apply.json 2>&1; cat $W/function_apply.json; pack
 megatron base 90
