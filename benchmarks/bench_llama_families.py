@@ -79,6 +79,8 @@ def kernel_family(name: str, op: str = "") -> str:
     with phantora's op where its name is a composite (the embedding backward's several kernels)."""
     if "embedding" in op:
         return "embedding fwd/bwd"
+    if "silu" in op:  # phantora names SiLU's kernels vectorized_elementwise_kernel, as others
+        return "SiLU fwd/bwd"
     rules = (
         (("nvjet", "gemm", "cutlass"), "GEMM"),
         (("sdpa", "flash_fprop", "flash_bprop", "dot_do_o", "convert_dq", "fmha_reduce", "attention"), None),
@@ -88,7 +90,7 @@ def kernel_family(name: str, op: str = "") -> str:
         (("copy", "Memcpy", "CatArray"), "casts and copies"),
         (("reduce_kernel",), "reductions (RMSNorm mean, sums)"),
         (("distribution",), "RNG (init, randint)"),
-        (("indexSelect", "gather", "scatter", "compute_grad_weight", "segment", "radix", "Radix", "unique",
+        (("indexSelect", "embedding", "gather", "scatter", "compute_grad_weight", "segment", "radix", "Radix", "unique",
           "Unique", "Scan", "krn_"), "embedding fwd/bwd"),
         (("silu",), "SiLU fwd/bwd"),
     )
