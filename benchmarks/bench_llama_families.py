@@ -74,9 +74,13 @@ def family(op: str, kernel: str) -> str:
     return "other"
 
 
-def kernel_family(name: str, op: str = "") -> str:
+def kernel_family(name: str, op: str = "") -> str | None:
     """A kernel's family from its name (the real profile's CUDA names or phantora's short names),
-    with phantora's op where its name is a composite (the embedding backward's several kernels)."""
+    with phantora's op where its name is a composite (the embedding backward's several kernels).
+    None for transfers to or from the host (their time is the host's memory and the PCIe link's,
+    and a pageable copy's is mostly the host's: not a kernel model's)."""
+    if any(k in name for k in ("HtoD", "DtoH", "HtoH")):
+        return None
     if "embedding" in op:
         return "embedding fwd/bwd"
     if "silu" in op:  # phantora names SiLU's kernels vectorized_elementwise_kernel, as others
@@ -93,6 +97,7 @@ def kernel_family(name: str, op: str = "") -> str:
         (("indexSelect", "embedding", "gather", "scatter", "compute_grad_weight", "segment", "radix", "Radix", "unique",
           "Unique", "Scan", "krn_"), "embedding fwd/bwd"),
         (("silu",), "SiLU fwd/bwd"),
+        (("layer_norm", "LayerNorm", "GammaBeta"), "LayerNorm fwd/bwd"),
     )
     for keys, fam in rules:
         if any(k in name for k in keys):
@@ -112,8 +117,9 @@ def real_families(profile: str) -> dict[str, float]:
     doc = json.loads((REAL / f"profile_{profile}.json").read_text())
     by: dict[str, float] = collections.defaultdict(float)
     for k in doc["kernels"]:
-        if not k["name"].startswith(_ANNOTATIONS):
-            by[kernel_family(k["name"])] += k["us"] / 1e3
+        fam = None if k["name"].startswith(_ANNOTATIONS) else kernel_family(k["name"])
+        if fam is not None:
+            by[fam] += k["us"] / 1e3
     return dict(by)
 
 
@@ -124,7 +130,9 @@ def trace_families(trace: Path) -> dict[str, float]:
     by: dict[str, float] = collections.defaultdict(float)
     for e in events:
         if e.get("ph") == "X" and e.get("cat") == "kernel":
-            by[kernel_family(e["name"], e["args"].get("op", ""))] += e["dur"] / 1e3
+            fam = kernel_family(e["name"], e["args"].get("op", ""))
+            if fam is not None:
+                by[fam] += e["dur"] / 1e3
     return dict(by)
 
 
