@@ -138,7 +138,8 @@ def main(argv=None) -> int:
                         print(f"      phantora {k.duration_ns / 1e3:8.2f}  {s.short_name}: {k.name}")
                 for k in r["kernels"]:
                     print(f"      measured {k['us']:8.2f}  {k['name'][:90]}")
-    print_table(f"{est.name} estimator vs the {args.gpu.upper()} sweep (|predicted/measured - 1| of each case's total kernel time)",
+    print_table(f"{est.name} estimator vs the {args.gpu.upper()} sweep "
+                "(|predicted/measured - 1| of each case's total kernel time)",
                 family_table(results), overall(results))
     if args.loo:
         loo = loo_errors(est, rows, sigs)

@@ -195,7 +195,8 @@ def _conv_gemm(shape: GemmShape, dtype: str, out_dtype: str, nbytes: float, ctx:
     """One cuDNN implicit-GEMM kernel: the GEMM model's time without its ramp, plus the fixed
     cost of a cuDNN kernel; a gather kernel's slower memory roofline for unaligned channels
     (and, for the forward, its low compute rate)."""
-    k = gemm_kernel(shape, dtype, out_dtype, nbytes, replace(ctx, gpu=other_gemm_gpu(ctx.gpu)), tf32=ctx.cudnn_allow_tf32)
+    conv_ctx = replace(ctx, gpu=other_gemm_gpu(ctx.gpu))  # cuDNN's kernels: GPUSpec.other_gemm_efficiency
+    k = gemm_kernel(shape, dtype, out_dtype, nbytes, conv_ctx, tf32=ctx.cudnn_allow_tf32)
     work = k.duration_ns - ctx.gpu.kernel_ramp_ns
     if unaligned:
         work = max(work, memory_ns(nbytes, ctx.gpu, UNALIGNED_CONV_BANDWIDTH_FRACTION) - ctx.gpu.kernel_ramp_ns)

@@ -9,9 +9,9 @@ ATen/native/cuda/MultiTensorApply.cuh.
 
 from __future__ import annotations
 
-from phantora.cost.gemm import GemmShape, gemm_kernel
 import math
 
+from phantora.cost.gemm import GemmShape, gemm_kernel
 from phantora.cost.roofline import (
     CostContext,
     Kernel,
@@ -38,7 +38,7 @@ FUSED_OPTIMIZER_EFFICIENCY = 0.88
 # Fitted to the H100 sweep's two fused AdamW cases (fp32; 148 x 1M and 30 x 16M elements: 1.274 and
 # 1.282 clocks per element per SM, 1639.6 and 5322.4 us); the same as the 0.88 efficiency there. It
 # is what carries the kernel to other GPUs and dtypes: held out, the H200 sweep's two fp32 cases
-# (+2.8%, +2.8%), and the lent H200's Llama steps with bf16 parameters and states (14 bytes per
+# (+3.2%, +2.8%), and the lent H200's Llama steps with bf16 parameters and states (14 bytes per
 # element, where the bytes alone would give 2.5 ms of 769M elements and the real kernels take 4.66):
 # the bf16 kernel is SM-bound on the H200, which the 0.88 efficiency read 37% fast.
 ADAM_CLK_PER_ELEMENT = 1.28
