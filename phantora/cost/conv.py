@@ -22,10 +22,10 @@ FLOPs follow torch.utils.flop_counter.conv_flop_count.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from phantora.cost.fitted import kernel_ns
-from phantora.cost.gemm import OPERAND_STREAMING_EFFICIENCY, GemmShape, gemm_compute_ns, gemm_kernel
+from phantora.cost.gemm import OPERAND_STREAMING_EFFICIENCY, GemmShape, gemm_compute_ns, gemm_kernel, other_gemm_gpu
 from phantora.cost.roofline import (
     CostContext,
     Kernel,
@@ -195,7 +195,8 @@ def _conv_gemm(shape: GemmShape, dtype: str, out_dtype: str, nbytes: float, ctx:
     """One cuDNN implicit-GEMM kernel: the GEMM model's time without its ramp, plus the fixed
     cost of a cuDNN kernel; a gather kernel's slower memory roofline for unaligned channels
     (and, for the forward, its low compute rate)."""
-    k = gemm_kernel(shape, dtype, out_dtype, nbytes, ctx, tf32=ctx.cudnn_allow_tf32)
+    conv_ctx = replace(ctx, gpu=other_gemm_gpu(ctx.gpu))  # cuDNN's kernels: GPUSpec.other_gemm_efficiency
+    k = gemm_kernel(shape, dtype, out_dtype, nbytes, conv_ctx, tf32=ctx.cudnn_allow_tf32)
     work = k.duration_ns - ctx.gpu.kernel_ramp_ns
     if unaligned:
         work = max(work, memory_ns(nbytes, ctx.gpu, UNALIGNED_CONV_BANDWIDTH_FRACTION) - ctx.gpu.kernel_ramp_ns)
@@ -211,7 +212,7 @@ def _strided_dgrad(shape: ConvShape, stride: tuple[int, ...], dtype: str, nbytes
     gpu = ctx.gpu
     phases = shape.grad_input_phase_gemms(stride)
     compute_type = matmul_compute_type(dtype, ctx.cudnn_allow_tf32)
-    compute = sum(gemm_compute_ns(ph, compute_type, gpu) for ph in phases)
+    compute = sum(gemm_compute_ns(ph, compute_type, other_gemm_gpu(gpu)) for ph in phases)
     fraction = UNALIGNED_CONV_BANDWIDTH_FRACTION if unaligned else OPERAND_STREAMING_EFFICIENCY
     memory = memory_ns(nbytes, gpu, fraction) - gpu.kernel_ramp_ns
     return Kernel("cudnn_convolution_dgrad_implicit_gemm_strided", CUDNN_KERNEL_FIXED_NS + max(compute, memory),

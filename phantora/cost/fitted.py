@@ -29,8 +29,10 @@ calls streaming_rate), and per-SM rates measured in items per ns are stated per 
 from the sweep (tests/cost/test_sweep_fit.py checks it):
 - multi-tensor-apply optimizers (optimizers.py): foreach AdamW over 148 x 1M and 30 x 16M fp32
   tensors ran 4,560 and 14,683 us against 4,420 and 14,311 at the full streaming rate (0.97 of
-  it), fused AdamW 0.88 (FUSED_OPTIMIZER_EFFICIENCY), SGD 0.93: DRAM-bound, so they scale with HBM.
-  Many tensors cost launches (launch_element_counts), not SM-bound bandwidth;
+  it), SGD 0.93: DRAM-bound, so they scale with HBM. Fused AdamW (0.88 of it on the H100) is
+  timed by its DRAM and SM terms together (optimizers.ADAM_CLK_PER_ELEMENT): the lent H200 ran it
+  1.33x faster than the H100 in fp32, and SM-bound with bf16 states. Many tensors cost launches
+  (launch_element_counts), not SM-bound bandwidth;
 - casts and copies (copies.py, pointwise.cast, movement.py): same-dtype copies and the fp32 -> bf16
   casts (torch's vectorized bfloat16_copy_kernel: the RMSNorm cases' two per case, 135 us against
   136 at the full rate for 8192 x 4096) are DRAM-bound; every other dtype change runs torch's

@@ -20,7 +20,7 @@ CUDA cores unless TF32 is allowed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from phantora.cost.roofline import (
     CostContext,
@@ -101,6 +101,21 @@ def gemm_kernel_name(gpu: GPUSpec, compute_type: str, dtype_out: str,
     out = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(dtype_out, t)
     acc = "s32" if compute_type == "int8" else "f32"
     return f"{arch}_xmma_gemm_{ta}{tb}_{out}{acc}"
+
+
+_OTHER_GEMM_GPUS: dict[tuple[str, float], GPUSpec] = {}
+
+
+def other_gemm_gpu(gpu: GPUSpec) -> GPUSpec:
+    """`gpu` as the GEMM model sees it for kernels that are not cuBLAS's (cuDNN's implicit-GEMM
+    convolutions, grouped GEMMs): its gemm_efficiency replaced by GPUSpec.other_gemm_efficiency."""
+    other = gpu.other_gemm_efficiency
+    if other is None or other == gpu.gemm_efficiency:
+        return gpu
+    key = (gpu.key, gpu.gemm_efficiency)
+    if key not in _OTHER_GEMM_GPUS:
+        _OTHER_GEMM_GPUS[key] = replace(gpu, gemm_efficiency=other)
+    return _OTHER_GEMM_GPUS[key]
 
 
 def _waves(work_units: int, sm_count: int, stream_k: bool) -> float:
@@ -266,7 +281,7 @@ def grouped_gemm_compute_ns(problems: list[GemmShape], compute_type: str, gpu: G
     one tile per SM. No split-K and no stream-K across groups."""
     tensor_cores = uses_tensor_cores(compute_type)
     tiles = TENSOR_CORE_TILES if tensor_cores else SIMT_TILES
-    rate_per_sm = peak_flops(gpu, compute_type) * gpu.gemm_efficiency / gpu.sm_count
+    rate_per_sm = peak_flops(gpu, compute_type) * other_gemm_gpu(gpu).gemm_efficiency / gpu.sm_count
     k_overhead = K_OVERHEAD[tensor_cores]
     best = float("inf")
     for tile in tiles:

@@ -9,6 +9,8 @@ ATen/native/cuda/MultiTensorApply.cuh.
 
 from __future__ import annotations
 
+import math
+
 from phantora.cost.gemm import GemmShape, gemm_kernel
 from phantora.cost.roofline import (
     CostContext,
@@ -16,6 +18,8 @@ from phantora.cost.roofline import (
     OpCost,
     ceil_div,
     footprint_bytes,
+    memory_ns,
+    sm_rate_per_ns,
     streaming_kernel,
 )
 from phantora.ops import OpSignature, TensorMeta
@@ -27,6 +31,17 @@ FLOPS_PER_ELEMENT = {"adam": 15.0, "sgd": 4.0, "adagrad": 6.0}
 # Fused optimizers keep 4-5 streams in flight per element and reach a little less than a copy:
 # H100 profile, _fused_adamw_ over 8 x 4096^2 fp32 params: 3.76 GB in 1.42 ms (2.65 TB/s).
 FUSED_OPTIMIZER_EFFICIENCY = 0.88
+# The fused Adam(W) math (FusedAdamMathFunctor; Apex's and DeepSpeed's AdamFunctor alike) costs SM
+# time per element that overlaps its DRAM stream only in part: a launch takes
+#     ramp + sqrt(dram_ns^2 + sm_ns^2),  dram_ns = bytes / achieved HBM bandwidth,
+#     sm_ns = elements x ADAM_CLK_PER_ELEMENT / (SMs x clock).
+# Fitted to the H100 sweep's two fused AdamW cases (fp32; 148 x 1M and 30 x 16M elements: 1.274 and
+# 1.282 clocks per element per SM, 1639.6 and 5322.4 us); the same as the 0.88 efficiency there. It
+# is what carries the kernel to other GPUs and dtypes: held out, the H200 sweep's two fp32 cases
+# (+3.2%, +2.8%), and the lent H200's Llama steps with bf16 parameters and states (14 bytes per
+# element, where the bytes alone would give 2.5 ms of 769M elements and the real kernels take 4.66):
+# the bf16 kernel is SM-bound on the H200, which the 0.88 efficiency read 37% fast.
+ADAM_CLK_PER_ELEMENT = 1.28
 
 # In-place foreach ops that write their first list without reading it.
 WRITE_ONLY_FIRST_LIST = {"_foreach_zero_", "_foreach_copy_"}
@@ -84,6 +99,22 @@ def multi_tensor_kernels(
         streaming_kernel(name, ctx.gpu, total_bytes * n / total, flops_per_element * n, efficiency=efficiency)
         for n in launches
     )
+
+
+def adam_kernels(name: str, numels: list[int], total_bytes: float, ctx: CostContext) -> tuple[Kernel, ...]:
+    """The fused Adam(W) launches (depth 4): each its share of the bytes and its elements, timed by
+    the DRAM and SM terms of ADAM_CLK_PER_ELEMENT's comment."""
+    launches = launch_element_counts(numels, 4)
+    total = sum(launches)
+    gpu = ctx.gpu
+    kernels = []
+    for n in launches:
+        nbytes = total_bytes * n / total
+        dram_ns = memory_ns(nbytes, gpu) - gpu.kernel_ramp_ns
+        sm_ns = n / sm_rate_per_ns(gpu, 1.0 / ADAM_CLK_PER_ELEMENT)
+        flops = FLOPS_PER_ELEMENT["adam"] * n
+        kernels.append(Kernel(name, gpu.kernel_ramp_ns + math.hypot(dram_ns, sm_ns), flops, nbytes))
+    return tuple(kernels)
 
 
 def foreach(sig: OpSignature, ctx: CostContext) -> OpCost:
@@ -157,6 +188,8 @@ def fused_optimizer(sig: OpSignature, ctx: CostContext) -> OpCost:
     total = 2.0 * param_bytes + grad_bytes + 2.0 * state_bytes
     depth = 2 + len(states)
     functor = f"Fused{family.capitalize()}MathFunctor"  # FusedAdamMathFunctor, FusedSgdMathFunctor, ...
+    if family == "adam" and len(states) == 2:  # without amsgrad: depth 4, the fitted kernel
+        return OpCost(adam_kernels(f"multi_tensor_apply_kernel<{functor}>", [t.numel for t in params], total, ctx))
     return OpCost(multi_tensor_kernels(f"multi_tensor_apply_kernel<{functor}>", [t.numel for t in params],
                                        min(depth, 5), total, FLOPS_PER_ELEMENT[family], ctx,
                                        efficiency=FUSED_OPTIMIZER_EFFICIENCY))
@@ -174,6 +207,4 @@ def extension_multi_tensor_adam(sig: OpSignature, ctx: CostContext) -> OpCost:
     grads, params, exp_avgs, exp_avg_sqs = (_tensor_list(sig.args[i]) for i in (2, 3, 4, 5))
     total = sum(footprint_bytes(t) for t in grads) + 2.0 * sum(
         footprint_bytes(t) for lst in (params, exp_avgs, exp_avg_sqs) for t in lst)
-    kernels = multi_tensor_kernels("multi_tensor_apply_kernel<AdamFunctor>", [t.numel for t in params], 4, total,
-                                   FLOPS_PER_ELEMENT["adam"], ctx, efficiency=FUSED_OPTIMIZER_EFFICIENCY)
-    return OpCost(kernels)
+    return OpCost(adam_kernels("multi_tensor_apply_kernel<AdamFunctor>", [t.numel for t in params], total, ctx))

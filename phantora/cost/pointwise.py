@@ -17,6 +17,7 @@ from phantora.cost.roofline import (
     bytes_read,
     bytes_written,
     elementwise_kernel,
+    fill_kernel,
     footprint_bytes,
     input_tensors,
     largest_tensor,
@@ -137,10 +138,12 @@ def fill(sig: OpSignature, ctx: CostContext) -> OpCost:
     In-place fills return their `self`, which is written, not read.
     """
     nbytes = bytes_written(sig)
-    if not sig.tensors_out():  # e.g. an in-place op returning nothing: the first arg is written
-        ts = sig.tensors_in()
-        nbytes = footprint_bytes(ts[0]) if ts else 0
-    return single(elementwise_kernel("vectorized_elementwise_kernel<FillFunctor>", ctx.gpu, nbytes))
+    written = sig.tensors_out()
+    if not written:  # e.g. an in-place op returning nothing: the first arg is written
+        written = sig.tensors_in()[:1]
+        nbytes = footprint_bytes(written[0]) if written else 0
+    itemsize = written[0].itemsize if written else 4
+    return single(fill_kernel("vectorized_elementwise_kernel<FillFunctor>", ctx.gpu, nbytes, itemsize))
 
 
 def rng(sig: OpSignature, ctx: CostContext) -> OpCost:

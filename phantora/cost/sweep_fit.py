@@ -50,6 +50,9 @@ from typing import Callable, Iterable
 
 DATA = Path(__file__).with_name("data")
 SWEEP = DATA / "h100_sxm_sweep.jsonl"
+# The same script's cases measured on a lent H200 (2026-11-29, torch 2.11): nothing is fitted to it;
+# it checks how the H100's curves carry over (benchmarks/bench_sweep_fit.py --gpu h200).
+H200_SWEEP = DATA / "h200_sxm_sweep.jsonl"
 FIT_FILE = DATA / "h100_sweep_fit.json"
 # The GPU the sweep ran on (phantora.hardware's key); its peaks turn times into fractions.
 SWEEP_GPU = "h100-sxm-80gb"

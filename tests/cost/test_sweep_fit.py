@@ -19,10 +19,11 @@ import pytest
 
 from phantora.cost import choose_estimator, fitted, sweep_fit
 from phantora.cost.analytical import AnalyticalEstimator
+from phantora.cost.sweep_fit import H200_SWEEP
 from phantora.hardware import lookup_gpu
 from phantora.ops import OpSignature, TensorMeta
 
-from .sweep_cases import family, load_sweep, loo_errors, signatures
+from .sweep_cases import family, label, load_sweep, loo_errors, signatures
 
 # family: (max median |err|, max |err|) leave-one-out; before the fit (median, max) in comments
 LOO_BOUNDS = {
@@ -149,11 +150,14 @@ def test_optimizers_and_casts_run_at_streaming_rate_on_the_h100_so_scale_with_hb
     h100, h200 = (AnalyticalEstimator(lookup_gpu(g)) for g in ("h100", "h200"))
     opt = [(r, ss) for r, ss in zip(rows, sigs) if family(r) == "optimizer"]
     assert len(opt) == 6
+    measured_h200 = {label(r): r["total_us"] for r in load_sweep(H200_SWEEP)}
     for r, ss in opt:
         reached = _at_full_rate_over_measured(r, ss)
         assert reached > fitted.SM_BOUND_BELOW, (r["op"], reached)
         ratio = sum(h100.estimate(s).duration_ns for s in ss) / sum(h200.estimate(s).duration_ns for s in ss)
-        assert ratio == pytest.approx(4.32 / 3.015, rel=0.03), r["op"]
+        # the lent H200 ran them 1.33x (fused AdamW: its SM-side math, optimizers.ADAM_CLK_PER_ELEMENT)
+        # to 1.42x (SGD) faster than the H100; the model is within 5% of each
+        assert ratio == pytest.approx(r["total_us"] / measured_h200[label(r)], rel=0.05), r["op"]
     casts = 0
     for r, ss in zip(rows, sigs):
         if r["op"] != "rms_norm_fwd_bwd" or r["dtype"] != "bf16":
