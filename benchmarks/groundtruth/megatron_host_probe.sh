@@ -19,11 +19,8 @@ W=/tmp/w; mkdir -p $W
 export PYTHONUNBUFFERED=1 PYTHONPATH=$ROOT:$ROOT/.dev/site
 command -v python3-config >/dev/null || export PATH=$PATH:$ROOT/.dev/bin
 pack() { tar czf $OUT/results.tar.gz -C $W . 2>/dev/null; }
-COMMON="--transformer-impl local --no-gradient-accumulation-fusion --no-masked-softmax-fusion
- --no-persist-layer-norm --no-bias-gelu-fusion --no-bias-dropout-fusion --no-rope-fusion --bf16 --mock-data
- --tokenizer-type NullTokenizer --vocab-size 32000 --lr 1e-4 --log-interval 1 --eval-iters 0 --eval-interval 100000
- --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 256 --max-position-embeddings 256
- --micro-batch-size 1 --global-batch-size 16 --train-iters 10"
+ITERS=10 . benchmarks/host/megatron_lm_configs.sh
+COMMON="$MLM_COMMON $MLM_SMALL"
 megatron() {  # name, limit, args...
   local name=$1 limit=$2; shift 2; echo "=== megatron $name $(date +%T)"
   (cd .dev/mlm && touch megatron/core/datasets/helpers_cpp*.so && CUDA_DEVICE_MAX_CONNECTIONS=1 \

@@ -13,23 +13,15 @@
 set -eu
 name=$1 out=$2; shift 2
 : "${PHANTORA_MEGATRON_LM:?a Megatron-LM checkout}" "${PHANTORA_MEGATRON_LM_PYTHON:?its Python 3.12}"
-COMMON="--transformer-impl local --no-gradient-accumulation-fusion --no-masked-softmax-fusion
- --no-persist-layer-norm --no-bias-gelu-fusion --no-bias-dropout-fusion --no-rope-fusion --bf16 --mock-data
- --tokenizer-type NullTokenizer --vocab-size 32000 --lr 1e-4 --log-interval 1 --eval-iters 0 --eval-interval 100000"
-SMALL="--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 256 --max-position-embeddings 256
- --micro-batch-size 1 --global-batch-size 16 --train-iters 6"
-GPT="--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --max-position-embeddings 1024
- --micro-batch-size 2 --global-batch-size 16 --train-iters 6"
-LLAMA="--normalization RMSNorm --swiglu --position-embedding-type rope --group-query-attention
- --num-query-groups 2 --disable-bias-linear --untie-embeddings-and-output-weights --use-distributed-optimizer"
+here=$(cd "$(dirname "$0")/../.." && pwd)
+. "$here/benchmarks/host/megatron_lm_configs.sh"
 case $name in
-  small) args="$SMALL";; gpt) args="$GPT";; small_llama) args="$SMALL $LLAMA";;
+  small) args="$MLM_SMALL";; gpt) args="$MLM_GPT";; small_llama) args="$MLM_SMALL $MLM_LLAMA";;
   *) echo "unknown configuration $name: small, gpt or small_llama" >&2; exit 2;;
 esac
 mkdir -p "$out"
-here=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$PHANTORA_MEGATRON_LM"
 CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHONPATH=$here python3 -m phantora.cli trace --gpu h200 "$@" -o "$out/$name.json" -- \
-  "$PHANTORA_MEGATRON_LM_PYTHON" -m torch.distributed.run --nproc-per-node 1 pretrain_gpt.py $COMMON $args \
+  "$PHANTORA_MEGATRON_LM_PYTHON" -m torch.distributed.run --nproc-per-node 1 pretrain_gpt.py $MLM_COMMON $args \
   > "$out/$name.log" 2>&1
 grep -oE "iteration +[0-9]+/ +[0-9]+ .*elapsed time per iteration \(ms\): [0-9.]+" "$out/$name.log" | awk '{print $2, $NF}'
