@@ -1,10 +1,11 @@
 """The rank process's one connection to the simulator.
 
 Records are buffered and sent in batches; a call flushes the batch and waits for its answer
-with a timeout (no wait in phantora is unbounded). The connection is opened lazily, on the
-first record or call, so processes that never touch CUDA (torchrun's agent, DataLoader
-workers) never become ranks; the hello that names the rank is made then too (a launcher may set
-the rank's environment after torch's import).
+with a timeout (no wait in phantora is unbounded): the time the simulator stays silent, since a
+simulator busy with one long piece of work sends keepalives while its network makes progress.
+The connection is opened lazily, on the first record or call, so processes that never touch CUDA
+(torchrun's agent, DataLoader workers) never become ranks; the hello that names the rank is made
+then too (a launcher may set the rank's environment after torch's import).
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ class SimClient:
         try:
             P.send_message(self._sock, [batch, call])
             reply = P.recv_message(self._sock)
+            while reply[0] == P.KEEPALIVE:  # type: ignore[index]  # the simulator is busy, not gone
+                reply = P.recv_message(self._sock)
         except socket.timeout as e:
             raise TimeoutError(
                 f"phantora: the simulator did not answer within {self._timeout:.0f} s "

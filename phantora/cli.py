@@ -137,7 +137,9 @@ def main() -> None:
                    "missing member that sends nothing before the waiting ranks fail (a member still running its "
                    "work is waited for, up to 10 times this).")
 @click.option("--call-timeout", type=click.FloatRange(1.0), default=600.0, show_default=True,
-              help="Seconds a script waits for any answer from the simulator before failing.")
+              help="Seconds a script waits for any answer from the simulator before failing; a simulator busy "
+                   "with one long piece of work (a deep network rollback) sends keepalives every 30 s while its "
+                   "network makes progress, so this counts its silence, not its work.")
 @click.option("--comm-slowdown", type=click.FloatRange(0.0, 10.0), default=0.1, show_default=True,
               help="Fraction by which compute kernels slow down while an NCCL kernel runs on the same GPU "
                    "(NCCL occupies SMs); 0 disables. An assumption, not a measured figure.")

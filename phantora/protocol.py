@@ -53,6 +53,11 @@ R_HOST_SPEED = 22  # [R_HOST_SPEED, bench_ms]: this machine's Python benchmark n
 # Work.wait() on the handle waits for the work it became
 R_JOIN = 23
 JOIN_HANDLE_BASE = 1 << 40  # handles of such joins start here; work ids stay far below
+# [KEEPALIVE, None, {"busy_s": s}]: not a reply. While the simulator works on one message for long (a
+# rollback re-simulating seconds of a large network), it sends this to every rank now and then,
+# as long as the network makes progress; a rank waiting for a reply skips it and waits again, so
+# its timeout (PHANTORA_CALL_TIMEOUT) counts the simulator's silence, not its work
+KEEPALIVE = 0  # call ids start at 1
 # CUDA graphs (phantora/engine/graphs.py). Between R_GRAPH_BEGIN and R_GRAPH_END, ops on the
 # capturing streams come as R_OP with OP_CAPTURED: recorded into the graph, not run.
 R_GRAPH_BEGIN = 30  # [R_GRAPH_BEGIN, graph_id, device, stream_id]: cudaStreamBeginCapture on this stream

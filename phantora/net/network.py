@@ -390,6 +390,12 @@ class Network:
     def rollback_count(self) -> int:
         return self._rollback_count
 
+    @property
+    def event_batches(self) -> int:
+        """Event batches the flow simulator processed so far, re-simulation included: a cheap
+        measure of progress, read from another thread (the server's keepalives)."""
+        return self._sim.batches
+
     # ---- internals ------------------------------------------------------------------------
 
     def _get(self, handle: int) -> _Collective:

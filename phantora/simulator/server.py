@@ -21,6 +21,7 @@ import selectors
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import deque
@@ -57,6 +58,12 @@ def fewer_collections(threshold: tuple[int, int, int] = SERVE_GC_THRESHOLD) -> I
         gc.set_threshold(*before)
 
 
+# While one message keeps the simulator busy longer than this, the ranks get a keepalive this often
+# (protocol.KEEPALIVE), as long as the network progresses: a rollback that re-simulates seconds of a
+# 64-GPU pipeline took over 10 minutes, and every rank failed at its 600 s call timeout.
+KEEPALIVE_S = 30.0
+
+
 @dataclass
 class Connection:
     sock: socket.socket
@@ -68,8 +75,17 @@ class Connection:
 
 class SimulatorServer:
     def __init__(self, engine: Engine, hello_reply: dict[str, Any] | None = None,
-                 collective_timeout_s: float = 300.0, stall_s: float = 30.0) -> None:
+                 collective_timeout_s: float = 300.0, stall_s: float = 30.0,
+                 keepalive_s: float = KEEPALIVE_S) -> None:
         self.engine = engine
+        # sends come from the serving thread and the keepalive thread; _busy_since: when the
+        # serving thread started on the messages it is handling (None between them)
+        self._send_lock = threading.Lock()
+        self._busy_since: float | None = None
+        self._keepalive_stop = threading.Event()
+        self._keepalive = threading.Thread(target=self._keep_alive, args=(keepalive_s,),
+                                           name="phantora-keepalive", daemon=True)
+        self._keepalive.start()
         self.collective_timeout_s = collective_timeout_s
         self.stall_s = stall_s
         self._last_message = time.monotonic()
@@ -157,11 +173,15 @@ class SimulatorServer:
         before = time.monotonic()
         events = self._sel.select(timeout)
         self.waited_s += time.monotonic() - before
-        for key, _ in events:
-            if key.data is None:
-                self._accept()
-            else:
-                self._read(key.data)
+        self._busy_since = time.monotonic()
+        try:
+            for key, _ in events:
+                if key.data is None:
+                    self._accept()
+                else:
+                    self._read(key.data)
+        finally:
+            self._busy_since = None
         now = time.monotonic()
         if events:
             self._last_message = now
@@ -482,16 +502,47 @@ class SimulatorServer:
                 table[new] = table.pop(old)  # type: ignore[index]
 
     def _reply(self, conn: Connection, call_id: int, ok: bool, value: Any) -> None:
-        try:
-            conn.sock.setblocking(True)
-            P.send_message(conn.sock, [call_id, ok, value])
-        except OSError:
+        if not self._send(conn, [call_id, ok, value]):
             self._close(conn)
-        finally:
-            if conn.sock.fileno() >= 0:
-                conn.sock.setblocking(False)
+
+    def _send(self, conn: Connection, message: list[Any]) -> bool:
+        """One whole message to a rank (blocking, so it is never cut); False if the socket failed."""
+        with self._send_lock:
+            if conn.sock.fileno() < 0:
+                return False
+            try:
+                conn.sock.setblocking(True)
+                P.send_message(conn.sock, message)
+                return True
+            except OSError:
+                return False
+            finally:
+                if conn.sock.fileno() >= 0:
+                    conn.sock.setblocking(False)
+
+    def _keep_alive(self, every_s: float) -> None:
+        """The keepalive thread: while the serving thread has been on one round of messages for
+        `every_s` or more and the network processed events since the last keepalive, tell every
+        rank (protocol.KEEPALIVE). A simulator that stops progressing sends nothing, so the ranks'
+        call timeout still ends a hang."""
+        seen: tuple[float, int] | None = None  # (the busy round, the network's work) at the last look
+        while not self._keepalive_stop.wait(every_s):
+            since, network = self._busy_since, self.engine.network
+            if since is None or network is None or time.monotonic() - since < every_s:
+                seen = None
+                continue
+            work = network.event_batches
+            progressed = seen is not None and seen[0] == since and work > seen[1]
+            seen = (since, work)
+            if not progressed:
+                continue
+            busy = {"busy_s": round(time.monotonic() - since, 1)}
+            for conn in list(self.connections):
+                if conn.rank is not None:
+                    self._send(conn, [P.KEEPALIVE, None, busy])
 
     def close(self) -> None:
+        self._keepalive_stop.set()
         for conn in self.connections:
             if conn.sock.fileno() >= 0:
                 self._close(conn)
