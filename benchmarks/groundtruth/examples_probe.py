@@ -26,16 +26,13 @@ CONFIGS = {
     "cnn_b64_img64": ["examples/cnn_train.py", "--steps", "8"],
     "cnn_b128_img128": ["examples/cnn_train.py", "--steps", "8", "--batch", "128", "--image", "128"],
 }
-# bench_llama_families.py's Llama 3 shapes (4 layers, 128k vocabulary), real steps and kernels
-_LLAMA = "benchmarks/_llama_steps.py --layers 4 --vocab 128256 --steps 3".split()
-CONFIGS.update({
-    "llama_1b": [*_LLAMA, *"--dim 2048 --heads 32 --kv-heads 8 --hidden 8192 --batch 2 --seq 2048".split()],
-    "llama_8b_accum2": [*_LLAMA, *"--dim 4096 --heads 32 --kv-heads 8 --hidden 14336 --batch 1 --seq 2048 "
-                                  "--accum 2".split()],
-    "llama_1b_seq8k": [*_LLAMA, *"--dim 2048 --heads 32 --kv-heads 8 --hidden 8192 --batch 1 --seq 8192".split()],
-    "llama_3b_ckpt": [*_LLAMA, *"--dim 3072 --heads 24 --kv-heads 8 --hidden 8192 --batch 2 --seq 2048 "
-                                "--checkpoint".split()],
-})
+# bench_llama_families.py's Llama 3 shapes (4 layers, 128k vocabulary), named as its --real reads
+# their profiles: real steps and kernels
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_llama_families import COMMON, CONFIGS as LLAMA_CONFIGS, REAL_PROFILES  # noqa: E402
+
+CONFIGS.update({profile: ["benchmarks/_llama_steps.py", *COMMON.split(), *LLAMA_CONFIGS[name].split()]
+                for name, profile in REAL_PROFILES.items()})
 
 PROFILE_WRAPPER = r"""
 import json, runpy, sys, torch
