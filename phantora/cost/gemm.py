@@ -103,19 +103,15 @@ def gemm_kernel_name(gpu: GPUSpec, compute_type: str, dtype_out: str,
     return f"{arch}_xmma_gemm_{ta}{tb}_{out}{acc}"
 
 
-_OTHER_GEMM_GPUS: dict[tuple[str, float], GPUSpec] = {}
-
-
 def other_gemm_gpu(gpu: GPUSpec) -> GPUSpec:
     """`gpu` as the GEMM model sees it for kernels that are not cuBLAS's (cuDNN's implicit-GEMM
-    convolutions, grouped GEMMs): its gemm_efficiency replaced by GPUSpec.other_gemm_efficiency."""
+    convolutions, grouped GEMMs): its gemm_efficiency replaced by GPUSpec.other_gemm_efficiency.
+    A fresh copy each time (~5 us; the engine estimates each op signature once), not a cache keyed
+    by a few of the spec's fields, which would hand a variant of the GPU another variant's fields."""
     other = gpu.other_gemm_efficiency
     if other is None or other == gpu.gemm_efficiency:
         return gpu
-    key = (gpu.key, gpu.gemm_efficiency)
-    if key not in _OTHER_GEMM_GPUS:
-        _OTHER_GEMM_GPUS[key] = replace(gpu, gemm_efficiency=other)
-    return _OTHER_GEMM_GPUS[key]
+    return replace(gpu, gemm_efficiency=other)
 
 
 def _waves(work_units: int, sm_count: int, stream_k: bool) -> float:
