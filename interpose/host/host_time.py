@@ -17,12 +17,8 @@ phantora/cost/host_bench.py).
 
 Which threads count: the rank has one simulated host timeline, the thread that launches its
 GPU work (clock.HostThread) plus the autograd engine's C++ device threads, which run backward for
-it. Other Python threads (a DataLoader's pin-memory thread unpickling the workers' batches, a
-progress bar's refresh) run beside it on a real machine, but under the same interpreter lock: a
-bytecode of theirs runs while the training thread's does not. So their Python is charged to the
-host timeline too, at the host thread's next take (their ops already were: every thread's ops
-launch on the rank's one host timeline). Where such a thread ran while the training thread was
-blocked (a synchronize, a `.item()`), a real machine would have hidden it; this charges it anyway.
+it. Other Python threads (a pin-memory thread, a progress bar's refresh) run beside it on a real
+machine: their time is dropped.
 """
 
 from __future__ import annotations
@@ -77,8 +73,6 @@ class PythonTime:
         self.dispatch_floor_ns = 0
         self._probe: list[int] | None = None  # gaps before dispatch entries, while measuring the floor
         self._tls = threading.local()
-        self._beside = 0  # ns other Python threads took from the host thread since its last take
-        self._beside_lock = threading.Lock()
         self.since_speed_probe_ns = 0  # measured Python handed over since this machine's speed was measured
         self.charged = 0  # every thread's Python so far, in the clock's unit (ps counted, ns measured): for probes
         self.own_work = _OwnWork(self)
@@ -127,20 +121,13 @@ class PythonTime:
             pending, tls.pending = divmod(pending, 1000)
         else:
             tls.pending = 0
+        if not pending:
+            return 0
         current = threading.current_thread()
-        if isinstance(current, threading._DummyThread):
+        if isinstance(current, threading._DummyThread) or self.host_thread.is_current():
             self.since_speed_probe_ns += pending
             return pending
-        if not self.host_thread.is_current():
-            if pending:
-                with self._beside_lock:
-                    self._beside += pending
-            return 0
-        if self._beside:
-            with self._beside_lock:
-                pending, self._beside = pending + self._beside, 0
-        self.since_speed_probe_ns += pending
-        return pending
+        return 0
 
     def speed_probe_due(self) -> bool:
         """Whether this machine's Python speed should be measured again (cost/host_bench.py);

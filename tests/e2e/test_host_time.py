@@ -63,18 +63,6 @@ def test_counted_python_shows_as_its_instructions_at_the_simulated_hosts_cost(tm
     assert r["simulated_s"] == pytest.approx(expected, rel=0.01, abs=20e-6)
 
 
-def test_python_of_another_thread_takes_the_interpreter_from_the_training_thread(tmp_path):
-    """A second Python thread (as a DataLoader's pin-memory thread, which unpickles the workers'
-    batches) runs under the same interpreter lock as the training thread: the script's clock
-    shows both threads' loops, where it showed the training thread's alone before."""
-    n, m = 100_000, 150_000
-    proc, out = trace(tmp_path, str(SCRIPTS / "python_beside.py"), str(n), str(m), options=COUNTED)
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
-    per_iteration = _loop_instructions() * PYTHON_WORK.instruction_ps / 1e12 * lookup_host("reference").speed
-    # the thread's start and join, the pinning and the clock reads: some tens of microseconds
-    assert r["simulated_s"] == pytest.approx((n + m) * per_iteration, rel=0.01, abs=60e-6)
-
-
 def test_counted_host_gives_the_same_trace_under_load(tmp_path):
     """Alone, then beside a process that keeps one of this machine's cores busy: the same step
     times to the nanosecond, which the measured host cannot give (docs/host-time.md)."""
