@@ -53,6 +53,9 @@ R_HOST_SPEED = 22  # [R_HOST_SPEED, bench_ms]: this machine's Python benchmark n
 # Work.wait() on the handle waits for the work it became
 R_JOIN = 23
 JOIN_HANDLE_BASE = 1 << 40  # handles of such joins start here; work ids stay far below
+# [R_PIN_BATCH, loader, idx, python_ns]: a DataLoader's pin-memory thread pinned batch idx; python_ns: its
+# Python in the pin (the thread's ops since the previous R_PIN_BATCH, sent with OP_BESIDE, are its ops)
+R_PIN_BATCH = 24
 # [KEEPALIVE, None, {"busy_s": s}]: not a reply. While the simulator works on one message for long (a
 # rollback re-simulating seconds of a large network), it sends this to every rank now and then,
 # as long as the network makes progress; a rank waiting for a reply skips it and waits again, so
@@ -76,6 +79,7 @@ OP_IN_OPTIMIZER = 4  # inside Optimizer.step
 OP_IN_MODULE = 8  # forward op inside an nn.Module's forward (model code, not a bare loop)
 OP_CAPTURED = 32  # launched on a stream that is capturing a CUDA graph: recorded, not run
 OP_COMPILED = 64  # launched by code torch.compile generated: no Python or autograd around it
+OP_BESIDE = 128  # run by a thread beside the training loop (a DataLoader's pin-memory thread): not the host timeline's
 
 # --- calls (reply expected) --------------------------------------------------------------------
 C_HELLO = 0  # [id, C_HELLO, info dict: rank, local_rank, node, world_size, certain, devices] -> config dict

@@ -14,6 +14,14 @@ that worker's file is what the batch cost, and the simulator is told (R_LOADER_B
 each worker's timeline, as DataLoader runs them (a worker makes its batches in order, a batch's
 index is sent when the loop took the batch `prefetch_factor * num_workers` before it, or when the
 iterator started), and the host waits when the batch is not ready (engine/data_loading.py).
+
+With `pin_memory=True` a thread of the training process pins each batch before the loop can take
+it. It runs beside the loop, so its work is not the host timeline's: its ops (rebuilding a batch's
+tensors from the workers' shared memory, pinning them) go with OP_BESIDE, and once it hands batch
+idx over, R_PIN_BATCH tells the simulator the Python of `pin_memory(batch)`; the simulator adds
+the ops' host cost since the last batch and keeps the thread's own timeline (one batch after
+another). The thread's other Python, its wait on the workers' queue, polls on this machine's
+timing and is left out.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from interpose.host.host_time import ENV as HOST_TIME_ENV
+from interpose.host.python_events import beside
 from phantora import protocol as P
 from phantora.cost.host import DEFAULT_HOST_TIME
 
@@ -126,11 +135,13 @@ def install_loader_timing(rt: Any) -> None:
     next_id = [0]
 
     def _reset(self: Any, loader: Any, first_iter: bool = False) -> None:
-        original_reset(self, loader, first_iter)
-        if first_iter:
+        if first_iter:  # before the first indices go out: the pin-memory thread may hand a batch over at once
             next_id[0] += 1
             self._phantora_id = next_id[0]
             self._phantora_times = {}
+            if self._pin_memory:
+                _note_pinned_batches(rt, self._data_queue, self._phantora_id)
+        original_reset(self, loader, first_iter)
         if not (rt.active and rt.client.connected):
             return  # the simulator starts the iterator at its first batch
         rt.client.record([P.R_LOADER_START, self._phantora_id, self._num_workers,
@@ -149,3 +160,52 @@ def install_loader_timing(rt: Any) -> None:
 
     it_cls._reset = _reset
     it_cls._process_data = _process_data
+    _time_pinning(rt)
+
+
+def _time_pinning(rt: Any) -> None:
+    """The pin-memory thread runs beside the loop: all its ops are flagged (rebuilding the
+    workers' tensors from shared memory as much as pinning them), and the Python of each
+    `pin_memory(batch)` is taken apart (host_time.PythonTime.take_beside) for the batch's R_PIN_BATCH."""
+    from torch.utils.data._utils import pin_memory as pin_module
+
+    original_loop, original_pin = pin_module._pin_memory_loop, pin_module.pin_memory
+
+    def _pin_memory_loop(*args: Any, **kwargs: Any) -> None:
+        beside.active = True  # this thread's, for its life
+        return original_loop(*args, **kwargs)
+
+    def pin_memory(data: Any, device: Any = None) -> Any:
+        # the module's own recursion over a batch's fields calls this again: only the outer call
+        if not getattr(beside, "active", False) or getattr(beside, "depth", 0) or not (rt.active and rt.client.connected):
+            return original_pin(data, device)
+        pt = rt.python_time
+        with pt.own_work:
+            pt.take_beside()  # the thread's wait on the workers' queue polls on this machine's timing: not counted
+        beside.depth = 1
+        try:
+            return original_pin(data, device)
+        finally:
+            beside.depth = 0
+            with pt.own_work:
+                beside.python_ns = pt.take_beside()
+
+    pin_module._pin_memory_loop = _pin_memory_loop
+    pin_module.pin_memory = pin_memory
+
+
+def _note_pinned_batches(rt: Any, data_queue: Any, loader: int) -> None:
+    """The pin-memory thread puts (idx, pinned batch) on the iterator's data queue: tell the
+    simulator there, with the Python of the pin that made it."""
+    put = data_queue.put
+
+    def put_pinned(item: Any, *args: Any, **kwargs: Any) -> Any:
+        ns = getattr(beside, "python_ns", None)
+        if ns is not None and isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], int):
+            beside.python_ns = None
+            if rt.active and rt.client.connected:
+                with rt.lock:
+                    rt.client.record([P.R_PIN_BATCH, loader, item[0], ns])
+        return put(item, *args, **kwargs)
+
+    data_queue.put = put_pinned

@@ -127,7 +127,23 @@ class PythonTime:
         if isinstance(current, threading._DummyThread) or self.host_thread.is_current():
             self.since_speed_probe_ns += pending
             return pending
+        tls.beside_ns = getattr(tls, "beside_ns", 0) + pending
         return 0
+
+    def take_beside(self) -> int:
+        """The program's Python on this thread since its last take_beside, in ns, for a thread
+        beside the training loop (whose Python take() keeps off the host timeline); call it
+        inside a bracket."""
+        if not self.enabled:
+            return 0
+        tls = self._tls
+        pending = getattr(tls, "pending", 0)
+        if self.counted:
+            pending, tls.pending = divmod(pending, 1000)
+        else:
+            tls.pending = 0
+        total, tls.beside_ns = getattr(tls, "beside_ns", 0) + pending, 0
+        return total
 
     def speed_probe_due(self) -> bool:
         """Whether this machine's Python speed should be measured again (cost/host_bench.py);

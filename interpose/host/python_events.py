@@ -26,6 +26,12 @@ from phantora import protocol as P
 
 
 _modules = threading.local()  # .depth: nn.Module forwards running on this thread
+beside = threading.local()  # .active: this thread runs beside the training loop (data_loading.py's pin-memory thread)
+
+
+def beside_flag() -> int:
+    """OP_BESIDE when the op being dispatched runs beside the training loop, else 0."""
+    return P.OP_BESIDE if getattr(beside, "active", False) else 0
 
 
 def op_flags(args: tuple, in_optimizer: bool) -> int:

@@ -29,7 +29,7 @@ from interpose.ops import custom_ops, hops
 from interpose.values import data_dependent, routing
 from interpose import runtime as rt_mod
 from interpose.values import policy as values
-from interpose.host.python_events import op_flags, opens_checkpoint_region
+from interpose.host.python_events import beside_flag, op_flags, opens_checkpoint_region
 from interpose.ops.signature import signature_data, signature_of
 from phantora import protocol as P
 from phantora.engine.memory import OutOfMemory
@@ -177,7 +177,7 @@ class OpObserver(TorchDispatchMode):
             if peer is not None:  # it runs on the source device's current stream (copy_kernel_cuda)
                 device = peer[0]
             stream = current_stream_id(device) if device >= 0 else 0
-            flags = op_flags(args, rt.in_optimizer > 0) if device >= 0 else 0
+            flags = (op_flags(args, rt.in_optimizer > 0) if device >= 0 else 0) | beside_flag()
             if device >= 0 and opens_checkpoint_region():
                 rt.client.record([P.R_HOST, "checkpoint", 1])  # the region's Python runs before its first op
             if flags & (P.OP_BACKWARD | P.OP_IN_MODULE | P.OP_RECORDS_GRAD):
@@ -196,7 +196,8 @@ class OpObserver(TorchDispatchMode):
             if peer is not None:
                 _peer_barrier(rt, peer[0], peer[1], current_stream_id(peer[1]))
             if device >= 0:
-                rt.host_thread.launched_gpu_work()
+                if not flags & P.OP_BESIDE:
+                    rt.host_thread.launched_gpu_work()
                 self._account_outputs(func, out, stream)
 
     def report_kernel(self, sig: OpSignature, device: int, stream: int) -> None:

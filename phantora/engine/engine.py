@@ -221,6 +221,8 @@ class Engine:
                 host.loader_start(st, int(rec[1]), int(rec[2]), int(rec[3]))
             elif kind == P.R_LOADER_BATCH:
                 host.loader_batch(st, int(rec[1]), int(rec[2]), int(rec[3]))
+            elif kind == P.R_PIN_BATCH:
+                host.pin_batch(st, int(rec[1]), int(rec[2]), int(rec[3]))
             elif kind == P.R_SIG:
                 host.define_sig(st, rec[1], rec[2])
             elif kind == P.R_MEM:

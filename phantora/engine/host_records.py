@@ -86,6 +86,11 @@ class HostRecords:
         if not est.known:
             self.unknown_ops[sig.full_name] += 1
         device = op_device(sig)
+        if flags & P.OP_BESIDE and (device is None or est.kernels == 0 or est.kind == NO_GPU_WORK):
+            # a pin-memory thread's op: the pin's time (R_PIN_BATCH), not the host timeline's. One
+            # that launches GPU work (none does in torch's pin_memory) goes on below: it needs a launch.
+            st.pin_threads.ops_ns += round(est.host_ns * self.timing.host_speed)
+            return
         # The Python and autograd code around a GPU op runs before it is dispatched: measured
         # (python_ns, the program's CPU time since phantora's previous entry) or modelled. The
         # op's host slice covers both, with the overhead in its args; a long stretch of Python
@@ -332,14 +337,25 @@ class HostRecords:
         if lt is None:  # its iterator started before this process was a rank: every batch was requested then
             lt = st.loaders[loader] = LoaderTimeline(tl.host_ns, 0, 1 << 30)
         scaled = round(cpu_ns * tl.python_scale * self.timing.host_speed)
+        batch = len(lt.taken_ns)
         ready = lt.ready_ns(worker, scaled)
+        args: dict[str, Any] = {"worker": worker, "batch cpu ns (measured)": cpu_ns, "batch": batch}
+        pin = st.pin_threads.ready_ns(loader, batch, ready)
+        if pin is not None:
+            self.trace.pin_slice(st.info.trace_pid, batch, *pin)
+            ready = pin[1]
+            args["pin-memory thread ns"] = pin[1] - pin[0]
         begin = tl.host_ns
         if ready > begin:
             tl.wait_host_until(ready, what="data loading")
             self.trace.host_slice(st.info.trace_pid, f"DataLoader: waiting for worker {worker}", begin, tl.host_ns,
-                                  "data_loading", {"worker": worker, "batch cpu ns (measured)": cpu_ns,
-                                                   "batch": len(lt.taken_ns)})
+                                  "data_loading", args)
         lt.take(tl.host_ns)
+
+    def pin_batch(self, st: RankState, loader: int, idx: int, python_ns: int) -> None:
+        """A pin-memory thread pinned batch idx (R_PIN_BATCH), running python_ns of Python."""
+        scaled = round(python_ns * st.timeline.python_scale * self.timing.host_speed)
+        st.pin_threads.pinned(loader, idx, scaled)
 
     def routing(self, st: RankState, rec: list[Any]) -> None:
         """A MoE router's decision (R_ROUTING): kept for the summary, drawn as a counter."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from phantora.cost import KernelEstimate
 from phantora.engine.comm_log import CommLog
-from phantora.engine.data_loading import LoaderTimeline
+from phantora.engine.data_loading import LoaderTimeline, PinMemoryThreads
 from phantora.engine.deferred import Action, EventRecord
 from phantora.engine.graphs import RankGraphs
 from phantora.engine.routing_log import RoutingDecision
@@ -108,3 +108,4 @@ class RankState:
     startup_paid: set[tuple[Any, ...]] = field(default_factory=set)
     step_spent: dict[str, int] = field(default_factory=dict)  # the host's time by use (timeline.spent) at the last step
     loaders: dict[int, LoaderTimeline] = field(default_factory=dict)  # DataLoader iterators (engine/data_loading.py)
+    pin_threads: PinMemoryThreads = field(default_factory=PinMemoryThreads)  # their pin-memory threads

@@ -27,6 +27,7 @@ from phantora.trace import TraceSink
 
 HOST_TRACK = 1
 STEP_TRACK = 2  # "ProfilerStep#N" slices, one per optimizer step (the name Kineto and HTA use)
+PIN_TRACK = 4  # a DataLoader's pin-memory thread: one slice per batch it pinned
 SIMULATOR_PID = 0  # trace process for rollback corrections and stale replies
 ROLLBACK_TRACK, CORRECTION_TRACK = 1, 2  # its threads
 _SIMULATOR_TRACKS = {ROLLBACK_TRACK: "network rollbacks", CORRECTION_TRACK: "corrections to ends already used"}
@@ -89,6 +90,7 @@ class TraceEvents:
         self.sink = sink
         self._flow_ids = 0
         self._simulator_tracks: set[int] = set()
+        self._pin_tracks: set[int] = set()  # trace pids whose pin-memory track is named
         self._link_names: dict[int, str] | None = None
         self._link_held: dict[int, tuple[int, float]] = {}  # link -> (end, load) of its last sample
         self._wrote_network = False
@@ -139,6 +141,13 @@ class TraceEvents:
         """A slice on the host track: an aten op ("cpu_op"), a CUDA runtime call ("cuda_runtime"),
         Python work ("python") or an NVTX range ("nvtx")."""
         self.sink.slice(pid, HOST_TRACK, name, begin, end - begin, cat, args, flow_out=flow_out)
+
+    def pin_slice(self, pid: int, batch: int, begin: int, end: int) -> None:
+        """A DataLoader's pin-memory thread pinning a batch, beside the host track."""
+        if pid not in self._pin_tracks:
+            self._pin_tracks.add(pid)
+            self.sink.thread(pid, PIN_TRACK, "DataLoader pin-memory thread", PIN_TRACK)
+        self.sink.slice(pid, PIN_TRACK, "pin_memory", begin, end - begin, "data_loading", {"batch": batch})
 
     def nvtx_open(self, pid: int, name: str, begin: int) -> None:
         """An NVTX range is written when it closes; announced at its start so sinks that write

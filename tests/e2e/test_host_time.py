@@ -183,3 +183,23 @@ def test_values_phantora_carries_between_ranks_are_not_the_programs_python(tmp_p
         assert calls >= 1, line  # the premise: the values were unpickled through the replaced function
         assert spin_ms > 5, line  # the program's own spin counts
         assert read_ms < spin_ms / 5, line
+
+
+def test_a_pin_memory_thread_runs_beside_the_loop_and_the_loop_waits_for_its_pins(tmp_path):
+    # where the thread's ops fall among the loop's records follows the threads' timing here; once
+    # the loop waits for the thread, the steps are the pins' and must not
+    runs = [trace(tmp_path, str(SCRIPTS / "pin_bound.py"), options=COUNTED, name=f"run{i}.json") for i in range(2)]
+    steps = [json.loads(proc.stdout.strip().splitlines()[-1])["steps_s"] for proc, _ in runs]
+    assert len(steps[0]) == 15
+    assert steps[0][6:] == pytest.approx(steps[1][6:], rel=1e-5)
+    events = load_chrome_trace(runs[0][1])["traceEvents"]
+    host_tid = next(e["tid"] for e in events if e.get("ph") == "M" and e.get("args", {}).get("name") == "host (aten op launches)")
+    assert not [e for e in events if e.get("name") == "aten::_pin_memory" and e.get("tid") == host_tid]
+    pins = [e for e in events if e.get("name") == "pin_memory" and e.get("cat") == "data_loading"]
+    assert [e["args"]["batch"] for e in pins] == list(range(16))
+    assert all(b["ts"] >= a["ts"] + a["dur"] for a, b in zip(pins, pins[1:]))  # one thread: one pin after another
+    pin_s = sorted(e["dur"] for e in pins)[8] / 1e6
+    assert pin_s > 0.003  # the premise: a 16 MiB pin is far longer than the ~0.5 ms the loop needs a step
+    # the window of 4 batches was pinned while the first step started up; after it, each step
+    # waits for the next pin and the loop's own work hides under it
+    assert all(0.99 * pin_s <= s <= 1.01 * pin_s for s in steps[0][6:])

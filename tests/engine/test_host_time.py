@@ -172,6 +172,44 @@ def test_workers_ahead_of_the_loop_cost_it_nothing():
     assert h.tl.host_ns == 100_000_000
 
 
+def _pin_sig(h: Harness) -> int:
+    return h.sig(OpSignature("aten::_pin_memory", "0", (t([4], device="cpu"),), (t([4], device="cpu", pinned=True),)))
+
+
+def test_a_pin_memory_threads_ops_and_python_delay_the_batch_not_the_host():
+    h = harness(MEASURED)
+    pin = _pin_sig(h)
+    h.rec([P.R_LOADER_START, 1, 2, 4])
+    # the thread pins batch 0: two ops beside the loop (host cost HOST each), then 2 ms of its Python here
+    h.rec([P.R_OP, pin, 0, P.OP_BESIDE], [P.R_OP, pin, 0, P.OP_BESIDE])
+    assert h.tl.host_ns == 0  # the loop's host did nothing
+    h.rec([P.R_PIN_BATCH, 1, 0, 2_000_000])
+    assert h.tl.host_ns == 0
+    h.rec([P.R_LOADER_BATCH, 1, 0, 0])  # the worker's part cost nothing: the loop waits for the pin alone
+    assert h.tl.host_ns == 2 * HOST * 0.5 + 2_000_000 * 1.5 * 0.5
+    assert h.tl.spent["data loading"] == h.tl.host_ns
+
+
+def test_a_pin_memory_thread_pins_one_batch_after_another():
+    h = harness(MEASURED)
+    h.rec([P.R_LOADER_START, 1, 2, 4])
+    # two workers make batches 0 and 1 at once (no CPU); each pin is 4 ms here, 3 ms simulated
+    h.rec([P.R_PIN_BATCH, 1, 0, 4_000_000], [P.R_PIN_BATCH, 1, 1, 4_000_000])
+    h.rec([P.R_LOADER_BATCH, 1, 0, 0])
+    assert h.tl.host_ns == 3_000_000
+    h.rec([P.R_LOADER_BATCH, 1, 1, 0])
+    assert h.tl.host_ns == 6_000_000  # not 3 ms: the thread pinned batch 1 after batch 0
+
+
+def test_a_pin_is_matched_to_its_batch_by_index_whatever_order_the_thread_ran_them():
+    h = harness(MEASURED)
+    h.rec([P.R_LOADER_START, 1, 2, 4])
+    # the thread got batch 1 first (its worker was faster); the loop still takes batch 0 first
+    h.rec([P.R_PIN_BATCH, 1, 1, 8_000_000], [P.R_PIN_BATCH, 1, 0, 2_000_000])
+    h.rec([P.R_LOADER_BATCH, 1, 0, 0])
+    assert h.tl.host_ns == 1_500_000
+
+
 def test_loader_batches_cost_nothing_in_the_modelled_mode():
     h = harness()
     h.rec([P.R_LOADER_START, 1, 1, 2], [P.R_LOADER_BATCH, 1, 0, 8_000_000])
