@@ -105,6 +105,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--embd", type=int, default=768)
+    ap.add_argument("--vocab", type=int, default=50304, help="GPT-2's 50257 padded to a multiple of 64, as nanoGPT does")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--checkpoint", action="store_true", help="activation checkpointing per block")
     ap.add_argument("--accum", type=int, default=1, help="gradient accumulation: micro-batches of --batch per step")
@@ -114,7 +115,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     device = "cuda"
-    cfg = GPTConfig(block_size=args.seq, n_layer=args.layers, n_head=args.heads, n_embd=args.embd)
+    cfg = GPTConfig(block_size=args.seq, vocab_size=args.vocab, n_layer=args.layers, n_head=args.heads, n_embd=args.embd)
     model = GPT(cfg, activation_checkpointing=args.checkpoint).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, betas=(0.9, 0.95), fused=True)
     if args.compile:

@@ -37,7 +37,7 @@ from phantora.cost.roofline import (
     uses_tensor_cores,
 )
 from phantora.hardware import GPUSpec
-from phantora.ops import OpSignature, TensorMeta
+from phantora.ops import OpSignature, TensorMeta, dtype_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +67,47 @@ SPLIT_K_FACTORS = (2, 3, 4, 6, 8, 12, 16)
 # 256x8192x8192 bf16 in 50.7 us, 2.8 TB/s).
 OPERAND_STREAMING_EFFICIENCY = 0.93
 MIN_K_PER_SPLIT = 256
+
+# cuBLAS's Hopper kernels load their operands with TMA, which needs every matrix 16-byte aligned:
+# each leading dimension (and a batched operand's batch stride) a multiple of 16 bytes. When one
+# is not, cuBLAS falls back to CUTLASS's sm80 tensor-core kernels with narrower loads (named
+# ..._align2, ..._align1 by the elements a load moves), not persistent, far slower. The sweeps'
+# bf16 4100x4100x4100 (8,200-byte rows) runs cutlass_80_tensorop_bf16_s16816gemm_bf16_128x256_64x3_nn_align2
+# in 694 us on the H100 and 668 us on the H200 (shared/calibration/h100_sxm_sweep.jsonl,
+# cost/data/h200_sxm_sweep.jsonl): the tile model below gives 0.27 of the dense peak for it on
+# both (the same SMs and clocks). By the alignment in bytes the loads can use: 8-byte rows got the
+# 4-byte (align2) kernel there, so 8 counts as 4; 2-byte alignment (an odd dimension of a 16-bit
+# type: GPT-2's 50,257-token vocabulary) moves half as much per load and is taken at half the rate,
+# an assumption no measurement here pins (the H200 sweep's one align1 case, bmm 64x197x64x197, is
+# too small to: its time is mostly latency).
+ALIGNED_BYTES = 16
+MISALIGNED_EFFICIENCY = {8: 0.27, 4: 0.27, 2: 0.135, 1: 0.135}
+MISALIGNED_TYPES = ("bf16", "fp16", "tf32")  # FP8 GEMMs refuse misaligned operands; SIMT loads scalars anyway
+
+
+def gemm_alignment(*matrices: TensorMeta | None) -> int:
+    """The byte alignment (1..16) the operands' leading dimensions and batch strides share; a
+    matrix with a dimension of 1 or no unit stride (torch copies it first) does not count. Only
+    the two multiplied operands are passed: they are what the main loop loads. Whether an output
+    alone misaligned (a GEMM into GPT-2's [tokens, 50,257] logits) slows the kernel, no
+    measurement here tells (both cases above have a misaligned operand); it is taken as aligned."""
+    align = ALIGNED_BYTES
+    for t in matrices:
+        if t is None or len(t.shape) < 2 or min(t.shape[-2:]) <= 1:
+            continue
+        if t.stride[-1] == 1:
+            strides = [t.stride[-2]]
+        elif t.stride[-2] == 1:
+            strides = [t.stride[-1]]
+        else:
+            continue
+        if len(t.shape) > 2 and prod(t.shape[:-2]) > 1:
+            strides += [st for size, st in zip(t.shape[:-2], t.stride[:-2]) if size > 1]
+        for st in strides:
+            nbytes = st * t.itemsize
+            if nbytes:
+                align = min(align, nbytes & -nbytes)
+    return align
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,14 +163,18 @@ def _waves(work_units: int, sm_count: int, stream_k: bool) -> float:
     return full + (partial / sm_count + STREAM_K_FIXUP_WAVES if partial else 0.0)
 
 
-def gemm_compute_ns(shape: GemmShape, compute_type: str, gpu: GPUSpec) -> float:
-    """Main-loop time of the best tile / split-K configuration (no memory roofline, no ramp)."""
+def gemm_compute_ns(shape: GemmShape, compute_type: str, gpu: GPUSpec, alignment: int = ALIGNED_BYTES) -> float:
+    """Main-loop time of the best tile / split-K configuration (no memory roofline, no ramp);
+    `alignment`: the operands' (gemm_alignment)."""
     tensor_cores = uses_tensor_cores(compute_type)
     tiles = TENSOR_CORE_TILES if tensor_cores else SIMT_TILES
     k_overhead = K_OVERHEAD[tensor_cores]
-    rate_per_sm = peak_flops(gpu, compute_type) * gpu.gemm_efficiency / gpu.sm_count
-    m, n, k = max(shape.m, 1), max(shape.n, 1), max(shape.k, 1)
+    efficiency = gpu.gemm_efficiency
     stream_k = gpu.capability[0] >= STREAM_K_FROM_MAJOR
+    if misaligned(compute_type, alignment):
+        efficiency, stream_k = min(efficiency, MISALIGNED_EFFICIENCY[alignment]), False
+    rate_per_sm = peak_flops(gpu, compute_type) * efficiency / gpu.sm_count
+    m, n, k = max(shape.m, 1), max(shape.n, 1), max(shape.k, 1)
     best = float("inf")
     for tile in tiles:
         tiles_mn = ceil_div(m, tile.m) * ceil_div(n, tile.n) * shape.batch
@@ -146,18 +191,27 @@ def gemm_compute_ns(shape: GemmShape, compute_type: str, gpu: GPUSpec) -> float:
     return best
 
 
+def misaligned(compute_type: str, alignment: int) -> bool:
+    """Whether a GEMM of these operands leaves cuBLAS's TMA kernels for CUTLASS's narrow-load ones."""
+    return alignment < ALIGNED_BYTES and compute_type in MISALIGNED_TYPES
+
+
 def gemm_kernel(
     shape: GemmShape, dtype: str, dtype_out: str, nbytes: float, ctx: CostContext, tf32: bool | None = None,
-    dtype_b: str | None = None,
+    dtype_b: str | None = None, alignment: int = ALIGNED_BYTES,
 ) -> Kernel:
     """One GEMM kernel: the slower of the tile model and the memory roofline, plus the ramp.
-    `dtype_b`: the second operand's, where it may differ (FP8 formats); it names the kernel."""
+    `dtype_b`: the second operand's, where it may differ (FP8 formats); it names the kernel.
+    `alignment`: the operands' byte alignment (gemm_alignment)."""
     gpu = ctx.gpu
     compute_type = matmul_compute_type(dtype, ctx.allow_tf32 if tf32 is None else tf32)
     name = gemm_kernel_name(gpu, compute_type, dtype_out, None if dtype_b is None else (dtype, dtype_b))
+    if misaligned(compute_type, alignment):
+        t = {"bf16": "bf16", "fp16": "f16", "tf32": "tf32"}[compute_type]
+        name = f"cutlass_80_tensorop_{t}_s16816gemm_{t}_align{max(1, alignment // dtype_bytes(dtype))}"
     if shape.flops == 0:
         return Kernel(name, gpu.kernel_ramp_ns, 0.0, nbytes)
-    compute = gemm_compute_ns(shape, compute_type, gpu)
+    compute = gemm_compute_ns(shape, compute_type, gpu, alignment)
     memory = memory_ns(nbytes, gpu, OPERAND_STREAMING_EFFICIENCY) - gpu.kernel_ramp_ns
     return Kernel(name, max(compute, memory) + gpu.kernel_ramp_ns, shape.flops, nbytes)
 
@@ -182,7 +236,7 @@ def mm(sig: OpSignature, ctx: CostContext) -> OpCost:
     out = _out(sig)
     shape = GemmShape(a.shape[0], b.shape[1], a.shape[1])
     nbytes = _matrix_bytes(a, b, out)
-    return single(gemm_kernel(shape, a.dtype, out.dtype, nbytes, ctx))
+    return single(gemm_kernel(shape, a.dtype, out.dtype, nbytes, ctx, alignment=gemm_alignment(a, b)))
 
 
 def addmm(sig: OpSignature, ctx: CostContext) -> OpCost:
@@ -191,14 +245,15 @@ def addmm(sig: OpSignature, ctx: CostContext) -> OpCost:
     out = _out(sig)
     shape = GemmShape(a.shape[0], b.shape[1], a.shape[1])
     nbytes = _matrix_bytes(a, b, out, bias)
-    return single(gemm_kernel(shape, a.dtype, out.dtype, nbytes, ctx))
+    return single(gemm_kernel(shape, a.dtype, out.dtype, nbytes, ctx, alignment=gemm_alignment(a, b)))
 
 
 def bmm(sig: OpSignature, ctx: CostContext) -> OpCost:
     a, b = sig.args[0], sig.args[1]
     out = _out(sig)
     shape = GemmShape(a.shape[1], b.shape[2], a.shape[2], a.shape[0])
-    return single(gemm_kernel(shape, a.dtype, out.dtype, _matrix_bytes(a, b, out), ctx))
+    return single(gemm_kernel(shape, a.dtype, out.dtype, _matrix_bytes(a, b, out), ctx,
+                              alignment=gemm_alignment(a, b)))
 
 
 def baddbmm(sig: OpSignature, ctx: CostContext) -> OpCost:
@@ -206,7 +261,8 @@ def baddbmm(sig: OpSignature, ctx: CostContext) -> OpCost:
     c, a, b = sig.args[0], sig.args[1], sig.args[2]
     out = _out(sig)
     shape = GemmShape(a.shape[1], b.shape[2], a.shape[2], a.shape[0])
-    return single(gemm_kernel(shape, a.dtype, out.dtype, _matrix_bytes(a, b, out, c), ctx))
+    return single(gemm_kernel(shape, a.dtype, out.dtype, _matrix_bytes(a, b, out, c), ctx,
+                              alignment=gemm_alignment(a, b)))
 
 
 def matrix_vector(sig: OpSignature, ctx: CostContext) -> OpCost:
@@ -345,7 +401,8 @@ def linear(sig: OpSignature, ctx: CostContext) -> OpCost:
     bias = sig.args[2] if len(sig.args) > 2 and isinstance(sig.args[2], TensorMeta) else None
     out = _out(sig)
     shape = GemmShape(prod(x.shape[:-1]), w.shape[0], x.shape[-1])
-    return single(gemm_kernel(shape, x.dtype, out.dtype, _matrix_bytes(x, w, out, bias), ctx))
+    return single(gemm_kernel(shape, x.dtype, out.dtype, _matrix_bytes(x, w, out, bias), ctx,
+                              alignment=gemm_alignment(x, w)))
 
 
 def linear_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
@@ -354,9 +411,11 @@ def linear_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
     m, k, n = prod(x.shape[:-1]), x.shape[-1], w.shape[0]
     kernels = []
     if mask[0]:
-        kernels.append(gemm_kernel(GemmShape(m, k, n), gy.dtype, x.dtype, _matrix_bytes(gy, w, x), ctx))
+        kernels.append(gemm_kernel(GemmShape(m, k, n), gy.dtype, x.dtype, _matrix_bytes(gy, w, x), ctx,
+                                   alignment=gemm_alignment(gy, w)))
     if mask[1]:
-        kernels.append(gemm_kernel(GemmShape(n, k, m), gy.dtype, w.dtype, _matrix_bytes(gy, x, w), ctx))
+        kernels.append(gemm_kernel(GemmShape(n, k, m), gy.dtype, w.dtype, _matrix_bytes(gy, x, w), ctx,
+                                   alignment=gemm_alignment(gy, x)))
     if len(mask) > 2 and mask[2]:
         kernels.append(streaming_kernel("reduce_kernel", ctx.gpu, footprint_bytes(gy), gy.numel))
     return OpCost(tuple(kernels))

@@ -34,7 +34,7 @@ REAL = Path(__file__).resolve().parents[1] / "data" / "groundtruth" / "h200_vm" 
 
 # family: (bound on median |error|, bound on max |error|) of the model against the H200 sweep.
 # Families whose H100 error carries over unchanged (conv stems, 1x1 NHWC, non-causal SDPA, the
-# unaligned 4100^3 mm) are bounded by what they are; the point is that none gets worse unseen.
+# unaligned 4100^3 mm before tests/cost/test_gemm_alignment.py) are bounded by what they are; none gets worse unseen.
 H200_BOUNDS = {
     "batch_norm NCHW": (0.11, 0.17),  # 7.8% / 12.2%
     "batch_norm NHWC": (0.09, 0.25),  # 6.6% / 18.5%
