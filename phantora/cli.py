@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
@@ -442,7 +441,8 @@ def diff(trace_a: str, trace_b: str, as_json: bool, top: int, whole_run: bool, e
               help="What to measure. full / quick / tiny: op shapes timed with CUDA events into the table "
                    "`--calibration` reads (default: full; quick as --quick; tiny on --device cpu). sweep: the "
                    "152 op cases of the H100 kernel sweep (convolutions, norms, activations, embedding, loss, "
-                   "MoE routing, grouped/odd GEMMs, attention, optimizers), every kernel of each case timed with "
+                   "MoE routing, grouped/odd GEMMs, attention, optimizers) and 16 of phantora's (strided "
+                   "elementwise, misaligned GEMMs, non-causal attention), every kernel of each case timed with "
                    "torch.profiler, written in the sweep's format (phantora/cost/data/h100_sxm_sweep.jsonl) for "
                    "the per-family fit (a few minutes on a GPU, estimated).")
 @click.option("--only", "only", default=None, metavar="OP[,OP...]",

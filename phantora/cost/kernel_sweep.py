@@ -16,7 +16,9 @@ GPU of a new kind gets lines the per-family fit (sweep_fit.py) reads as it reads
 - a case that raises writes its key with `error` instead of `kernels` (the script's behaviour;
   the H100 file leaves such lines out: its bf16 layer_norm cases failed there).
 
-The script's list has 152 cases; the H100 file holds 132 of them, keyed identically: the
+The script's list has 152 cases, and phantora adds 16 after them (`extra_cases`: strided
+elementwise kernels, misaligned GEMMs, non-causal attention; see STRIDED); the H100 file holds 132
+of the script's, keyed identically: the
 script's bf16 layer_norm cases failed on that run (nn.LayerNorm's fp32 weight with a bf16
 input) and its ViT-sized cases (rows or M = 197 x 64 = 12608, bmm 197 x 197, SDPA at S = 197,
 the 16 x 16 patch convolution) are not in the file. Both kinds are kept here: a user's run
@@ -61,6 +63,18 @@ MMS = [(197 * 64, 768, 768), (12608, 3072, 768), (8192, 8, 1024), (1000, 4096, 4
 BMMS = [(64, 197, 64, 197), (128, 1024, 1024, 64), (32, 512, 512, 128)]  # (B, M, N, K)
 SDPAS = [(64, 12, 197, 64, False), (1, 32, 8192, 128, True), (4, 16, 2048, 64, True), (8, 16, 1024, 128, False)]
 OPTIMIZERS = [(148, 1 << 20), (30, 16 << 20)]  # (tensors, numel each)
+
+# phantora's own cases after the script's 152 (2026-11-30), for what the lent H100 and H200 left
+# open (docs/accuracy.md): torch's generic elementwise_kernel by dimensions and dtype (RoPE's
+# strided halves against a broadcast table, 2-D and 3-D broadcasts, a transposing copy, a strided
+# unary), GEMMs with one misaligned matrix (GPT-2's 50,257 and BERT's 30,522-token vocabularies:
+# the logits alone, or the operand of a gradient), and non-causal attention at more shapes.
+# kind: (shape of x, what runs)
+STRIDED = {"rope_mul": (2, 2048, 32, 128), "rope_neg": (2, 2048, 32, 128), "bcast_mul_2d": (8192, 4096),
+           "bcast_mul_3d": (4, 2048, 4096), "transpose_copy": (8, 16, 1024, 128)}
+MISALIGNED_MMS = [("mm", 8192, 768, 50257), ("mm", 8192, 768, 30522), ("mm_nt", 8192, 50257, 768),
+                  ("mm_nt", 8192, 30522, 768)]  # (op, M, N, K); mm_nt: a @ w.t() with w [N, K]
+EXTRA_SDPAS = [(4, 16, 2048, 64, False), (2, 16, 4096, 128, False)]
 
 
 @dataclass(frozen=True)
@@ -200,6 +214,37 @@ def _bmm(dev: str, bb: int, m: int, n: int, kk: int) -> Callable[[], Any]:
     return lambda: torch.bmm(a, b)
 
 
+def _mm_nt(dev: str, m: int, n: int, kk: int) -> Callable[[], Any]:
+    import torch
+
+    a = torch.randn(m, kk, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(n, kk, device=dev, dtype=torch.bfloat16)  # nn.Linear's weight: x @ w.t()
+    return lambda: a @ w.t()
+
+
+def _strided(dev: str, kind: str, shape: tuple[int, ...], dn: str) -> Callable[[], Any]:
+    """One elementwise op through torch's generic (non-vectorized) kernel; see STRIDED."""
+    import torch
+
+    dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dn]
+    x = torch.randn(*shape, device=dev, dtype=dt)
+    if kind in ("rope_mul", "rope_neg"):  # x[..., :half], as rotate_half and RoPE's halves take it
+        half = x[..., : shape[-1] // 2]
+        if kind == "rope_neg":
+            return lambda: -half
+        cos = torch.randn(1, shape[1], 1, shape[-1] // 2, device=dev, dtype=dt)
+        return lambda: half * cos
+    if kind == "bcast_mul_2d":
+        w = torch.randn(shape[-1], device=dev, dtype=dt)
+        return lambda: x * w
+    if kind == "bcast_mul_3d":
+        r = torch.randn(*shape[:-1], 1, device=dev, dtype=dt)
+        return lambda: x * r
+    if kind == "transpose_copy":
+        return lambda: x.transpose(1, 2).contiguous()
+    raise ValueError(f"unknown strided case {kind!r}")
+
+
 def _sdpa(dev: str, b: int, h: int, s: int, d: int, causal: bool) -> Callable[[], None]:
     import torch
     import torch.nn.functional as F
@@ -279,7 +324,32 @@ def sweep_cases(device: str = "cuda") -> list[SweepCase]:
     for nparams, numel in OPTIMIZERS:
         for name in ("adamw_fused", "adamw_foreach", "sgd_momentum"):
             add({"op": name, "tensors": nparams, "numel_each": numel}, _optimizer, name, nparams, numel)
+    for key, build in extra_cases(S):
+        cases.append(SweepCase(key, partial(build, dev)))
     return cases
+
+
+def extra_cases(S: Callable[[int], int] = lambda v: v) -> list[tuple[dict, Callable[..., Callable[[], Any]]]]:
+    """phantora's cases after the script's (STRIDED, MISALIGNED_MMS, EXTRA_SDPAS): (key, build),
+    `build(dev)` making the case's tensors; `S` scales batch-like sizes as sweep_cases does."""
+    out: list[tuple[dict, Callable[..., Callable[[], Any]]]] = []
+    for kind, shape in STRIDED.items():
+        shape = (S(shape[0]), *shape[1:])
+        for dn in ("bf16", "fp32"):
+            out.append(({"op": "strided_elementwise", "kind": kind, "shape": list(shape), "dtype": dn},
+                        partial(_dev_last(_strided), kind, shape, dn)))
+    for op, m, n, kk in MISALIGNED_MMS:
+        out.append(({"op": op, "M": S(m), "N": n, "K": kk, "dtype": "bf16"},
+                    partial(_dev_last(_mm if op == "mm" else _mm_nt), S(m), n, kk)))
+    for (b, h, s_, d, causal) in EXTRA_SDPAS:
+        out.append(({"op": "sdpa_fwd_bwd", "B": S(b), "H": h, "S": s_, "D": d, "causal": causal, "dtype": "bf16"},
+                    partial(_dev_last(_sdpa), S(b), h, s_, d, causal)))
+    return out
+
+
+def _dev_last(fn: Callable[..., Callable[[], Any]]) -> Callable[..., Callable[[], Any]]:
+    """fn(dev, *args) as f(*args, dev), so that partial(f, *args) still takes the device."""
+    return lambda *args: fn(args[-1], *args[:-1])
 
 
 def select(cases: list[SweepCase], ops: list[str] | None) -> list[SweepCase]:

@@ -16,7 +16,7 @@ import torch
 from click.testing import CliRunner
 
 from phantora.cli import main
-from phantora.cost.kernel_sweep import SweepCase, run_case, select, sweep_cases
+from phantora.cost.kernel_sweep import extra_cases, SweepCase, run_case, select, sweep_cases
 
 SWEEP_FILE = Path(__file__).resolve().parents[2] / "phantora" / "cost" / "data" / "h100_sxm_sweep.jsonl"
 
@@ -33,7 +33,9 @@ def file_keys() -> list[str]:
 def test_the_cases_include_every_line_of_the_h100_sweep_in_its_order():
     keys = [json.dumps(c.key) for c in sweep_cases("cuda")]  # listing allocates nothing: no GPU needed
     lines = file_keys()
-    assert len(lines) == 132 and len(keys) == 152 and len(set(keys)) == 152
+    assert len(lines) == 132 and len(keys) == 168 and len(set(keys)) == 168
+    assert keys[152:] == [json.dumps(k) for k, _ in extra_cases()]  # phantora's 16 come after the script's
+    keys = keys[:152]
     missing = [k for k in lines if k not in keys]
     assert not missing, missing  # same op, sizes, dtype, layout, field order
     at = [keys.index(k) for k in lines]
@@ -140,3 +142,29 @@ def test_sweep_on_a_real_gpu(tmp_path):
         assert not any(k["name"].startswith("aten::") for k in line["kernels"])  # kernels, not CPU ops
     big = next(line for line in rows if line["op"] == "mm" and line["N"] == 14336)
     assert 2 * 8192 * 14336 * 4096 / (big["total_us"] * 1e-6) / 1e12 > 100  # bf16 GEMM on tensor cores (TFLOP/s)
+
+
+def test_phantoras_own_cases_replay_as_the_ops_the_models_distinguish():
+    """The 16 cases after the script's (kernel_sweep.extra_cases), rebuilt on fake tensors as the
+    per-family figures rebuild measured cases (tests/cost/sweep_cases.py): strided ones reach
+    torch's generic elementwise kernel, the misaligned GEMMs the alignments gemm.py tells apart."""
+    from phantora.cost.gemm import gemm_alignment
+    from phantora.cost.pointwise import elementwise_kernel_name
+
+    from .sweep_cases import signatures
+
+    for key, _ in extra_cases():
+        (sig,) = [s for s in signatures(key) if s.short_name not in ("ones_like", "add_")][:1] or [None]
+        if key["op"] == "strided_elementwise":
+            name = sig.name
+            if key["kind"] == "transpose_copy":
+                assert name in ("aten::clone", "aten::copy_"), name
+            else:
+                assert elementwise_kernel_name(sig) == "elementwise_kernel", (key, name)
+        elif key["op"] in ("mm", "mm_nt"):
+            a, b = sig.args[0], sig.args[1]
+            want = {50257: 2, 30522: 4}[key["K"] if key["op"] == "mm" else key["N"]]
+            if key["op"] == "mm":
+                assert gemm_alignment(a, b) == want  # the gradient's operand
+            else:
+                assert gemm_alignment(a, b) == 16 and gemm_alignment(sig.tensors_out()[0]) == want  # logits alone
