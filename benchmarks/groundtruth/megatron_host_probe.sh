@@ -10,6 +10,7 @@
 #   3. --no-check-for-nan-in-loss-and-grad (no per-micro-batch validate_result syncs);
 #   4. as 1, under torch.profiler for iterations 6-7 (Megatron's --profile --use-pytorch-profiler,
 #      record_shapes and with_stack): a Chrome trace of CPU ops, kernels and Python frames;
+#   5. phantora's own kernel sweep cases (strided elementwise, misaligned GEMMs, non-causal SDPA);
 # and first, benchmarks/host/pure_python.py's call-heavy rows on the VM itself (the counted host's
 # cost per frame, docs/host-time.md) and benchmarks/host/function_apply.py on the GPU.
 # Carry .dev/ as device_probe_2026_11_29.sh does. Results: $OUT/results.tar.gz, $OUT/log.txt.
@@ -40,4 +41,10 @@ megatron nocheck 90 --no-check-for-nan-in-loss-and-grad
 megatron profiled 150 --profile --use-pytorch-profiler --profile-step-start 6 --profile-step-end 8 \
   --pytorch-profiler-collect-callstack --pytorch-profiler-collect-shapes --tensorboard-dir $W/tb/tb
 ls -la $W/tb/torch_profile 2>/dev/null; pack
+# 5. the kernel cases phantora added after the lent H200 (kernel_sweep.extra_cases, 2026-11-30):
+#    strided elementwise by dimensions and dtype, GEMMs with one misaligned matrix, non-causal
+#    attention (the rows of the script's ops that these --only names also select come along)
+echo "=== kernel sweep, phantora's cases $(date +%T)"
+timeout 240 python3 -m phantora.cli calibrate --grid sweep --only strided_elementwise,mm,mm_nt,sdpa_fwd_bwd \
+  -o $W/sweep_extra.jsonl > $W/sweep_extra.log 2>&1; tail -3 $W/sweep_extra.log; pack
 echo "=== done $(date +%T)"
