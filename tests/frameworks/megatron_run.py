@@ -46,6 +46,9 @@ class GPTConfig:
     transformer_impl: str = "local"
     fp8_format: str | None = None  # "hybrid" or "e4m3": FP8 through Transformer Engine
     fp8_recipe: str = "delayed"  # Megatron-LM's --fp8-recipe: delayed, tensorwise (current scaling), ...
+    # multi-latent attention (TE's layer spec): (q_lora_rank, kv_lora_rank, qk_head_dim,
+    # qk_pos_emb_head_dim, v_head_dim); MLATransformerConfig's RMSNorm comes with it
+    mla: tuple[int, int, int, int, int] | None = None
 
     def args(self) -> list[str]:
         a = ["--tp", str(self.tp), "--pp", str(self.pp), "--num-layers", str(self.layers),
@@ -72,6 +75,10 @@ class GPTConfig:
             a += ["--transformer-impl", self.transformer_impl]
         if self.fp8_format is not None:
             a += ["--fp8-format", self.fp8_format, "--fp8-recipe", self.fp8_recipe]
+        if self.mla is not None:
+            q, kv, qk, pos, v = self.mla
+            a += ["--multi-latent-attention", "--q-lora-rank", str(q), "--kv-lora-rank", str(kv), "--qk-head-dim",
+                  str(qk), "--qk-pos-emb-head-dim", str(pos), "--v-head-dim", str(v)]
         return a
 
 
@@ -143,11 +150,23 @@ def gpt_params(cfg: GPTConfig, stage: int) -> int:
     norm and an untied vocab-parallel output layer on the last stage."""
     h, tp = cfg.hidden, cfg.tp
     layer = 2 * 2 * h + (3 * h * h + 3 * h) // tp + h * h // tp + h + (4 * h * h + 4 * h) // tp + 4 * h * h // tp + h
+    norm = 2 * h  # LayerNorm: weight and bias
+    if cfg.mla is not None:
+        # MLA (TE's spec, RMSNorm: weights only): the input norm; the down-projections of queries
+        # (h -> q_lora) and of keys and values (h -> kv_lora + the RoPE part), whole on every TP
+        # rank; the up-projections (q_lora -> heads x (qk + pos), kv_lora -> heads x (qk + v)) and
+        # the output projection (heads x v -> h, replicated bias) split over TP; no biases on the
+        # projections in between; then the MLP with its RMSNorm
+        q, kv, qk, pos, v = cfg.mla
+        a = cfg.heads
+        norm = h
+        layer = (h + q * h + (kv + pos) * h + a * (qk + pos) * q // tp + a * (qk + v) * kv // tp
+                 + a * v * h // tp + h + h + (4 * h * h + 4 * h) // tp + 4 * h * h // tp + h)
     n = cfg.layers // cfg.pp * layer  # interleaved: the same layers per rank, in vp chunks
     if stage == 0:
         n += cfg.vocab * h // tp + cfg.seq * h
     if stage == cfg.pp - 1:
-        n += 2 * h + cfg.vocab * h // tp
+        n += norm + cfg.vocab * h // tp
     return n
 
 

@@ -138,3 +138,36 @@ def test_transformer_engine_spec_context_parallel_two_ranks(tmp_path, megatron_t
         assert ring == Counter({("send", kv_bytes): 3 * layer_mbs, ("recv", kv_bytes): 3 * layer_mbs}), ring
         grads = [k for k in nccl(events, rank) if k["args"]["op"] == "reduce_scatter"]
         assert len(grads) == cfg.iters and all(k["args"]["group ranks"] == [0, 1] for k in grads), grads
+
+
+def test_transformer_engine_spec_multi_latent_attention_tp2(tmp_path, megatron_te_python):
+    """DeepSeek's multi-latent attention (`--multi-latent-attention`, MLATransformerConfig, TE's
+    spec) with tensor parallel 2: queries go through a low-rank down-projection (h -> q_lora) and
+    an up-projection to each head's q_head_dim = qk_head_dim + qk_pos_emb_head_dim, keys and
+    values through one shared latent (h -> kv_lora + the RoPE part); the down-projections are whole
+    on each rank, the up-projections split the heads. Hand counts: the parameters per rank, TE's
+    fused attention on this rank's 2 of 4 heads with head dims 96 (q, k) and 64 (v), 7 linears x
+    3 GEMMs per layer and microbatch, and the TP all-reduces of the two latents' input gradients
+    (the up-projections' inputs are whole, their outputs split)."""
+    q_lora, kv_lora, qk, pos, v = 64, 32, 64, 32, 64
+    cfg = GPTConfig(tp=2, transformer_impl="transformer_engine", mla=(q_lora, kv_lora, qk, pos, v))
+    run = run_megatron(tmp_path, megatron_te_python, 2, cfg)
+    check_run(run, cfg, world=2, adam_ops=TE_ADAM)
+    for r in range(2):
+        assert f"model parallel rank ({r}, 0): {gpt_params(cfg, 0)}" in run.proc.stdout
+    events = trace_events(run)
+    layer_mbs = cfg.layers * cfg.microbatches * cfg.iters
+    tokens = cfg.seq * cfg.micro_batch
+    heads = cfg.heads // cfg.tp
+    for rank in range(2):
+        kernels = compute_kernels(events, rank)
+        ops = Counter(k["args"]["op"].split(".")[0] for k in kernels)
+        fwd = Counter((tuple(k["args"]["shapes"][0]), tuple(k["args"]["shapes"][2])) for k in kernels
+                      if k["args"]["op"] == "nvte::fused_attn_fwd.default")
+        assert fwd == Counter({((cfg.seq, cfg.micro_batch, heads, qk + pos), (cfg.seq, cfg.micro_batch, heads, v)):
+                               layer_mbs}), (rank, fwd)
+        assert ops["nvte::fused_attn_bwd"] == layer_mbs, ops
+        # q down/up, kv down/up, output projection, FC1, FC2: forward, input and weight gradients
+        assert ops["nvte::cublas_gemm"] == 7 * 3 * layer_mbs, ops
+        reduces = Counter(k["args"]["bytes"] for k in nccl(events, rank) if k["args"]["op"] == "all_reduce")
+        assert reduces[tokens * q_lora * 2] == layer_mbs and reduces[tokens * kv_lora * 2] == layer_mbs, reduces

@@ -39,7 +39,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.rerun_state_machine import get_rerun_state_machine
 from megatron.core.transformer.module import Float16Module
-from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 from megatron.core.utils import get_batch_on_this_cp_rank
 
 
@@ -91,6 +91,13 @@ def parse_args() -> argparse.Namespace:
                    help="FP8 scaling: delayed (amax history), tensorwise (current scaling), mxfp8, blockwise")
     p.add_argument("--fp8-amax-history-len", type=int, default=1)
     p.add_argument("--fp8-amax-compute-algo", default="most_recent", choices=["most_recent", "max"])
+    p.add_argument("--multi-latent-attention", action="store_true",
+                   help="DeepSeek's multi-latent attention (MLATransformerConfig; Transformer Engine's layer spec)")
+    p.add_argument("--q-lora-rank", type=int, default=None, help="MLA: rank of the query's low-rank projection")
+    p.add_argument("--kv-lora-rank", type=int, default=32, help="MLA: rank of the keys' and values' low-rank projection")
+    p.add_argument("--qk-head-dim", type=int, default=128, help="MLA: query/key head dimension without RoPE's part")
+    p.add_argument("--qk-pos-emb-head-dim", type=int, default=64, help="MLA: the RoPE part of each query/key head")
+    p.add_argument("--v-head-dim", type=int, default=128, help="MLA: value head dimension")
     p.add_argument("--ddp-bucket-size", type=int, default=None,
                    help="parameters per gradient bucket (Megatron's default: max(40M, 1M x DP size))")
     return p.parse_args()
@@ -111,7 +118,11 @@ def initialize_distributed(tp: int, pp: int, vp: int | None, ep: int = 1, etp: i
 def model_provider(args: argparse.Namespace) -> tuple[list[GPTModel], TransformerConfig]:
     """One model chunk per virtual pipeline stage (one without interleaving), as
     megatron/training/training.py's get_model builds them."""
-    config = TransformerConfig(
+    mla = dict(q_lora_rank=args.q_lora_rank, kv_lora_rank=args.kv_lora_rank, qk_head_dim=args.qk_head_dim,
+               qk_pos_emb_head_dim=args.qk_pos_emb_head_dim, v_head_dim=args.v_head_dim,
+               rope_type="rope") if args.multi_latent_attention else {}
+    config = (MLATransformerConfig if args.multi_latent_attention else TransformerConfig)(
+        **mla,
         num_layers=args.num_layers,
         hidden_size=args.hidden_size,
         num_attention_heads=args.num_attention_heads,
@@ -142,7 +153,8 @@ def model_provider(args: argparse.Namespace) -> tuple[list[GPTModel], Transforme
         fp8_amax_compute_algo=args.fp8_amax_compute_algo,
     )
     if args.transformer_impl == "transformer_engine":
-        layer_spec = get_gpt_layer_with_transformer_engine_spec(num_experts=args.num_experts, moe_grouped_gemm=False)
+        layer_spec = get_gpt_layer_with_transformer_engine_spec(num_experts=args.num_experts, moe_grouped_gemm=False,
+                                                                multi_latent_attention=args.multi_latent_attention)
     else:
         layer_spec = get_gpt_layer_local_spec(num_experts=args.num_experts, moe_grouped_gemm=False)
     chunks = []
