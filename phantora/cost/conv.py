@@ -212,7 +212,8 @@ def _strided_dgrad(shape: ConvShape, stride: tuple[int, ...], dtype: str, nbytes
     gpu = ctx.gpu
     phases = shape.grad_input_phase_gemms(stride)
     compute_type = matmul_compute_type(dtype, ctx.cudnn_allow_tf32)
-    compute = sum(gemm_compute_ns(ph, compute_type, other_gemm_gpu(gpu)) for ph in phases)
+    conv_gpu = other_gemm_gpu(gpu)  # cuDNN's kernels: GPUSpec.other_gemm_efficiency
+    compute = sum(gemm_compute_ns(ph, compute_type, conv_gpu) for ph in phases)
     fraction = UNALIGNED_CONV_BANDWIDTH_FRACTION if unaligned else OPERAND_STREAMING_EFFICIENCY
     memory = memory_ns(nbytes, gpu, fraction) - gpu.kernel_ramp_ns
     return Kernel("cudnn_convolution_dgrad_implicit_gemm_strided", CUDNN_KERNEL_FIXED_NS + max(compute, memory),

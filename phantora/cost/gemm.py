@@ -122,6 +122,8 @@ class GemmShape:
         return 2.0 * self.batch * self.m * self.n * self.k
 
 
+# How cuBLAS's and CUTLASS's kernel names spell each tensor-core compute type
+KERNEL_TYPE_TAGS = {"bf16": "bf16", "fp16": "f16", "tf32": "tf32", "fp8": "e4m3", "int8": "i8"}
 # FP8 operands by format: FP8 recipes mix them (HYBRID: E4M3 activations and weights, E5M2 gradients)
 FP8_FORMAT_TAGS = {"float8_e4m3fn": "e4m3", "float8_e4m3fnuz": "e4m3", "float8_e5m2": "e5m2", "float8_e5m2fnuz": "e5m2"}
 
@@ -135,7 +137,7 @@ def gemm_kernel_name(gpu: GPUSpec, compute_type: str, dtype_out: str,
         return f"{arch}_dgemm"
     if not uses_tensor_cores(compute_type):
         return f"{arch}_sgemm_f32"
-    t = {"bf16": "bf16", "fp16": "f16", "tf32": "tf32", "fp8": "e4m3", "int8": "i8"}[compute_type]
+    t = KERNEL_TYPE_TAGS[compute_type]
     ta, tb = t, t
     if compute_type == "fp8" and operand_dtypes is not None:
         ta, tb = (FP8_FORMAT_TAGS.get(d, t) for d in operand_dtypes)
@@ -207,7 +209,7 @@ def gemm_kernel(
     compute_type = matmul_compute_type(dtype, ctx.allow_tf32 if tf32 is None else tf32)
     name = gemm_kernel_name(gpu, compute_type, dtype_out, None if dtype_b is None else (dtype, dtype_b))
     if misaligned(compute_type, alignment):
-        t = {"bf16": "bf16", "fp16": "f16", "tf32": "tf32"}[compute_type]
+        t = KERNEL_TYPE_TAGS[compute_type]
         name = f"cutlass_80_tensorop_{t}_s16816gemm_{t}_align{max(1, alignment // dtype_bytes(dtype))}"
     if shape.flops == 0:
         return Kernel(name, gpu.kernel_ramp_ns, 0.0, nbytes)
