@@ -116,11 +116,7 @@ class PythonTime:
         if not self.enabled:
             return 0
         tls = self._tls
-        pending = getattr(tls, "pending", 0)
-        if self.counted:  # ps of counted work: whole ns go now, the rest with the next take
-            pending, tls.pending = divmod(pending, 1000)
-        else:
-            tls.pending = 0
+        pending = self._pending_ns(tls)
         if not pending:
             return 0
         current = threading.current_thread()
@@ -137,13 +133,18 @@ class PythonTime:
         if not self.enabled:
             return 0
         tls = self._tls
+        total, tls.beside_ns = getattr(tls, "beside_ns", 0) + self._pending_ns(tls), 0
+        return total
+
+    def _pending_ns(self, tls: threading.local) -> int:
+        """This thread's Python since its last take, in whole ns, taken off it (counted work is in
+        ps: the whole ns go now, the rest with the next take)."""
         pending = getattr(tls, "pending", 0)
         if self.counted:
             pending, tls.pending = divmod(pending, 1000)
         else:
             tls.pending = 0
-        total, tls.beside_ns = getattr(tls, "beside_ns", 0) + pending, 0
-        return total
+        return pending
 
     def speed_probe_due(self) -> bool:
         """Whether this machine's Python speed should be measured again (cost/host_bench.py);
