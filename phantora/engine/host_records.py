@@ -354,6 +354,9 @@ class HostRecords:
 
     def pin_batch(self, st: RankState, loader: int, idx: int, python_ns: int) -> None:
         """A pin-memory thread pinned batch idx (R_PIN_BATCH), running python_ns of Python."""
+        if self.timing.host_time == "modelled":  # the loop never waits for it (loader_batch): keep nothing
+            st.pin_threads.ops_ns = 0
+            return
         scaled = round(python_ns * st.timeline.python_scale * self.timing.host_speed)
         st.pin_threads.pinned(loader, idx, scaled)
 
