@@ -324,32 +324,26 @@ def sweep_cases(device: str = "cuda") -> list[SweepCase]:
     for nparams, numel in OPTIMIZERS:
         for name in ("adamw_fused", "adamw_foreach", "sgd_momentum"):
             add({"op": name, "tensors": nparams, "numel_each": numel}, _optimizer, name, nparams, numel)
-    for key, build in extra_cases(S):
-        cases.append(SweepCase(key, partial(build, dev)))
+    for key, fn, args in extra_cases(S):
+        cases.append(SweepCase(key, partial(fn, dev, *args)))
     return cases
 
 
-def extra_cases(S: Callable[[int], int] = lambda v: v) -> list[tuple[dict, Callable[..., Callable[[], Any]]]]:
-    """phantora's cases after the script's (STRIDED, MISALIGNED_MMS, EXTRA_SDPAS): (key, build),
-    `build(dev)` making the case's tensors; `S` scales batch-like sizes as sweep_cases does."""
-    out: list[tuple[dict, Callable[..., Callable[[], Any]]]] = []
+def extra_cases(S: Callable[[int], int] = lambda v: v) -> list[tuple[dict, Callable[..., Callable[[], Any]], tuple]]:
+    """phantora's cases after the script's (STRIDED, MISALIGNED_MMS, EXTRA_SDPAS): (key, fn, args),
+    `fn(dev, *args)` making the case's tensors; `S` scales batch-like sizes as sweep_cases does."""
+    out: list[tuple[dict, Callable[..., Callable[[], Any]], tuple]] = []
     for kind, shape in STRIDED.items():
         shape = (S(shape[0]), *shape[1:])
         for dn in ("bf16", "fp32"):
             out.append(({"op": "strided_elementwise", "kind": kind, "shape": list(shape), "dtype": dn},
-                        partial(_dev_last(_strided), kind, shape, dn)))
+                        _strided, (kind, shape, dn)))
     for op, m, n, kk in MISALIGNED_MMS:
-        out.append(({"op": op, "M": S(m), "N": n, "K": kk, "dtype": "bf16"},
-                    partial(_dev_last(_mm if op == "mm" else _mm_nt), S(m), n, kk)))
+        out.append(({"op": op, "M": S(m), "N": n, "K": kk, "dtype": "bf16"}, _mm if op == "mm" else _mm_nt, (S(m), n, kk)))
     for (b, h, s_, d, causal) in EXTRA_SDPAS:
         out.append(({"op": "sdpa_fwd_bwd", "B": S(b), "H": h, "S": s_, "D": d, "causal": causal, "dtype": "bf16"},
-                    partial(_dev_last(_sdpa), S(b), h, s_, d, causal)))
+                    _sdpa, (S(b), h, s_, d, causal)))
     return out
-
-
-def _dev_last(fn: Callable[..., Callable[[], Any]]) -> Callable[..., Callable[[], Any]]:
-    """fn(dev, *args) as f(*args, dev), so that partial(f, *args) still takes the device."""
-    return lambda *args: fn(args[-1], *args[:-1])
 
 
 def select(cases: list[SweepCase], ops: list[str] | None) -> list[SweepCase]:

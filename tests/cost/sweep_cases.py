@@ -14,6 +14,7 @@ cannot size its output).
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Callable
 
@@ -90,9 +91,10 @@ def _fwdbwd(mod, x):
 def _builder(r: dict) -> Callable[[str], Callable[[], object]] | None:
     op = r["op"]
     key = json.dumps({k: v for k, v in r.items() if k not in ("kernels", "total_us", "error")})
-    extra = {json.dumps(k): build for k, build in extra_cases()}  # phantora's cases: their own code
+    extra = {json.dumps(k): (fn, args) for k, fn, args in extra_cases()}  # phantora's cases: their own code
     if key in extra:
-        return extra[key]
+        fn, args = extra[key]
+        return lambda dev: fn(dev, *args)
     if op == "conv2d_fwd_bwd":
         def build(dev):
             c, k, g, st, co, h = r["C"], r["K"], r["groups"], r["stride"], r["Cout"], r["H"]
@@ -243,6 +245,18 @@ def signatures(r: dict) -> list[OpSignature]:
         sigs = [s for s in sigs if s.name != "aten::_local_scalar_dense" and
                 not all(t.shape == () for t in s.tensors_in())]
     return sigs
+
+
+def check_family(errs: list[float], fam: str, bounds: tuple[float, float]) -> None:
+    """A family's median and largest |error| within its (median bound, max bound)."""
+    assert errs, fam
+    med, worst = statistics.median(abs(e) for e in errs), max(abs(e) for e in errs)
+    assert med <= bounds[0] and worst <= bounds[1], (fam, round(med, 3), round(worst, 3))
+
+
+def median_abs(errs_by_family: dict) -> float:
+    """The median |error| over every case of every family."""
+    return statistics.median(abs(e) for es in errs_by_family.values() for e in es)
 
 
 def predict_ns(est, sigs) -> float:

@@ -34,7 +34,7 @@ def test_the_cases_include_every_line_of_the_h100_sweep_in_its_order():
     keys = [json.dumps(c.key) for c in sweep_cases("cuda")]  # listing allocates nothing: no GPU needed
     lines = file_keys()
     assert len(lines) == 132 and len(keys) == 168 and len(set(keys)) == 168
-    assert keys[152:] == [json.dumps(k) for k, _ in extra_cases()]  # phantora's 16 come after the script's
+    assert keys[152:] == [json.dumps(k) for k, _, _ in extra_cases()]  # phantora's 16 come after the script's
     keys = keys[:152]
     missing = [k for k in lines if k not in keys]
     assert not missing, missing  # same op, sizes, dtype, layout, field order
@@ -153,7 +153,7 @@ def test_phantoras_own_cases_replay_as_the_ops_the_models_distinguish():
 
     from .sweep_cases import signatures
 
-    for key, _ in extra_cases():
+    for key, _, _ in extra_cases():
         (sig,) = [s for s in signatures(key) if s.short_name not in ("ones_like", "add_")][:1] or [None]
         if key["op"] == "strided_elementwise":
             name = sig.name
