@@ -28,7 +28,7 @@ from phantora.cost.sweep_fit import H200_SWEEP
 from phantora.hardware import lookup_gpu
 from phantora.ops import OpSignature, TensorMeta
 
-from .sweep_cases import family, label, load_sweep, predict_ns, signatures
+from .sweep_cases import check_family, family, label, load_sweep, median_abs, predict_ns, signatures
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "groundtruth" / "h200_vm" / "examples"
 
@@ -86,16 +86,11 @@ def test_the_h200_sweep_holds_the_h100_cases_and_the_vit_shapes(h200_sweep):
 
 @pytest.mark.parametrize("fam", sorted(H200_BOUNDS))
 def test_h200_error_per_family(h200_errors, fam):
-    median_bound, max_bound = H200_BOUNDS[fam]
-    errs = h200_errors[fam]
-    assert errs, fam
-    med, worst = statistics.median(abs(e) for e in errs), max(abs(e) for e in errs)
-    assert med <= median_bound and worst <= max_bound, (fam, round(med, 3), round(worst, 3))
+    check_family(h200_errors[fam], fam, H200_BOUNDS[fam])
 
 
 def test_h200_error_overall(h200_errors):
-    errs = [e for es in h200_errors.values() for e in es]
-    assert statistics.median(abs(e) for e in errs) <= ALL_CASES_MEDIAN
+    assert median_abs(h200_errors) <= ALL_CASES_MEDIAN
 
 
 def _case(rows, sigs, op, **keys):

@@ -11,7 +11,6 @@ gave before the fit, noted beside it, so the old models fail them.
 
 from __future__ import annotations
 
-import statistics
 import warnings
 from collections import defaultdict
 
@@ -23,7 +22,7 @@ from phantora.cost.sweep_fit import H200_SWEEP
 from phantora.hardware import lookup_gpu
 from phantora.ops import OpSignature, TensorMeta
 
-from .sweep_cases import family, label, load_sweep, loo_errors, signatures
+from .sweep_cases import check_family, family, label, load_sweep, loo_errors, median_abs, signatures
 
 # family: (max median |err|, max |err|) leave-one-out; before the fit (median, max) in comments
 LOO_BOUNDS = {
@@ -77,16 +76,11 @@ def test_every_case_has_signatures(sweep):
 
 @pytest.mark.parametrize("fam", sorted(LOO_BOUNDS))
 def test_leave_one_out_per_family(loo, fam):
-    median_bound, max_bound = LOO_BOUNDS[fam]
-    errs = loo[fam]
-    assert errs, fam
-    med, worst = statistics.median(abs(e) for e in errs), max(abs(e) for e in errs)
-    assert med <= median_bound and worst <= max_bound, (fam, round(med, 3), round(worst, 3))
+    check_family(loo[fam], fam, LOO_BOUNDS[fam])
 
 
 def test_leave_one_out_overall(loo):
-    errs = [e for es in loo.values() for e in es]
-    assert statistics.median(abs(e) for e in errs) <= ALL_CASES_MEDIAN
+    assert median_abs(loo) <= ALL_CASES_MEDIAN
 
 
 def test_refit_without_a_case_changes_only_its_classes(sweep):
