@@ -6,6 +6,7 @@ as a Popen'd rank's; and everything the fork server cannot do soundly starts wit
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -15,6 +16,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import pytest
 
 from interpose.launch.warm import DIR_ENV as WARM_DIR_ENV, IDLE_ENV as WARM_IDLE_ENV, RUN_VARIABLES
 from phantora.simulator.forkserver import fork_plan
@@ -233,3 +236,34 @@ def test_a_warm_fork_server_exits_when_idle(tmp_path):
 def test_without_a_warm_directory_one_rank_runs_start_fresh(tmp_path):
     (a,) = _warm_runs(tmp_path, "", {})
     assert a[0]["torch_before"] is False
+
+
+@pytest.mark.parametrize("as_module", [False, True], ids=["script", "python-m"])
+def test_a_forked_rank_exits_as_a_fresh_python_would(tmp_path, as_module):
+    """A forked rank leaves without tearing down the server's frozen objects (torch's import), which
+    would cost each rank most of a second: what the script left for Python's exit must still happen
+    as it does in a fresh `python script.py` (or `python -m module`, whose globals are __main__'s).
+    Compared with PHANTORA_FORK_SERVER=0 on one script."""
+    results, printed = {}, {}
+    command = (sys.executable, "-m", "forkserver_exit") if as_module else (sys.executable, str(SCRIPTS / "forkserver_exit.py"))
+    for label, env in (("forked", {}), ("fresh", {"PHANTORA_FORK_SERVER": "0"})):
+        folder = tmp_path / label
+        folder.mkdir()
+        proc, out, err = _trace(folder, str(folder), env=dict(env, PYTHONPATH=str(ROOT)), command=command,
+                                cwd=SCRIPTS if as_module else ROOT)
+        printed[label] = lines = [line.split("]: ", 1)[-1] for line in out.splitlines() if "rank" in line]
+        files = {p.name: (gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()).decode()
+                 for p in sorted(folder.glob("*.txt*"))}
+        results[label] = (proc.returncode, sorted(lines), "stopped rank 1" in err, "rank 1 exited with code 1" in err,
+                          "nanobind" in err, files)
+    assert results["forked"] == results["fresh"]
+    returncode, _, message, code_1, leaks, files = results["forked"]
+    assert returncode == 1 and message and code_1 and not leaks
+    for rank in (0, 1):
+        for lines in printed.values():  # each rank's lines in order: threads joined, atexit, finalizers
+            own = [line for line in lines if line.endswith(f"rank {rank}") or line.startswith(f"thread rank {rank} ")]
+            assert sorted(own) == sorted([f"end of script rank {rank}", f"thread rank {rank} {sum(range(2_000_000))}",
+                                          f"atexit rank {rank}", f"del rank {rank}"])
+            assert own[-2:] == [f"atexit rank {rank}", f"del rank {rank}"] and own[-3].startswith("thread")
+        assert files[f"plain{rank}.txt"] == "unflushed " * 1000
+        assert files[f"zipped{rank}.txt.gz"] == "compressed " * 1000
