@@ -17,8 +17,9 @@ all-gather, no BF16 first/last layers).
 
 What differs from the published run, each said where it applies:
 - tp_comm_overlap (TE userbuffers: TP all-gathers and reduce-scatters overlapped with the GEMMs)
-  is not run: phantora's Transformer Engine stand-in does not model userbuffers, so the TP
-  collectives run on NCCL after and before their GEMMs, as with tp_comm_overlap off.
+  is not passed: the row was set up before phantora's Transformer Engine stand-in modelled
+  userbuffers (interpose/device/transformer_engine/userbuffers.py) and has not been run with
+  them, so the TP collectives run on NCCL after and before their GEMMs.
 - cross_entropy_fusion_impl "te": Megatron-LM 0.19 refuses TE's fused cross entropy
   ("disabled due to stability issues"), so Megatron's native fused cross entropy runs.
 """

@@ -16,9 +16,10 @@ import contextlib
 import os
 import pickle
 import sys
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,27 @@ from interpose.values import policy as values
 from interpose.ops.observer import current_stream_id
 from phantora import protocol as P
 from phantora.roles import ENV as RanksEnv, RankRoles
+
+_transport_tls = threading.local()
+
+
+@contextlib.contextmanager
+def userbuffers_transport() -> Iterator[None]:
+    """Collectives called inside stand for Transformer Engine's userbuffers: the same bytes between
+    the same ranks, moved by copies and kernels its C++ issues (engine/collectives.py
+    CollectiveCall.transport), not by NCCL."""
+    before = getattr(_transport_tls, "name", None)
+    _transport_tls.name = "userbuffers"
+    try:
+        yield
+    finally:
+        _transport_tls.name = before
+
+
+def _transport() -> dict[str, str]:
+    name = getattr(_transport_tls, "name", None)
+    return {"transport": name} if name else {}
+
 
 _rt: Any = None
 SIMULATED_NCCL_VERSION = (2, 27, 5)  # what torch.cuda.nccl.version() reports under phantora
@@ -322,7 +344,7 @@ class SimProcessGroup(dist.ProcessGroup):
             "reduce_op": _reduce_name(reduce_op) if reduce_op is not None
             or op in ("all_reduce", "reduce_scatter", "reduce") else "",
             "root": None if root is None else self.global_ranks[root], "device": device,
-            "stream": stream, "site": call_site(), "group_name": self._group_name,
+            "stream": stream, "site": call_site(), "group_name": self._group_name, **_transport(),
         }
         if splits is not None:
             payload["send_splits"], payload["recv_splits"] = splits
@@ -356,7 +378,7 @@ class SimProcessGroup(dist.ProcessGroup):
         nbytes = sum(t.nbytes for t in tensors) if nbytes is None else nbytes
         payload = {"op": op, "group": list(pair), "seq": seq, "nbytes": nbytes,
                    "dtype": _dtype(tensors[0]) if tensors else "uint8", "device": device,
-                   "stream": stream, "site": call_site(), "group_name": self._group_name}
+                   "stream": stream, "site": call_site(), "group_name": self._group_name, **_transport()}
         work = self._submit(payload, device, tensors, False)
         work.captured = captured
         # A mirrored peer has no process to post or read values (phantora/roles.py): what this

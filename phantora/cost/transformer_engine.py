@@ -24,6 +24,8 @@ schemas there). They are timed with the models of the kernels they are, on the s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from phantora.cost.attention import AttentionCall, AttentionShape, backend_attention_cost
 from phantora.cost.gemm import (OPERAND_STREAMING_EFFICIENCY, GemmShape, gemm_kernel, gemm_kernel_name,
                                 grouped_gemm_compute_ns)
@@ -61,9 +63,13 @@ def gemm_shape(a: TensorMeta, transa: bool, b: TensorMeta, transb: bool) -> Gemm
 
 def cublas_gemm(sig: OpSignature, ctx: CostContext) -> OpCost:
     """nvte::cublas_gemm(A, transa, B, transb, D, bias, aux, A_scale_inv, B_scale_inv, workspace,
-    accumulate, grad, gelu)."""
+    accumulate, grad, gelu, sm_margin): with sm_margin, on that many SMs fewer (cuBLASLt's
+    math_sm_count, beside userbuffers' communication kernels)."""
     a, transa, b, transb, d, bias, aux, a_scale, b_scale = sig.args[:9]
     accumulate = bool(sig.args[10])
+    sm_margin = int(sig.args[13]) if len(sig.args) > 13 else 0
+    if sm_margin:
+        ctx = replace(ctx, gpu=replace(ctx.gpu, sm_count=max(1, ctx.gpu.sm_count - sm_margin)))
     shape = gemm_shape(a, bool(transa), b, bool(transb))
     nbytes = _bytes(a, b, d, bias, aux, a_scale, b_scale) + (_bytes(d) if accumulate else 0.0)
     return single(gemm_kernel(shape, a.dtype, d.dtype, nbytes, ctx, dtype_b=b.dtype))

@@ -144,17 +144,18 @@ class CollectiveLifecycle:
         work = self._match(call)
         comm = self.comm_stream(st, call)
         tl = st.timeline
-        if len(call.group) > 1:  # ProcessGroupNCCL makes the group's communicator at its first collective
+        if len(call.group) > 1 and call.transport == "nccl":  # ProcessGroupNCCL makes the group's communicator at its first collective
             pay_once(st, self.trace, ("nccl", call.group_name, call.group), NCCL_COMM_INIT, ns=nccl_init_ns(len(call.group)),
                      args={"group ranks": len(call.group), "op": call.op})
         launch_begin = tl.host_ns
-        tl.charge_host(HOST_COSTS.collective_ns)
+        tl.charge_host(HOST_COSTS.collective_ns if call.transport == "nccl" else HOST_COSTS.launch_ns)
         self._launches[(call.key, rank)] = (launch_begin, tl.host_ns, call)
         self.trace.collective_call_open(st.info.trace_pid, call, launch_begin, tl.host_ns)
         current = self.placement.stream(st, call.device, call.stream)
         arrive = Arrive(self.placement.next_seq(), comm, call, work, current, tl.host_ns)
         self.arrivals[(work, rank)] = arrive
-        st.comm_log.setdefault(call.device, CommLog()).append(arrive)
+        if call.transport == "nccl":  # the log is what slows the kernels beside it (Placement._comm_overlap)
+            st.comm_log.setdefault(call.device, CommLog()).append(arrive)
         self.placement.enqueue(st, arrive)
         return work
 
@@ -220,7 +221,8 @@ class CollectiveLifecycle:
         work = self._match(call)
         arrive = Arrive(self.placement.next_seq(), self.comm_stream(st, call), call, work, current, host_ns)
         self.arrivals[(work, call.rank)] = arrive
-        st.comm_log.setdefault(call.device, CommLog()).append(arrive)
+        if call.transport == "nccl":
+            st.comm_log.setdefault(call.device, CommLog()).append(arrive)
         self.placement.enqueue(st, arrive)
         return work
 

@@ -57,6 +57,10 @@ class CollectiveCall:
     send_splits: tuple[int, ...] = ()
     recv_splits: tuple[int, ...] = ()
     mirrored: bool = False  # made for a mirrored rank from its representative's call (mirrors.py)
+    # "nccl", or "userbuffers": Transformer Engine's comm+GEMM overlap moves the same bytes with its
+    # own copies and kernels, issued from C++ (a launch's host cost, not an NCCL call's), on copy
+    # engines or on SMs its GEMMs leave it (so --comm-slowdown does not slow the kernels beside it)
+    transport: str = "nccl"
 
     @classmethod
     def from_wire(cls, rank: int, d: dict[str, Any]) -> "CollectiveCall":
@@ -72,7 +76,7 @@ class CollectiveCall:
         return cls(rank, op, group, int(d["seq"]), int(d["nbytes"]),
                    str(d.get("dtype", "")), str(d.get("reduce_op", "")), None if root is None else int(root),
                    int(d.get("device", 0)), int(d.get("stream", 0)), str(d.get("site", "")),
-                   str(d.get("group_name", "")), send, recv)
+                   str(d.get("group_name", "")), send, recv, transport=str(d.get("transport", "nccl")))
 
     def sends(self) -> tuple[int, ...]:
         """all_to_all: bytes sent to each member, in group order."""

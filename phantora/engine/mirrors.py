@@ -136,7 +136,7 @@ def _mirrored_call(call: CollectiveCall, rank: int, group: tuple[int, ...], root
     return CollectiveCall(rank=rank, op=call.op, group=group, seq=call.seq, nbytes=call.nbytes, dtype=call.dtype,
                           reduce_op=call.reduce_op, root=root, device=call.device, stream=call.stream,
                           site=f"mirrored from rank {call.rank}", group_name=group_name, send_splits=call.send_splits,
-                          recv_splits=call.recv_splits, mirrored=True)
+                          recv_splits=call.recv_splits, mirrored=True, transport=call.transport)
 
 
 class GroupFamilies:

@@ -236,6 +236,7 @@ class TraceEvents:
             "bus bandwidth GB/s": round(busbw, 2) if busbw is not None else None,
             "waited for peers ns": start - ready, "network ns": end - start, "call site": call.site,
             "collective": work, "correlation": launch,
+            **({"transport": call.transport} if call.transport != "nccl" else {}),
             **({"bytes sent to each member": list(call.sends()),
                 "bytes received from each member": list(call.recv_splits)} if call.send_splits else {}),
         }, flow_in=launch)

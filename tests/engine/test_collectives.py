@@ -226,6 +226,35 @@ class SliceRecorder(NullSink):
                             "args": args or {}, "flow_out": flow_out, "flow_in": flow_in})
 
 
+@pytest.mark.parametrize("transport", ["nccl", "userbuffers"])
+def test_userbuffers_transfers_leave_the_kernels_beside_them_at_full_speed_and_cost_a_launch(transport):
+    """Transformer Engine's userbuffers move a collective's bytes with copies and kernels on SMs
+    their GEMMs leave them (transport "userbuffers"): no --comm-slowdown on the kernels beside
+    them and a kernel launch's host cost, where an NCCL call costs more and slows them."""
+    sink = SliceRecorder()
+    timing = dataclasses.replace(TIMING, comm_slowdown=0.25)
+    e = Engine(lookup_gpu("h100"), FixedEstimator(), sink, timing, network=Network(load_cluster("dgx-h100", nodes=1)))
+    for r in (0, 1):
+        e.add_rank(RankInfo(r, 0, r, 100 + r))
+    wire = {"op": "reduce_scatter", "group": [0, 1], "seq": 0, "nbytes": 1 << 30, "dtype": "bfloat16",
+            "reduce_op": "sum", "device": 0, "stream": 0,
+            **({"transport": transport} if transport != "nccl" else {})}
+    host = e.ranks[0].timeline.host_ns
+    work = e.join_collective(0, wire)
+    charged = e.ranks[0].timeline.host_ns - host
+    e.join_collective(1, dict(wire, device=1))
+    assert e.collective_end_ns(work) - LAT > 500_000  # far longer than the kernel below
+    kernel(e, 0, 100_000, 0)  # inside the reduce-scatter
+    e.close({})
+    dur, = [s["dur"] for s in sink.slices if s["pid"] == e.ranks[0].info.trace_pid and s["name"] == "k"
+            and s["cat"] == "kernel"]
+    nccl_kernel = next(s for s in sink.slices if s["name"].startswith("ncclDevKernel_ReduceScatter"))
+    if transport == "nccl":
+        assert (charged, dur) == (HOST_COSTS.collective_ns, 125_000) and "transport" not in nccl_kernel["args"]
+    else:
+        assert (charged, dur) == (HOST_COSTS.launch_ns, 100_000) and nccl_kernel["args"]["transport"] == "userbuffers"
+
+
 def test_each_members_collective_call_is_a_host_slice_linked_to_its_nccl_kernel():
     sink = SliceRecorder()
     e = Engine(lookup_gpu("h100"), FixedEstimator(), sink, TIMING, network=Network(load_cluster("dgx-h100", nodes=1)))

@@ -110,7 +110,7 @@ def test_a_mirrored_call_copies_every_field_of_its_representative_s_call():
 
     call = CollectiveCall(rank=0, op="all_to_all", group=(0, 4), seq=7, nbytes=96, dtype="bfloat16", reduce_op="sum",
                           root=4, device=1, stream=3, site="train.py:12", group_name="g1", send_splits=(32, 64),
-                          recv_splits=(48, 48), mirrored=False)
+                          recv_splits=(48, 48), mirrored=False, transport="userbuffers")
     defaults = CollectiveCall(rank=0, op="all_reduce", group=(0,), seq=0, nbytes=0)
     assert all(getattr(call, f.name) != getattr(defaults, f.name) for f in fields(call) if f.name not in ("rank", "mirrored"))
     assert _mirrored_call(call, 1, (1, 5), 5, "g2") == replace(

@@ -49,6 +49,8 @@ class GPTConfig:
     # multi-latent attention (TE's layer spec): (q_lora_rank, kv_lora_rank, qk_head_dim,
     # qk_pos_emb_head_dim, v_head_dim); MLATransformerConfig's RMSNorm comes with it
     mla: tuple[int, int, int, int, int] | None = None
+    # Megatron-LM's --tp-comm-overlap: TE's userbuffers overlap the TP collectives with the GEMMs
+    tp_comm_overlap: bool = False
 
     def args(self) -> list[str]:
         a = ["--tp", str(self.tp), "--pp", str(self.pp), "--num-layers", str(self.layers),
@@ -75,6 +77,8 @@ class GPTConfig:
             a += ["--transformer-impl", self.transformer_impl]
         if self.fp8_format is not None:
             a += ["--fp8-format", self.fp8_format, "--fp8-recipe", self.fp8_recipe]
+        if self.tp_comm_overlap:
+            a += ["--tp-comm-overlap"]
         if self.mla is not None:
             q, kv, qk, pos, v = self.mla
             a += ["--multi-latent-attention", "--q-lora-rank", str(q), "--kv-lora-rank", str(kv), "--qk-head-dim",

@@ -171,3 +171,51 @@ def test_transformer_engine_spec_multi_latent_attention_tp2(tmp_path, megatron_t
         assert ops["nvte::cublas_gemm"] == 7 * 3 * layer_mbs, ops
         reduces = Counter(k["args"]["bytes"] for k in nccl(events, rank) if k["args"]["op"] == "all_reduce")
         assert reduces[tokens * q_lora * 2] == layer_mbs and reduces[tokens * kv_lora * 2] == layer_mbs, reduces
+
+
+def test_transformer_engine_spec_tp_comm_overlap_tp2(tmp_path, megatron_te_python):
+    """`--tp-comm-overlap` (Megatron-LM's initialize_ub with TE's default userbuffer methods): the
+    TP collectives of the transformer layers move inside TE's GEMMs, as the userbuffers' copies
+    and kernels (transport "userbuffers"), and the GEMMs split around them. Counted by hand per
+    layer and microbatch from TE's methods (module/base.py initialize_ub): ring exchange for the
+    QKV and FC1 forward GEMMs and the projection's and FC2's dgrad (tp chunks, one ring step of
+    send and receive per chunk after the first), pipeline for the projection's and FC2's forward
+    (4 chunks, each reduce-scattered), bulk for QKV's and FC1's dgrad (the input all-gathered for
+    wgrad beside it) and wgrad (dgrad reduce-scattered beside it)."""
+    cfg = GPTConfig(tp=2, sequence_parallel=True, transformer_impl="transformer_engine", tp_comm_overlap=True)
+    run = run_megatron(tmp_path, megatron_te_python, 2, cfg)
+    check_run(run, cfg, world=2, adam_ops=TE_ADAM)
+
+    events = trace_events(run)
+    h, tp = cfg.hidden, cfg.tp
+    tokens = cfg.micro_batch * cfg.seq
+    microbatches = cfg.microbatches * cfg.iters
+    layer_mbs = cfg.layers * microbatches
+    linear_weights = (3 * h * h + h * h + 4 * h * h + 4 * h * h) // tp
+    for rank in range(2):
+        kernels = compute_kernels(events, rank)
+        gemms = [k for k in kernels if k["args"]["op"].startswith("nvte::cublas_gemm")]
+        # forward: 2 + 4 + 2 + 4 chunks; backward: 2 ring chunks + wgrad for the projection and
+        # FC2, one bulk dgrad and one bulk wgrad for QKV and FC1
+        assert len(gemms) == (12 + 10) * layer_mbs, (rank, len(gemms))
+        # the chunks add up to the unsplit GEMMs' FLOPs
+        assert sum(k["args"]["flops"] for k in gemms) == 3 * 2 * tokens * linear_weights * layer_mbs
+
+        comm = Counter((k["args"]["op"], k["args"].get("transport", "nccl"), k["args"]["bytes"])
+                       for k in nccl(events, rank) if set(k["args"]["group ranks"]) == {0, 1})
+        ub = {key: n for key, n in comm.items() if key[1] == "userbuffers"}
+        assert ub == {
+            # one ring step per ring GEMM: this rank's chunk of the [tokens, h] BF16 buffer out, the other's in
+            ("send", "userbuffers", 2 * tokens * h // tp): 4 * layer_mbs,
+            ("recv", "userbuffers", 2 * tokens * h // tp): 4 * layer_mbs,
+            # pipeline: each of the 4 output chunks [tokens, h / 4] reduce-scattered
+            ("reduce_scatter", "userbuffers", 2 * tokens * h // 4): 8 * layer_mbs,
+            # bulk: QKV's and FC1's inputs gathered for wgrad, their input gradients reduce-scattered
+            ("all_gather", "userbuffers", 2 * tokens * h): 2 * layer_mbs,
+            ("reduce_scatter", "userbuffers", 2 * tokens * h): 2 * layer_mbs,
+        }, (rank, ub)
+        # NCCL keeps what lies outside TE's layers (the embedding's and the output layer's,
+        # as in the test above), none of the transformer layers'
+        assert comm[("reduce_scatter", "nccl", 2 * tokens * h)] == microbatches, comm
+        assert comm[("all_gather", "nccl", 2 * tokens * h)] == 3 * microbatches, comm
+        assert comm[("all_reduce", "nccl", 2 * tokens * h)] == microbatches, comm

@@ -11,6 +11,8 @@ the cost of a cuBLASLt GEMM counted by hand. One traced run of the real TE (pip
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 import sys
 import types
@@ -81,8 +83,8 @@ def test_extension_surface() -> None:
             ext.NVTE_Fused_Attn_Backend.NVTE_No_Backend, ext.NVTEScalingMode.NVTE_INVALID_SCALING) == (6, 8, 9, -1, 100)
     with pytest.raises(NotImplementedError, match="transformer_engine_torch.moe_permute_fwd"):
         ext.moe_permute_fwd()
-    with pytest.raises(NotImplementedError, match="CommOverlap"):
-        ext.CommOverlap()
+    with pytest.raises(NotImplementedError, match="MPI"):  # userbuffers bootstrapped by torch.distributed only
+        ext.CommOverlapHelper()
     with pytest.raises(AttributeError):
         ext.no_such_function  # noqa: B018
 
@@ -359,6 +361,23 @@ def test_cublas_gemm_hand_count() -> None:
     hybrid, = te_cost.cublas_gemm(sig("float8_e4m3fn", False, "float8_e5m2"), ctx).kernels
     assert hybrid.name == "sm90_xmma_gemm_e4m3e5m2_bf16f32"
     assert (hybrid.duration_ns, hybrid.bytes) == (fp8.duration_ns, fp8.bytes)
+
+
+def test_cublas_gemm_beside_userbuffers_runs_on_the_sms_they_leave() -> None:
+    """userbuffers' pipelined and bulk overlaps give their GEMMs cuBLASLt's math_sm_count = the
+    SMs less num_comm_sm (16): the GEMM model on an H100 of 116 SMs, the same bytes and FLOPs."""
+    gpu = lookup_gpu("h100-sxm-80gb")
+    ctx = CostContext(gpu)
+    m, n, k = 4096, 4096, 8192
+    a, b = cuda_tensor((n, k), "bfloat16"), cuda_tensor((m, k), "bfloat16")
+    d, ws = cuda_tensor((m, n), "bfloat16"), cuda_tensor((33555456,), "uint8")
+    args = (a, True, b, False, d, None, None, None, None, ws, False, False, False)
+    full, = te_cost.cublas_gemm(OpSignature("nvte::cublas_gemm", "default", args, (None,)), ctx).kernels
+    margin, = te_cost.cublas_gemm(OpSignature("nvte::cublas_gemm", "default", (*args, 16), (None,)), ctx).kernels
+    fewer = CostContext(dataclasses.replace(gpu, sm_count=gpu.sm_count - 16))
+    assert margin == gemm_kernel(GemmShape(m, n, k), "bfloat16", "bfloat16", full.bytes, fewer)
+    assert (margin.flops, margin.bytes) == (full.flops, full.bytes)
+    assert 1.05 < margin.duration_ns / full.duration_ns < 132 / 116 + 0.05  # compute-bound: about the SMs' ratio
 
 
 TE_SCRIPT = Path(__file__).resolve().parent / "scripts" / "transformer_engine_layers.py"

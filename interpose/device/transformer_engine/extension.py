@@ -24,7 +24,8 @@ current scaling (with its amax all-reduce), and the delayed-scaling recipe's ama
 FP8 block scaling (Float8BlockScaling: the same cast op with 1x128 / 128x128 blocks, the
 columnwise copy transposed, activations cast unfused as the C++ does). Not modelled (raising
 NotImplementedError): NVFP4, the scale swizzles of MXFP8
-GEMM inputs not quantized for a GEMM, FP8 fused attention, comm+GEMM overlap, grouped GEMMs, MoE permutation and router kernels, the FP8 and master-weight variants of
+GEMM inputs not quantized for a GEMM, FP8 fused attention, the comm+GEMM overlap variants
+userbuffers.py lists, grouped GEMMs, MoE permutation and router kernels, the FP8 and master-weight variants of
 multi_tensor_adam, multi_tensor_unscale_l2norm and SGD.
 """
 
@@ -38,6 +39,7 @@ import torch
 
 from interpose.device.transformer_engine import attention
 from interpose.device.transformer_engine import ops as nvte_ops
+from interpose.device.transformer_engine import userbuffers
 from interpose.device.transformer_engine.attention import CUDNN_VERSION, NVTE_Fused_Attn_Backend
 from interpose.device.transformer_engine.errors import not_modelled, plain
 
@@ -162,39 +164,6 @@ def _unmodelled_function(name: str) -> Callable[..., Any]:
     return call
 
 
-class _Unmodelled:
-    """A class of the extension (comm+GEMM overlap with userbuffers, cuSolverMp, ...) whose
-    objects phantora cannot make yet: the class exists (TE names it in annotations and isinstance
-    checks); making one raises."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise not_modelled(f"extension class transformer_engine_torch.{type(self).__name__}")
-
-
-class CommOverlapCore(_Unmodelled):
-    pass
-
-
-class CommOverlapBase(CommOverlapCore):
-    pass
-
-
-class CommOverlapP2PBase(CommOverlapCore):
-    pass
-
-
-class CommOverlap(CommOverlapBase):
-    pass
-
-
-class CommOverlapP2P(CommOverlapP2PBase):
-    pass
-
-
-class CommOverlapHelper(_Unmodelled):
-    pass
-
-
 class FP8TensorMeta:
     def __init__(self) -> None:
         self.scale: torch.Tensor | None = None
@@ -202,8 +171,7 @@ class FP8TensorMeta:
         self.amax_history: torch.Tensor | None = None
 
 
-CLASSES = (CommOverlapCore, CommOverlapBase, CommOverlapP2PBase, CommOverlap, CommOverlapP2P, CommOverlapHelper,
-           FP8TensorMeta)
+CLASSES = (*userbuffers.CLASSES, FP8TensorMeta)
 
 
 # --- tensors ---------------------------------------------------------------------------------
@@ -511,9 +479,8 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
                  workspace: torch.Tensor, workspace_size: int, accumulate: bool, use_split_accumulator: bool,
                  comm_overlap: Any = None, comm_type: Any = None, extra_output: Any = None,
                  bulk_overlap: bool = False, alpha: float = 1.0, beta: float | None = None) -> list[Any]:
-    """The extension's gemm(): one cuBLASLt GEMM (nvte_cublas_gemm_v2) with its epilogue."""
-    if comm_overlap is not None:
-        raise not_modelled("comm+GEMM overlap (userbuffers, ub_overlap_*)")
+    """The extension's gemm(): one cuBLASLt GEMM (nvte_cublas_gemm_v2) with its epilogue; with
+    `comm_overlap`, the GEMM in chunks around the userbuffers' communication (userbuffers.py)."""
     if not accumulate and beta not in (None, 0.0):
         raise RuntimeError("Trying to use non-zero beta while not accumulating into D tensor.")
     a_shape, b_shape = _logical_shape(A), _logical_shape(B)
@@ -555,8 +522,17 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
             bias_grad.zero_()
     else:
         nvte_ops.define_ops()
-        torch.ops.nvte.cublas_gemm(a, transa, b, transb, d_buffer, bias_arg, pre_gelu_out, a_scale_inv,
-                                   b_scale_inv, workspace, bool(accumulate), bool(grad), bool(gelu))
+
+        def gemm(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, aux: torch.Tensor | None,
+                 bias: torch.Tensor | None, sm_margin: int) -> None:
+            torch.ops.nvte.cublas_gemm(a, transa, b, transb, d, bias, aux, a_scale_inv, b_scale_inv, workspace,
+                                       bool(accumulate), bool(grad), bool(gelu), sm_margin)
+
+        if comm_overlap is None:
+            gemm(a, b, d_buffer, pre_gelu_out, bias_arg, 0)
+        else:  # the userbuffers' all-gather or reduce-scatter inside the call, overlapped with the GEMM
+            userbuffers.overlapped_gemm(comm_overlap, comm_type, bool(bulk_overlap), gemm, a, transa, b, d_buffer,
+                                        pre_gelu_out, bias_arg, extra_output)
     if quantizer is not None and not fused_quantize:
         _quantize_into(d_buffer, quantizer, D)
     return [D, bias_grad, pre_gelu_out if gelu and not grad else None, extra_output]
@@ -846,7 +822,7 @@ def _modelled_functions() -> dict[str, Callable[..., Any]]:
         "get_num_cublas_streams": lambda: NUM_COMPUTE_STREAMS,
         "ubuf_built_with_mpi": lambda: False,
         "nvte_built_with_cublasmp": lambda: False,
-        "device_supports_multicast": lambda device_id=-1: False,
+        "device_supports_multicast": userbuffers.device_supports_multicast,
         "get_stream_priority_range": lambda device_id=-1: (0, -5),
     }
     for kind, gated in ACTIVATIONS.items():

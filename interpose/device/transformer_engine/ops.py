@@ -20,9 +20,11 @@ SCHEMAS = (
     # D = op(B) @ op(A) in TE's (cuBLAS column-major) convention: A [.., K] with transa, B [.., K]
     # without transb, D [.., N]; bias is read (forward) or written (grad: dbias epilogue);
     # aux is the pre-GELU output (forward, gelu) or its input (grad, dgelu epilogue).
+    # sm_margin: SMs left to communication kernels running beside it (cuBLASLt's math_sm_count is
+    # the GPU's SMs less this; userbuffers' pipelined and bulk overlaps)
     "cublas_gemm(Tensor A, bool transa, Tensor B, bool transb, Tensor(a!) D, Tensor(b!)? bias, "
     "Tensor(c!)? aux, Tensor? A_scale_inv, Tensor? B_scale_inv, Tensor(d!) workspace, bool accumulate, "
-    "bool grad, bool gelu) -> ()",
+    "bool grad, bool gelu, int sm_margin=0) -> ()",
     "layernorm_fwd(Tensor x, Tensor gamma, Tensor? beta, Tensor(a!) z, Tensor(b!) mu, Tensor(c!) rsigma, "
     "float eps, bool zero_centered_gamma) -> ()",
     "rmsnorm_fwd(Tensor x, Tensor gamma, Tensor(a!) z, Tensor(b!) rsigma, float eps, "

@@ -98,6 +98,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--qk-head-dim", type=int, default=128, help="MLA: query/key head dimension without RoPE's part")
     p.add_argument("--qk-pos-emb-head-dim", type=int, default=64, help="MLA: the RoPE part of each query/key head")
     p.add_argument("--v-head-dim", type=int, default=128, help="MLA: value head dimension")
+    p.add_argument("--tp-comm-overlap", action="store_true",
+                   help="Transformer Engine's userbuffers: the TP all-gathers and reduce-scatters overlapped with "
+                        "the GEMMs (needs --sequence-parallel and the TE spec)")
+    p.add_argument("--tp-comm-bootstrap-backend", default="nccl", choices=["nccl", "mpi", "gloo"])
     p.add_argument("--ddp-bucket-size", type=int, default=None,
                    help="parameters per gradient bucket (Megatron's default: max(40M, 1M x DP size))")
     return p.parse_args()
@@ -113,6 +117,18 @@ def initialize_distributed(tp: int, pp: int, vp: int | None, ep: int = 1, etp: i
                                              virtual_pipeline_model_parallel_size=vp, context_parallel_size=cp,
                                              expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
+
+
+def initialize_tp_communicators(args: argparse.Namespace) -> None:
+    """megatron/training/initialize.py's _initialize_tp_communicators: one userbuffer per TP GEMM of
+    a layer, for a [sequence x micro-batch, hidden] input, with TE's default configuration."""
+    from transformer_engine.pytorch import module as te_module
+
+    mode = te_module.base.UserBufferQuantizationMode
+    te_module.base.initialize_ub(
+        shape=[args.seq_length * args.micro_batch_size // args.cp, args.hidden_size], tp_size=args.tp,
+        quantization_modes=[mode.FP8 if args.fp8_format else mode.NONE], ub_cfgs={},
+        bootstrap_backend=args.tp_comm_bootstrap_backend)
 
 
 def model_provider(args: argparse.Namespace) -> tuple[list[GPTModel], TransformerConfig]:
@@ -143,6 +159,7 @@ def model_provider(args: argparse.Namespace) -> tuple[list[GPTModel], Transforme
         expert_model_parallel_size=args.ep,
         expert_tensor_parallel_size=args.etp,
         sequence_parallel=args.sequence_parallel,
+        tp_comm_overlap=args.tp_comm_overlap,
         moe_aux_loss_coeff=1e-2 if args.num_experts else 0.0,
         masked_softmax_fusion=args.masked_softmax_fusion,
         gradient_accumulation_fusion=args.gradient_accumulation_fusion,
@@ -235,6 +252,8 @@ def num_floating_point_operations(args: argparse.Namespace, batch_size: int) -> 
 def main() -> None:
     args = parse_args()
     initialize_distributed(args.tp, args.pp, args.vp, args.ep, args.etp, args.cp)
+    if args.tp_comm_overlap:
+        initialize_tp_communicators(args)
     rank = torch.distributed.get_rank()
     world = torch.distributed.get_world_size()
     dp = parallel_state.get_data_parallel_world_size()
