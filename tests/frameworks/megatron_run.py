@@ -37,6 +37,7 @@ class GPTConfig:
     topk: int = 2
     ep: int = 1  # expert model parallel size
     etp: int | None = None  # expert tensor parallel size (Megatron's default: tp)
+    grouped_gemm: bool = False  # --moe-grouped-gemm: the experts as one grouped GEMM (TE's GroupedLinear)
     sequence_parallel: bool = False
     # Megatron-LM's default fused kernels (Apex's): fused scale-mask-softmax, weight gradients
     # accumulated into main_grad
@@ -69,6 +70,8 @@ class GPTConfig:
                   "--expert-model-parallel-size", str(self.ep)]
             if self.etp is not None:
                 a += ["--expert-tensor-parallel-size", str(self.etp)]
+            if self.grouped_gemm:
+                a += ["--moe-grouped-gemm"]
         if self.sequence_parallel:
             a += ["--sequence-parallel"]
         if self.fused_kernels:

@@ -18,6 +18,7 @@ It has its own file so that pytest-xdist (--dist loadfile) runs it beside test_m
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -219,3 +220,33 @@ def test_transformer_engine_spec_tp_comm_overlap_tp2(tmp_path, megatron_te_pytho
         assert comm[("reduce_scatter", "nccl", 2 * tokens * h)] == microbatches, comm
         assert comm[("all_gather", "nccl", 2 * tokens * h)] == 3 * microbatches, comm
         assert comm[("all_reduce", "nccl", 2 * tokens * h)] == microbatches, comm
+
+
+def test_transformer_engine_spec_moe_grouped_gemm_expert_parallel(tmp_path, megatron_te_python):
+    """MoE on TE's layer spec with `--moe-grouped-gemm` (TEGroupedMLP: each rank's experts in TE's
+    GroupedLinear, one grouped GEMM per projection and pass) and expert parallel 2 over the alltoall
+    dispatcher. By hand, per layer and microbatch: micro-batch 2 x 256 tokens x top-2 = 1,024 rows
+    routed from each rank, half to each rank's experts (balanced), so each rank's 2 experts take 512
+    rows each; 6 grouped GEMMs (FC1 and FC2, forward, dgrad and wgrad) of 2 x 512 x 256 x 1,024 x 2
+    FLOPs; 4 token exchanges (dispatch and combine, forward and backward) of 512 rows of 256 BF16
+    each way."""
+    cfg = GPTConfig(experts=4, topk=2, ep=2, grouped_gemm=True, transformer_impl="transformer_engine")
+    run = run_megatron(tmp_path, megatron_te_python, 2, cfg)
+    proc = run.proc  # as test_megatron.py's test_moe_expert_parallel: the experts' optimizer is a second one
+    detail = f"\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0 and "unknown ops: none" in proc.stderr, detail
+    assert [i.n for i in run.iterations] == list(range(1, cfg.iters + 1)), detail
+    for i in run.iterations:
+        assert i.update_successful and math.isfinite(i.grad_norm) and i.grad_norm > 0 and math.isfinite(i.loss), i
+    events = trace_events(run)
+    h, ffn = cfg.hidden, 4 * cfg.hidden
+    layer_mbs = cfg.layers * cfg.microbatches * cfg.iters
+    rows = cfg.micro_batch * cfg.seq * cfg.topk // 2  # per expert: this rank's half of each rank's rows
+    for rank in (0, 1):
+        kernels = compute_kernels(events, rank)
+        grouped = [k for k in kernels if k["args"]["op"].startswith("nvte::grouped_gemm")]
+        assert len(grouped) == 6 * layer_mbs, (rank, len(grouped))
+        assert {k["args"]["flops"] for k in grouped} == {2 * 2 * rows * h * ffn}, rank
+        exchanges = [k["args"].get("bytes sent to each member") for k in nccl(events, rank)
+                     if k["args"]["op"] == "all_to_all"]
+        assert exchanges.count([rows * h * 2, rows * h * 2]) == 4 * layer_mbs, (rank, exchanges[:8])

@@ -68,6 +68,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-experts", type=int, default=None, help="MoE: routed experts per layer (Megatron's "
                    "--num-experts); SequentialMLP experts on the local spec")
     p.add_argument("--moe-router-topk", type=int, default=2)
+    p.add_argument("--moe-grouped-gemm", action="store_true",
+                   help="the experts as one grouped GEMM (TEGroupedMLP with the TE spec)")
     p.add_argument("--moe-token-dispatcher-type", default="alltoall", choices=["allgather", "alltoall"])
     p.add_argument("--expert-model-parallel-size", dest="ep", type=int, default=1)
     p.add_argument("--expert-tensor-parallel-size", dest="etp", type=int, default=None,
@@ -154,6 +156,7 @@ def model_provider(args: argparse.Namespace) -> tuple[list[GPTModel], Transforme
         hidden_dropout=0.0,
         attention_dropout=0.0,
         num_moe_experts=args.num_experts,
+        moe_grouped_gemm=args.moe_grouped_gemm,
         moe_router_topk=args.moe_router_topk,
         moe_token_dispatcher_type=args.moe_token_dispatcher_type,
         expert_model_parallel_size=args.ep,
@@ -170,10 +173,11 @@ def model_provider(args: argparse.Namespace) -> tuple[list[GPTModel], Transforme
         fp8_amax_compute_algo=args.fp8_amax_compute_algo,
     )
     if args.transformer_impl == "transformer_engine":
-        layer_spec = get_gpt_layer_with_transformer_engine_spec(num_experts=args.num_experts, moe_grouped_gemm=False,
+        layer_spec = get_gpt_layer_with_transformer_engine_spec(num_experts=args.num_experts,
+                                                                moe_grouped_gemm=args.moe_grouped_gemm,
                                                                 multi_latent_attention=args.multi_latent_attention)
     else:
-        layer_spec = get_gpt_layer_local_spec(num_experts=args.num_experts, moe_grouped_gemm=False)
+        layer_spec = get_gpt_layer_local_spec(num_experts=args.num_experts, moe_grouped_gemm=args.moe_grouped_gemm)
     chunks = []
     for vp_stage in range(args.vp or 1):
         vp = vp_stage if args.vp else None
