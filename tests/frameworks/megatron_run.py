@@ -38,6 +38,7 @@ class GPTConfig:
     ep: int = 1  # expert model parallel size
     etp: int | None = None  # expert tensor parallel size (Megatron's default: tp)
     grouped_gemm: bool = False  # --moe-grouped-gemm: the experts as one grouped GEMM (TE's GroupedLinear)
+    permute_fusion: bool = False  # --moe-permute-fusion: TE's fused token permutation (its Triton kernels)
     sequence_parallel: bool = False
     # Megatron-LM's default fused kernels (Apex's): fused scale-mask-softmax, weight gradients
     # accumulated into main_grad
@@ -72,6 +73,8 @@ class GPTConfig:
                 a += ["--expert-tensor-parallel-size", str(self.etp)]
             if self.grouped_gemm:
                 a += ["--moe-grouped-gemm"]
+            if self.permute_fusion:
+                a += ["--moe-permute-fusion"]
         if self.sequence_parallel:
             a += ["--sequence-parallel"]
         if self.fused_kernels:

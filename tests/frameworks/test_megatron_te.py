@@ -24,7 +24,7 @@ from collections import Counter
 import pytest
 
 from tests.frameworks.megatron_run import GPTConfig, gpt_params, run_megatron
-from tests.frameworks.test_megatron import check_run, compute_kernels, nccl, trace_events
+from tests.frameworks.test_megatron import check_run, compute_kernels, nccl, step_windows, trace_events
 
 pytestmark = pytest.mark.slow
 
@@ -224,13 +224,15 @@ def test_transformer_engine_spec_tp_comm_overlap_tp2(tmp_path, megatron_te_pytho
 
 def test_transformer_engine_spec_moe_grouped_gemm_expert_parallel(tmp_path, megatron_te_python):
     """MoE on TE's layer spec with `--moe-grouped-gemm` (TEGroupedMLP: each rank's experts in TE's
-    GroupedLinear, one grouped GEMM per projection and pass) and expert parallel 2 over the alltoall
-    dispatcher. By hand, per layer and microbatch: micro-batch 2 x 256 tokens x top-2 = 1,024 rows
-    routed from each rank, half to each rank's experts (balanced), so each rank's 2 experts take 512
-    rows each; 6 grouped GEMMs (FC1 and FC2, forward, dgrad and wgrad) of 2 x 512 x 256 x 1,024 x 2
-    FLOPs; 4 token exchanges (dispatch and combine, forward and backward) of 512 rows of 256 BF16
-    each way."""
-    cfg = GPTConfig(experts=4, topk=2, ep=2, grouped_gemm=True, transformer_impl="transformer_engine")
+    GroupedLinear, one grouped GEMM per projection and pass) and `--moe-permute-fusion` (TE's token
+    permutation, its own Triton kernels, autotuned at their first launch), expert parallel 2 over
+    the alltoall dispatcher. By hand, per layer and microbatch: micro-batch 2 x 256 tokens x top-2 =
+    1,024 rows routed from each rank, half to each rank's experts (balanced), so each rank's 2
+    experts take 512 rows each; 6 grouped GEMMs (FC1 and FC2, forward, dgrad and wgrad) of 2 x 512
+    x 256 x 1,024 x 2 FLOPs; 4 token exchanges (dispatch and combine, forward and backward) of 512
+    rows of 256 BF16 each way; TE's permute and unpermute kernels in both passes."""
+    cfg = GPTConfig(experts=4, topk=2, ep=2, grouped_gemm=True, permute_fusion=True,
+                    transformer_impl="transformer_engine")
     run = run_megatron(tmp_path, megatron_te_python, 2, cfg)
     proc = run.proc  # as test_megatron.py's test_moe_expert_parallel: the experts' optimizer is a second one
     detail = f"\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}"
@@ -250,3 +252,10 @@ def test_transformer_engine_spec_moe_grouped_gemm_expert_parallel(tmp_path, mega
         exchanges = [k["args"].get("bytes sent to each member") for k in nccl(events, rank)
                      if k["args"]["op"] == "all_to_all"]
         assert exchanges.count([rows * h * 2, rows * h * 2]) == 4 * layer_mbs, (rank, exchanges[:8])
+        # TE's Triton permutation: the tokens permuted before the dispatch and unpermuted after the
+        # combine in forward, and the reverse in backward; counted after the first step, which also
+        # holds the autotuner's trial launches
+        later = step_windows(events, rank)[1][0]
+        names = Counter(k["name"] for k in kernels if k["ts"] >= later)
+        steady = cfg.layers * cfg.microbatches * (cfg.iters - 1)
+        assert (names["_permute_kernel"], names["_unpermute_kernel"]) == (2 * steady, 2 * steady), names
