@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -106,19 +106,21 @@ def _short(where: tuple[str, int]) -> str:
 REPORTED_EXPERTS_MAX = 4096
 
 
-def _route(obs: Any, x: torch.Tensor, k: int, dim: int | None, indices: torch.Tensor, keepdim: bool) -> None:
-    """Give `indices`, the result of a top-k (k) or argmax (k = 1) over x's dimension `dim`, the
-    routing model's experts."""
+def decide(obs: Any, x: torch.Tensor, k: int, dim: int | None) -> tuple[torch.Tensor, Callable[[], None]] | None:
+    """The routing model's experts for a top-k (k) or argmax (k = 1) over x's dimension `dim`
+    (None: over all elements): a CPU int64 tensor of x's shape with `dim` of size k, and the
+    report of the decision to the simulator, to call once the result holds it. None where no
+    decision is modelled (no experts, too many tokens to hold)."""
     shape = tuple(x.shape)
     if dim is None:  # argmax over all elements: one decision among numel
         shape, dim = (max(x.numel(), 1),), 0
     if not shape:
-        return
+        return None
     dim %= len(shape)
     experts = shape[dim]
     tokens = x.numel() // experts if experts else 0
     if experts == 0 or tokens * k > values.DERIVED_SHADOW_MAX_NUMEL:
-        return
+        return None
     if experts > REPORTED_EXPERTS_MAX:  # not a MoE router: balanced, no layer, not reported
         layer, sub, label, model = -1, 0, "", RoutingModel()
     else:
@@ -137,12 +139,24 @@ def _route(obs: Any, x: torch.Tensor, k: int, dim: int | None, indices: torch.Te
     rest = shape[:dim] + shape[dim + 1:]
     with values.real_cpu():
         t = torch.from_numpy(table).reshape(*rest, k).movedim(-1, dim)
+    return t, lambda: _send(obs, layer, sub, label, experts, k, counts)
+
+
+def _route(obs: Any, x: torch.Tensor, k: int, dim: int | None, indices: torch.Tensor, keepdim: bool) -> None:
+    """Give `indices`, the result of a top-k (k) or argmax (k = 1) over x's dimension `dim`, the
+    routing model's experts."""
+    decided = decide(obs, x, k, dim)
+    if decided is None:
+        return
+    t, report = decided
+    dim = 0 if dim is None else dim % x.dim()
+    with values.real_cpu():
         if tuple(indices.shape) != tuple(t.shape):  # argmax without keepdim: no k dimension
             t = t.squeeze(dim) if not keepdim else t
         if tuple(indices.shape) != tuple(t.shape):
             return
         values.set_shadow(indices, t.to(indices.dtype).contiguous())
-    _send(obs, layer, sub, label, experts, k, counts)
+    report()
 
 
 def _record(obs: Any, rec: list[Any]) -> None:

@@ -203,6 +203,33 @@ def rope(sig: OpSignature, ctx: CostContext) -> OpCost:
     return single(streaming_kernel(name, ctx.gpu, _bytes(x, freqs, y), 4.0 * x.numel))
 
 
+# Arithmetic per logit of the fused router: the score function (an exp or a sigmoid), the
+# top-k's comparisons and the normalisation of the chosen probabilities
+ROUTER_FLOPS_PER_ELEMENT = 8.0
+
+
+def router(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::router_fwd / router_bwd: TE's fused router kernels, one CTA per few tokens keeping a
+    token's logits in registers: every tensor read or written once."""
+    kind = sig.args[-1]
+    tensors = [t for t in sig.args if isinstance(t, TensorMeta)]
+    backward = sig.short_name == "router_bwd"
+    stem = "fused_topk_with_score_function" if kind == "topk" else "fused_score_for_moe_aux_loss"
+    name = f"transformer_engine::{stem}_{'backward' if backward else 'forward'}_kernel"
+    logits = tensors[-1] if backward else tensors[0]
+    return single(streaming_kernel(name, ctx.gpu, _bytes(*tensors), ROUTER_FLOPS_PER_ELEMENT * logits.numel))
+
+
+def aux_loss(sig: OpSignature, ctx: CostContext) -> OpCost:
+    """nvte::aux_loss_fwd / aux_loss_bwd: the load-balancing loss, a reduction over the
+    probabilities (forward) or their gradient written (backward)."""
+    tensors = [t for t in sig.args if isinstance(t, TensorMeta)]
+    backward = sig.short_name == "aux_loss_bwd"
+    probs = tensors[-1] if backward else tensors[0]
+    name = f"transformer_engine::fused_moe_aux_loss_{'backward' if backward else 'forward'}_kernel"
+    return single(streaming_kernel(name, ctx.gpu, _bytes(*tensors), 2.0 * probs.numel))
+
+
 def fused_attn(sig: OpSignature, ctx: CostContext) -> OpCost:
     """nvte::fused_attn_fwd / _bwd: cuDNN's fused flash attention, timed as torch's cuDNN SDPA
     kernels on the same shape (attention.py: the main loop over (query block, key block) pairs,

@@ -39,6 +39,7 @@ class GPTConfig:
     etp: int | None = None  # expert tensor parallel size (Megatron's default: tp)
     grouped_gemm: bool = False  # --moe-grouped-gemm: the experts as one grouped GEMM (TE's GroupedLinear)
     permute_fusion: bool = False  # --moe-permute-fusion: TE's fused token permutation (its Triton kernels)
+    router_fusion: bool = False  # --moe-router-fusion: TE's fused top-k router and auxiliary loss kernels
     sequence_parallel: bool = False
     # Megatron-LM's default fused kernels (Apex's): fused scale-mask-softmax, weight gradients
     # accumulated into main_grad
@@ -75,6 +76,8 @@ class GPTConfig:
                 a += ["--moe-grouped-gemm"]
             if self.permute_fusion:
                 a += ["--moe-permute-fusion"]
+            if self.router_fusion:
+                a += ["--moe-router-fusion"]
         if self.sequence_parallel:
             a += ["--sequence-parallel"]
         if self.fused_kernels:

@@ -224,14 +224,15 @@ def test_transformer_engine_spec_tp_comm_overlap_tp2(tmp_path, megatron_te_pytho
 
 def test_transformer_engine_spec_moe_grouped_gemm_expert_parallel(tmp_path, megatron_te_python):
     """MoE on TE's layer spec with `--moe-grouped-gemm` (TEGroupedMLP: each rank's experts in TE's
-    GroupedLinear, one grouped GEMM per projection and pass) and `--moe-permute-fusion` (TE's token
-    permutation, its own Triton kernels, autotuned at their first launch), expert parallel 2 over
-    the alltoall dispatcher. By hand, per layer and microbatch: micro-batch 2 x 256 tokens x top-2 =
+    GroupedLinear, one grouped GEMM per projection and pass), `--moe-permute-fusion` (TE's token
+    permutation, its own Triton kernels, autotuned at their first launch) and `--moe-router-fusion`
+    (TE's fused top-k router and auxiliary loss kernels, whose routing map holds the routing
+    model's balanced decision), expert parallel 2 over the alltoall dispatcher. By hand, per layer and microbatch: micro-batch 2 x 256 tokens x top-2 =
     1,024 rows routed from each rank, half to each rank's experts (balanced), so each rank's 2
     experts take 512 rows each; 6 grouped GEMMs (FC1 and FC2, forward, dgrad and wgrad) of 2 x 512
     x 256 x 1,024 x 2 FLOPs; 4 token exchanges (dispatch and combine, forward and backward) of 512
     rows of 256 BF16 each way; TE's permute and unpermute kernels in both passes."""
-    cfg = GPTConfig(experts=4, topk=2, ep=2, grouped_gemm=True, permute_fusion=True,
+    cfg = GPTConfig(experts=4, topk=2, ep=2, grouped_gemm=True, permute_fusion=True, router_fusion=True,
                     transformer_impl="transformer_engine")
     run = run_megatron(tmp_path, megatron_te_python, 2, cfg)
     proc = run.proc  # as test_megatron.py's test_moe_expert_parallel: the experts' optimizer is a second one
@@ -240,6 +241,10 @@ def test_transformer_engine_spec_moe_grouped_gemm_expert_parallel(tmp_path, mega
     assert [i.n for i in run.iterations] == list(range(1, cfg.iters + 1)), detail
     for i in run.iterations:
         assert i.update_successful and math.isfinite(i.grad_norm) and i.grad_norm > 0 and math.isfinite(i.loss), i
+    # per layer: the fused router's decision and the auxiliary loss's top-k, both the routing model's
+    routers = [line for line in proc.stderr.splitlines() if "TopKRouter" in line]
+    assert len(routers) == 2 * cfg.layers, detail
+    assert all("4 experts, top-2, 1,024 tokens over 2 rank(s), max/mean 1.00" in r for r in routers), routers
     events = trace_events(run)
     h, ffn = cfg.hidden, 4 * cfg.hidden
     layer_mbs = cfg.layers * cfg.microbatches * cfg.iters
@@ -259,3 +264,9 @@ def test_transformer_engine_spec_moe_grouped_gemm_expert_parallel(tmp_path, mega
         names = Counter(k["name"] for k in kernels if k["ts"] >= later)
         steady = cfg.layers * cfg.microbatches * (cfg.iters - 1)
         assert (names["_permute_kernel"], names["_unpermute_kernel"]) == (2 * steady, 2 * steady), names
+        # the fused router: the top-k and the auxiliary loss's scores, forward and backward, and the
+        # loss itself, once per layer and microbatch each; no unfused top-k left
+        ops = Counter(k["args"]["op"].split(".")[0] for k in kernels)
+        assert (ops["nvte::router_fwd"], ops["nvte::router_bwd"]) == (2 * layer_mbs, 2 * layer_mbs), ops
+        assert (ops["nvte::aux_loss_fwd"], ops["nvte::aux_loss_bwd"]) == (layer_mbs, layer_mbs), ops
+        assert ops["aten::topk"] == 0, ops

@@ -12,6 +12,7 @@ the cost of a cuBLASLt GEMM counted by hand. One traced run of the real TE (pip
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 import importlib
 import sys
@@ -434,3 +435,27 @@ def test_te_layers_traced(tmp_path: Path, te_cuda_python: str) -> None:
     assert fwd["args"]["flops"] == 2 * 2 * 64 * (512 * 513 / 2) * 2 * 16
     assert fwd["args"]["bytes"] == 4 * s * b * 16 * 64 * 2 + b * 16 * s * 4
     assert bwd["args"]["flops"] == 2.5 * fwd["args"]["flops"]
+
+
+def test_te_fused_router_holds_the_routing_models_decision(tmp_path: Path, te_cuda_python: str) -> None:
+    """TE's fused top-k router (`--moe-router-fusion`) over scores without data: the routing map
+    as bytes, as bits and as dense indices each hold the routing model's balanced decision when
+    read on the host (the script counts them); the router's and the auxiliary loss's kernels,
+    forward and backward, are each one `nvte::` op reading and writing their tensors once."""
+    from phantora.trace.check import load_chrome_trace
+
+    proc, trace = run_traced(tmp_path, te_cuda_python, "transformer_engine_router.py")
+    assert_ran(proc, "bytemap", "bitmap", "dense_indices", "router_backward", "aux_loss")
+    assert "8 experts, top-2, 4,096 tokens" in proc.stderr and "max/mean 1.00" in proc.stderr, proc.stderr[-3000:]
+    kernels = [e for e in load_chrome_trace(trace)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    router = Counter(k["name"] for k in kernels if k["args"].get("op", "").startswith(("nvte::router", "nvte::aux_loss")))
+    assert router == {"transformer_engine::fused_topk_with_score_function_forward_kernel": 3,
+                      "transformer_engine::fused_topk_with_score_function_backward_kernel": 1,
+                      "transformer_engine::fused_score_for_moe_aux_loss_forward_kernel": 1,
+                      "transformer_engine::fused_score_for_moe_aux_loss_backward_kernel": 1,
+                      "transformer_engine::fused_moe_aux_loss_forward_kernel": 1,
+                      "transformer_engine::fused_moe_aux_loss_backward_kernel": 1}, router
+    t, e = 4096, 8
+    first = next(k for k in kernels if k["name"] == "transformer_engine::fused_topk_with_score_function_forward_kernel")
+    # bf16 logits read, bf16 probabilities, the bool routing map and the fp32 intermediate written
+    assert first["args"]["bytes"] == t * e * (2 + 2 + 1 + 4)

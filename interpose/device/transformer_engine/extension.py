@@ -25,7 +25,7 @@ FP8 block scaling (Float8BlockScaling: the same cast op with 1x128 / 128x128 blo
 columnwise copy transposed, activations cast unfused as the C++ does). Not modelled (raising
 NotImplementedError): NVFP4, the scale swizzles of MXFP8
 GEMM inputs not quantized for a GEMM, FP8 fused attention, the comm+GEMM overlap variants
-userbuffers.py lists, grouped GEMMs, MoE permutation and router kernels, the FP8 and master-weight variants of
+userbuffers.py lists, the router variants router.py leaves out, the FP8 and master-weight variants of
 multi_tensor_adam, multi_tensor_unscale_l2norm and SGD.
 """
 
@@ -39,6 +39,7 @@ import torch
 
 from interpose.device.transformer_engine import attention
 from interpose.device.transformer_engine import ops as nvte_ops
+from interpose.device.transformer_engine import router
 from interpose.device.transformer_engine import userbuffers
 from interpose.device.transformer_engine.attention import CUDNN_VERSION, NVTE_Fused_Attn_Backend
 from interpose.device.transformer_engine.errors import not_modelled, plain
@@ -824,6 +825,7 @@ def _modelled_functions() -> dict[str, Callable[..., Any]]:
         "nvte_built_with_cublasmp": lambda: False,
         "device_supports_multicast": userbuffers.device_supports_multicast,
         "get_stream_priority_range": lambda device_id=-1: (0, -5),
+        **router.FUNCTIONS,
     }
     for kind, gated in ACTIVATIONS.items():
         fns[kind] = _activation(kind, gated)

@@ -81,6 +81,17 @@ SCHEMAS = (
     "multi_tensor_compute_scale(Tensor(a!) noop, Tensor[] amaxes, Tensor(b!)[] scales, Tensor(c!)[] scale_invs) -> ()",
     "multi_tensor_l2norm(Tensor(a!) noop, Tensor[] tensors, Tensor(b!) partials, Tensor(c!) norm, "
     "Tensor(d!) partials_per_tensor, Tensor(e!) norm_per_tensor) -> ()",
+    # the fused MoE router (router.py): kind "topk" reads the logits (and the expert bias) and
+    # writes the probabilities, the routing map (or dense indices) and the fp32 intermediate; kind
+    # "aux_scores" the same for the auxiliary loss's scores; backward reads the routing map (topk),
+    # the intermediate and the gradient, and writes the logits' gradient
+    "router_fwd(Tensor logits, Tensor? expert_bias, Tensor(a!) probs, Tensor(b!) routing, Tensor(c!) intermediate, "
+    "str kind) -> ()",
+    "router_bwd(Tensor? routing, Tensor intermediate, Tensor grad, Tensor(a!) grad_logits, str kind) -> ()",
+    # the auxiliary load-balancing loss: the probabilities and the tokens per expert read, the
+    # scalar loss and two fp32 constants written; backward writes the probabilities' gradient
+    "aux_loss_fwd(Tensor probs, Tensor tokens_per_expert, Tensor(a!) aux_loss, Tensor(b!) const_buf) -> ()",
+    "aux_loss_bwd(Tensor const_buf, Tensor tokens_per_expert, Tensor grad_aux_loss, Tensor(a!) grad_probs) -> ()",
     # the GEMMs of a group (GroupedLinear: one per expert), each as cublas_gemm's D_i = op(B_i) op(A_i)^T,
     # run by the core library on its compute streams (nvte_multi_stream_cublas_gemm); bias_i read, or
     # written (grad)

@@ -70,6 +70,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--moe-router-topk", type=int, default=2)
     p.add_argument("--moe-permute-fusion", action="store_true",
                    help="Transformer Engine's fused token permutation for the dispatcher")
+    p.add_argument("--moe-router-fusion", action="store_true",
+                   help="Transformer Engine's fused top-k router and auxiliary loss kernels")
     p.add_argument("--moe-grouped-gemm", action="store_true",
                    help="the experts as one grouped GEMM (TEGroupedMLP with the TE spec)")
     p.add_argument("--moe-token-dispatcher-type", default="alltoall", choices=["allgather", "alltoall"])
@@ -160,6 +162,7 @@ def model_provider(args: argparse.Namespace) -> tuple[list[GPTModel], Transforme
         num_moe_experts=args.num_experts,
         moe_grouped_gemm=args.moe_grouped_gemm,
         moe_permute_fusion=args.moe_permute_fusion,
+        moe_router_fusion=args.moe_router_fusion,
         moe_router_topk=args.moe_router_topk,
         moe_token_dispatcher_type=args.moe_token_dispatcher_type,
         expert_model_parallel_size=args.ep,
