@@ -7,7 +7,8 @@ schemas there). They are timed with the models of the kernels they are, on the s
   the GPU's peak for the operands' dtype, FP8 at the FP8 rate; memory roofline), with TE's shape
   rule (the extension's getGemmOutputShape: A [.., K] read transposed when `transa`, B [.., K]
   when not `transb`, D = op(B) op(A)^T) and its epilogue's bytes (bias read or dbias written, the
-  pre-GELU output written or read, D read back when accumulating).
+  pre-GELU output written or read, D read back when accumulating); beside userbuffers'
+  communication kernels, on the SMs they leave (`sm_margin`).
 - nvte::layernorm_fwd / rmsnorm_fwd are TE's fused norm kernels: costed as torch's layer norm
   kernel (normalization.py: the row read twice, written once; the params; mu and rsigma).
 - nvte::layernorm_bwd / rmsnorm_bwd: TE's tuned backward keeps a row's dz and x in registers, so
@@ -17,6 +18,8 @@ schemas there). They are timed with the models of the kernels they are, on the s
   gradient's column sums, fused in TE's dbias_d* kernels, written once).
 - nvte::fused_attn_fwd / fused_attn_bwd: cuDNN's fused attention, timed as torch's cuDNN SDPA
   kernels (attention.py) on the shape the extension read from TE's layout.
+- nvte::router_fwd / router_bwd / aux_loss_fwd / aux_loss_bwd: TE's fused MoE router and
+  load-balancing loss, streaming kernels over the [tokens, experts] logits and what they write.
 - nvte::softmax_fwd / softmax_bwd: TE's (Megatron's) warp softmax kernels keep a row in registers:
   the scores (and the mask) read once and the probabilities written once; backward reads dy and
   y once and writes dx.
