@@ -228,6 +228,23 @@ def test_pipeline_parallel_interleaved(tmp_path, frameworks_cuda_python):
         assert ops["send"] == ops["recv"] == 3 * cfg.microbatches * cfg.iters, (rank, ops)
 
 
+def check_moe_run(run: Run, cfg: GPTConfig) -> None:
+    """What every MoE run is checked for (check_run's step windows do not fit it: the experts'
+    optimizer is a second one): exit 0, no unknown op, every iteration stepped, and each layer's
+    routing (the router's and the auxiliary loss's top-k) balanced over both ranks' tokens."""
+    proc = run.proc
+    detail = f"\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0 and "unknown ops: none" in proc.stderr, detail
+    assert [i.n for i in run.iterations] == list(range(1, cfg.iters + 1)), detail
+    for i in run.iterations:
+        assert i.update_successful and math.isfinite(i.grad_norm) and i.grad_norm > 0 and math.isfinite(i.loss), i
+    routers = [line for line in proc.stderr.splitlines() if "TopKRouter" in line]
+    assert len(routers) == 2 * cfg.layers, detail  # per layer: routing and the aux loss's top-k
+    tokens = 2 * cfg.micro_batch * cfg.seq  # two ranks' micro-batches
+    assert all(f"{cfg.experts} experts, top-{cfg.topk}, {tokens:,} tokens over 2 rank(s), max/mean 1.00" in r
+               for r in routers), routers
+
+
 def test_moe_expert_parallel(tmp_path, frameworks_cuda_python):
     """MoE layers (4 experts, top-2, SequentialMLP on the local spec, the alltoall token
     dispatcher) with expert parallel 2: Megatron reads the split sizes on the host (.numpy() of
@@ -237,15 +254,7 @@ def test_moe_expert_parallel(tmp_path, frameworks_cuda_python):
     of 256 bf16, half to the experts of each rank."""
     cfg = GPTConfig(experts=4, topk=2, ep=2)
     run = run_megatron(tmp_path, frameworks_cuda_python, 2, cfg)
-    proc = run.proc
-    detail = f"\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}"
-    assert proc.returncode == 0 and "unknown ops: none" in proc.stderr, detail
-    assert [i.n for i in run.iterations] == list(range(1, cfg.iters + 1)), detail
-    for i in run.iterations:
-        assert i.update_successful and math.isfinite(i.grad_norm) and i.grad_norm > 0 and math.isfinite(i.loss), i
-    routers = [line for line in proc.stderr.splitlines() if "TopKRouter" in line]
-    assert len(routers) == 2 * cfg.layers, detail  # per layer: routing and the aux loss's top-k
-    assert all("4 experts, top-2, 1,024 tokens over 2 rank(s), max/mean 1.00" in r for r in routers), routers
+    check_moe_run(run, cfg)
     half = cfg.micro_batch * cfg.seq * cfg.topk // 2 * cfg.hidden * 2
     events = trace_events(run)
     for rank in (0, 1):

@@ -18,13 +18,12 @@ It has its own file so that pytest-xdist (--dist loadfile) runs it beside test_m
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import pytest
 
 from tests.frameworks.megatron_run import GPTConfig, gpt_params, run_megatron
-from tests.frameworks.test_megatron import check_run, compute_kernels, nccl, step_windows, trace_events
+from tests.frameworks.test_megatron import check_moe_run, check_run, compute_kernels, nccl, step_windows, trace_events
 
 pytestmark = pytest.mark.slow
 
@@ -235,16 +234,7 @@ def test_transformer_engine_spec_moe_grouped_gemm_expert_parallel(tmp_path, mega
     cfg = GPTConfig(experts=4, topk=2, ep=2, grouped_gemm=True, permute_fusion=True, router_fusion=True,
                     transformer_impl="transformer_engine")
     run = run_megatron(tmp_path, megatron_te_python, 2, cfg)
-    proc = run.proc  # as test_megatron.py's test_moe_expert_parallel: the experts' optimizer is a second one
-    detail = f"\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}"
-    assert proc.returncode == 0 and "unknown ops: none" in proc.stderr, detail
-    assert [i.n for i in run.iterations] == list(range(1, cfg.iters + 1)), detail
-    for i in run.iterations:
-        assert i.update_successful and math.isfinite(i.grad_norm) and i.grad_norm > 0 and math.isfinite(i.loss), i
-    # per layer: the fused router's decision and the auxiliary loss's top-k, both the routing model's
-    routers = [line for line in proc.stderr.splitlines() if "TopKRouter" in line]
-    assert len(routers) == 2 * cfg.layers, detail
-    assert all("4 experts, top-2, 1,024 tokens over 2 rank(s), max/mean 1.00" in r for r in routers), routers
+    check_moe_run(run, cfg)  # the fused router's decisions too: the routing model's
     events = trace_events(run)
     h, ffn = cfg.hidden, 4 * cfg.hidden
     layer_mbs = cfg.layers * cfg.microbatches * cfg.iters
