@@ -232,7 +232,7 @@ def test_transformer_engine_spec_moe_grouped_gemm_expert_parallel(tmp_path, mega
     x 256 x 1,024 x 2 FLOPs; 4 token exchanges (dispatch and combine, forward and backward) of 512
     rows of 256 BF16 each way; TE's permute and unpermute kernels in both passes."""
     cfg = GPTConfig(experts=4, topk=2, ep=2, grouped_gemm=True, permute_fusion=True, router_fusion=True,
-                    transformer_impl="transformer_engine")
+                    transformer_impl="transformer_engine", microbatches=2, iters=2)  # the autotuning's compiles cost the CI most
     run = run_megatron(tmp_path, megatron_te_python, 2, cfg)
     check_moe_run(run, cfg)  # the fused router's decisions too: the routing model's
     events = trace_events(run)
