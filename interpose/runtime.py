@@ -384,6 +384,11 @@ def get() -> Runtime:
     return _runtime
 
 
+def current() -> Runtime | None:
+    """The runtime, or None in a process phantora has not set up (unit tests of interpose's parts)."""
+    return _runtime
+
+
 def install_runtime(config: RankConfig) -> Runtime:
     global _runtime
     _runtime = Runtime(config)

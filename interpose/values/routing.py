@@ -181,7 +181,7 @@ def _send(obs: Any, layer: int, sub: int, label: str, experts: int, k: int, coun
         _record(obs, [P.R_ROUTING, layer, sub, label, experts, k, list(c)])
 
 
-def _unheld(obs: Any, x: Any) -> bool:
+def unheld(obs: Any, x: Any) -> bool:
     """A routing decision is modelled where the scores are on a virtual GPU without data."""
     return obs.active() and isinstance(x, torch.Tensor) and values.is_virtual(x) and values.host_data(x) is None
 
@@ -189,7 +189,7 @@ def _unheld(obs: Any, x: Any) -> bool:
 def _topk(obs: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     out = obs.run_op(func, args, kwargs)
     x = args[0]
-    if _unheld(obs, x):
+    if unheld(obs, x):
         k = int(args[1] if len(args) > 1 else kwargs["k"])
         dim = int(args[2] if len(args) > 2 else kwargs.get("dim", -1))
         _route(obs, x, k, dim, out[1], keepdim=True)
@@ -199,7 +199,7 @@ def _topk(obs: Any, func: Any, args: tuple, kwargs: dict) -> Any:
 def _argmax(obs: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     out = obs.run_op(func, args, kwargs)
     x = args[0]
-    if _unheld(obs, x):
+    if unheld(obs, x):
         dim = args[1] if len(args) > 1 else kwargs.get("dim")
         keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
         _route(obs, x, 1, None if dim is None else int(dim), out, keepdim)

@@ -10,10 +10,8 @@ import torch
 
 def _rank() -> str:
     from interpose import runtime as rt_mod
-    try:
-        return str(rt_mod.get().rank)
-    except Exception:  # outside a traced run (unit tests)
-        return "?"
+    rt = rt_mod.current()
+    return "?" if rt is None else str(rt.rank)  # "?": outside a traced run (unit tests)
 
 
 class NotModelledError(NotImplementedError):

@@ -45,11 +45,9 @@ def _hold_decision(logits: torch.Tensor, topk: int, out: torch.Tensor, dense: bo
     """`out` (dense indices, or the routing map in `fmt`) holds the routing model's experts."""
     from interpose import runtime as rt_mod
 
-    try:
-        obs = rt_mod.get().observer
-    except Exception:  # outside a traced run (unit tests): no decision to model
-        return
-    if obs is None or not routing._unheld(obs, logits):
+    rt = rt_mod.current()
+    obs = None if rt is None else rt.observer  # none outside a traced run (unit tests)
+    if obs is None or not routing.unheld(obs, logits):
         return
     decided = routing.decide(obs, logits, topk, -1)
     if decided is None:

@@ -194,10 +194,8 @@ def overlapped_gemm(ub: CommOverlapCore, comm_type: Any, bulk: bool, gemm: Chunk
 
 def _own_work() -> Any:
     from interpose import runtime as rt_mod
-    try:
-        return rt_mod.get().python_time.own_work
-    except Exception:  # outside a traced run (unit tests)
-        return contextlib.nullcontext()
+    rt = rt_mod.current()
+    return contextlib.nullcontext() if rt is None else rt.python_time.own_work  # none: unit tests
 
 
 def _bulk(ub: CommOverlapCore, kind: int, gemm: ChunkGemm, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
