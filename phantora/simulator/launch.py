@@ -95,16 +95,22 @@ MIRROR_FROM_RANKS = 65  # --ranks default: every rank runs up to 64 ranks, rank 
 def adopt_torchrun(run: TraceRun) -> None:
     """A torchrun COMMAND whose workers phantora must start itself: several nodes (torchrun's
     agent would wait for the other nodes' agents) or representative ranks (--ranks). The run then
-    starts torchrun's workers as --nproc-per-node does (torchrun.py)."""
-    if run.nproc_per_node is not None:
-        return
-    if run.ranks in ("default", "all") and not any(a.startswith("--nnodes") for a in run.command[1:]):
+    starts torchrun's workers as --nproc-per-node does (torchrun.py). phantora's own --nproc-per-node
+    in front of a torchrun line would start torchrun once per rank, every agent on the same port: the
+    line is adopted instead, if the two agree."""
+    if run.nproc_per_node is None and run.ranks in ("default", "all") and not any(
+            a.startswith("--nnodes") for a in run.command[1:]):
         return  # one node, every rank: torchrun itself runs (no need to read its line)
     line = parse_torchrun(run.command)  # TorchrunLineError
     if line is None:
         return
     assert run.cluster is not None
     nproc = line.nproc_per_node or run.cluster.gpus_per_node
+    if run.nproc_per_node is not None:
+        if run.nproc_per_node != nproc:
+            raise LaunchError(f"phantora --nproc-per-node {run.nproc_per_node} and torchrun --nproc-per-node {nproc} "
+                              "disagree; torchrun's is enough")
+        run.nproc_per_node = None  # torchrun's line starts the workers, as below
     world = nproc * line.nnodes
     if line.nnodes == 1 and (run.ranks == "all" or (run.ranks == "default" and world < MIRROR_FROM_RANKS)):
         return

@@ -70,3 +70,24 @@ def test_a_malformed_ranks_filter_is_refused_as_torchrun_refuses_it(tmp_path):
     proc = _trace(tmp_path, "bad", ("--ranks", "0,1"), "--nproc-per-node", "2", "--local-ranks-filter", "a")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "--local_ranks_filter must be a comma-separated list of integers" in proc.stderr
+
+
+def test_phantoras_own_node_options_in_front_of_torchrun_start_each_rank_once(tmp_path):
+    """`phantora trace --nnodes 2 --nproc-per-node 1 -- torchrun --nnodes 2 --nproc-per-node 1 ...`,
+    as a user writes both: phantora used to start torchrun itself once per rank, and every agent
+    failed on the same rendezvous port (EADDRINUSE). Each worker runs once and says what it says
+    without phantora's copy of the options."""
+    runs = {}
+    for name, options in (("both", ("--nnodes", "2", "--nproc-per-node", "1")), ("torchrun", ())):
+        proc = _trace(tmp_path, name, options, "--nnodes", "2", "--nproc-per-node", "1")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = _worker_lines(proc.stdout)
+    assert runs["both"] == runs["torchrun"]
+    assert [line.split(" role ")[0] for line in runs["both"] if " from rank " in line] == [
+        "out from rank 0", "out from rank 1"]
+
+
+def test_phantora_and_torchrun_process_counts_that_disagree_are_refused_naming_both(tmp_path):
+    proc = _trace(tmp_path, "disagree", ("--nproc-per-node", "2"), "--nproc-per-node", "1")
+    assert proc.returncode != 0
+    assert "phantora --nproc-per-node 2 and torchrun --nproc-per-node 1 disagree" in proc.stderr, proc.stderr[-3000:]
