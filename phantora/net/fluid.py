@@ -43,7 +43,7 @@ class Flow:
 
     def __init__(self, fid: int, key: tuple, handle: int, start: int, nbytes: float,
                  latency_ns: int, links: np.ndarray, coefs: np.ndarray, cap: float,
-                 members=None):
+                 members=None, link_list: list[int] | None = None):
         self.fid = fid
         self.key = key  # canonical order: independent of arrival order
         self.handle = handle
@@ -52,7 +52,8 @@ class Flow:
         self.latency_ns = latency_ns
         self.links = links  # unique link ids (int64)
         self.coefs = coefs  # link bytes per delivered byte, per link
-        self.link_list = links.tolist()
+        # read-only: flows of one routed group share their caller's list
+        self.link_list = links.tolist() if link_list is None else link_list
         self.cap = cap
         self.state = PENDING
         self.seg_t: list[int] = []
@@ -77,6 +78,42 @@ def drain_time(t: int, remaining: float, rate: float) -> int | None:
     if rate <= 0:
         return None
     return max(t + 1, math.ceil(t + remaining / rate - 1e-6))
+
+
+class DoneByTime:
+    """The finished flows by the time they finished, for what a rollback to t can touch (the
+    flows done at or after t). Flows finish in batches (every flow draining at one event time),
+    so the times are kept sorted and each holds a set of flows: one sorted insertion per batch,
+    not per flow (an all-to-all's thousands of flows drain together)."""
+
+    def __init__(self) -> None:
+        self._times = SortedList()
+        self._fids: dict[int, set[int]] = {}
+
+    def add_batch(self, t: int, fids: list[int]) -> None:
+        at = self._fids.get(t)
+        if at is None:
+            self._fids[t] = set(fids)
+            self._times.add(t)
+        else:
+            at.update(fids)
+
+    def discard(self, t: int, fid: int) -> None:
+        at = self._fids.get(t)
+        if at is None:
+            return
+        at.discard(fid)
+        if not at:
+            del self._fids[t]
+            self._times.remove(t)
+
+    def fids_from(self, t: int) -> list[int]:
+        """The flows done at or after t."""
+        fids = self._fids
+        return [fid for time in self._times.islice(self._times.bisect_left(t)) for fid in fids[time]]
+
+    def __len__(self) -> int:
+        return sum(len(at) for at in self._fids.values())
 
 
 class Island:
@@ -104,7 +141,7 @@ class FlowSimulator:
         # they finished (rollback.py finds the flows with events at or after t from these two
         # instead of scanning every flow of the island's history).
         self.live: set[int] = set()
-        self.done_by_time = SortedList()  # (done_t, fid)
+        self.done_by_time = DoneByTime()
         self.batches = 0
         self.solves = 0
 
@@ -143,12 +180,19 @@ class FlowSimulator:
                 if r != island.iid:
                     self._merge(island, self.islands[r])
         self._link_island[links] = island.iid
+        iid, by_fid, arrivals = island.iid, self.flows, island.arrivals
         for f in flows:
-            self.flows[f.fid] = f
-            self.live.add(f.fid)
-            f.island = island.iid
-            island.fids.add(f.fid)
-            heapq.heappush(island.arrivals, (f.start, f.fid))
+            by_fid[f.fid] = f
+            f.island = iid
+        fids = [f.fid for f in flows]
+        self.live.update(fids)
+        island.fids.update(fids)
+        if len(flows) > 8:  # one heapify for a collective's many flows (the heap is a set of distinct pairs)
+            arrivals.extend((f.start, f.fid) for f in flows)
+            heapq.heapify(arrivals)
+        else:
+            for f in flows:
+                heapq.heappush(arrivals, (f.start, f.fid))
         return island
 
     def _merge(self, into: Island, other: Island) -> None:
@@ -230,7 +274,7 @@ class FlowSimulator:
         """Forget a finished flow (pruning)."""
         assert f.state == DONE
         del self.flows[f.fid]
-        self.done_by_time.discard((f.done_t, f.fid))
+        self.done_by_time.discard(f.done_t, f.fid)
         island = self.islands.get(f.island)
         if island is not None:
             island.fids.discard(f.fid)
@@ -286,19 +330,29 @@ class FlowSimulator:
             if f is not None and f.state == PENDING and f.start == t:
                 arrived.append(f)
         seeds: set[int] = set()
+        on_link, live = self._on_link, self.live
+        # the flows still on the drained flows' links, each link once (the flows of an
+        # all-to-all that drain together share most of their links); activate/deactivate inlined
+        freed: set[int] = set()
         for f in drained:
             f.state = DONE
             f.done_t = t
             f.version += 1
-            self.deactivate(f)
-            self.live.discard(f.fid)
-            self.done_by_time.add((t, f.fid))
-        self.count_links(drained, -1)
-        for f in drained:
+            fid = f.fid
             for link in f.link_list:
-                s = self._on_link.get(link)
-                if s:
-                    seeds |= s
+                on = on_link[link]
+                on.discard(fid)
+                if not on:
+                    del on_link[link]
+            freed.update(f.link_list)
+            live.discard(fid)
+        if drained:
+            self.done_by_time.add_batch(t, [f.fid for f in drained])
+        self.count_links(drained, -1)
+        for link in freed:
+            on = on_link.get(link)
+            if on:
+                seeds |= on
         activated = []
         for f in arrived:
             if f.state != PENDING:
@@ -307,9 +361,15 @@ class FlowSimulator:
             f.seg_t.append(t)
             f.seg_rem.append(f.nbytes)
             f.seg_rate.append(0.0)
-            self.activate(f)
+            fid = f.fid
+            for link in f.link_list:
+                on = on_link.get(link)
+                if on is None:
+                    on_link[link] = {fid}
+                else:
+                    on.add(fid)
             activated.append(f)
-            seeds.add(f.fid)
+            seeds.add(fid)
         self.count_links(activated, 1)
         for component in self._components(seeds):
             self._solve(island, component, t)

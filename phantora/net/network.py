@@ -73,6 +73,7 @@ class _RoutedGroup:
     fraction: float
     fixed_bytes: int | None
     members: tuple  # (src, dst, payload, salt), for FlowRecords
+    link_list: list[int] = field(default_factory=list)  # links.tolist(), once for every flow made from it
 
 
 @dataclass
@@ -81,6 +82,7 @@ class _Choice:
     protocol: str
     groups: list[_RoutedGroup]
     latency_ns: int  # NCCL's latency for this communicator, before size-dependent terms
+    transfers: int = 0  # point-to-point transfers the groups stand for
 
 
 class _Collective:
@@ -203,22 +205,21 @@ class Network:
             byte_scale = 1.0 / const.tree_factor(choice.protocol, model.nbytes)
         latency = int(round(choice.latency_ns * latency_scale))
         c = _Collective(handle, spec, start, choice.algorithm, choice.protocol,
-                        len(choice.groups), sum(len(g.members[0]) for g in choice.groups),
+                        len(choice.groups), choice.transfers,
                         latency)
         self._collectives[handle] = c
         key = _content_key(model, choice)
-        for i, g in enumerate(choice.groups):
-            if g.fixed_bytes is not None:
-                nbytes = g.fixed_bytes
-            else:
-                nbytes = g.fraction * model.nbytes * byte_scale
+        fid, flows, total = self._next_fid, c.flows, model.nbytes
+        for i, g in enumerate(choice.groups):  # a loop per flow: an all-to-all over 64 ranks has 4,032
+            nbytes = g.fixed_bytes if g.fixed_bytes is not None else g.fraction * total * byte_scale
             if nbytes <= 0:
                 continue
-            f = Flow(self._next_fid, (start, key, i), handle, start, float(nbytes),
-                     int(round(g.latency_ns * latency_scale)), g.links, g.coefs, g.cap,
-                     g.members)
-            self._next_fid += 1
-            c.flows.append(f)
+            flow_latency = (g.latency_ns if latency_scale == 1.0 and type(g.latency_ns) is int
+                            else int(round(g.latency_ns * latency_scale)))
+            flows.append(Flow(fid, (start, key, i), handle, start, float(nbytes), flow_latency, g.links, g.coefs,
+                              g.cap, g.members, g.link_list))
+            fid += 1
+        self._next_fid = fid
         self.flows_submitted += len(c.flows)
         self.transfers_submitted += c.transfers
         if not c.flows:  # nothing to move: only the latency
@@ -320,12 +321,17 @@ class Network:
         if links is not None:  # skip flows that touch none of them (with mirrored ranks, most)
             wanted = np.zeros(len(self.topology.capacity), dtype=bool)
             wanted[np.asarray(links, dtype=np.int64)] = True
+        touches: dict[int, bool] = {}  # id(links) -> any wanted: flows of one routed group share their links
         for fid in sorted(self._sim.flows):
             f = self._sim.flows[fid]
             if f.state == PENDING:
                 continue
-            if wanted is not None and not wanted[f.links].any():
-                continue
+            if wanted is not None:
+                hit = touches.get(id(f.links))
+                if hit is None:
+                    hit = touches[id(f.links)] = bool(wanted[f.links].any())
+                if not hit:
+                    continue
             for k, t0 in enumerate(f.seg_t):
                 if k + 1 < len(f.seg_t):
                     t1 = f.seg_t[k + 1]
@@ -590,7 +596,7 @@ class Network:
                 g.latency_ns = latency_ns
         routed = self._route_groups(plan.groups)
         latency = max((g.latency_ns for g in routed), default=0)
-        return _Choice(plan.algorithm, plan.protocol, routed, latency)
+        return _Choice(plan.algorithm, plan.protocol, routed, latency, sum(len(g.members[0]) for g in routed))
 
     def _route_groups(self, groups: list[coll.FlowGroup]) -> list[_RoutedGroup]:
         """Route every transfer of every group at once, and fold each group's routes into
@@ -613,10 +619,11 @@ class Network:
         out = []
         for i, g in enumerate(groups):
             a, b = bounds[i], bounds[i + 1]
-            out.append(_RoutedGroup(links=link_of[a:b].copy(), coefs=coefs[a:b].copy(),
+            links = link_of[a:b].copy()
+            out.append(_RoutedGroup(links=links, coefs=coefs[a:b].copy(),
                                     cap=g.cap, latency_ns=g.latency_ns, fraction=g.fraction,
                                     fixed_bytes=g.fixed_bytes,
-                                    members=(g.src, g.dst, g.payload, g.salt)))
+                                    members=(g.src, g.dst, g.payload, g.salt), link_list=links.tolist()))
         return out
 
     def _flow_records(self, c: _Collective, flows: list[Flow]) -> list[FlowRecord]:

@@ -45,8 +45,7 @@ def rollback_scope(sim: FlowSimulator, seeds: list[Flow], t: int) -> list[Flow]:
     """The flows a rollback to t for these late flows must rewind (the seeds included), in fid
     order: the closure over shared links among the flows with an event at or after t."""
     island = seeds[0].island
-    start = sim.done_by_time.bisect_left((t, -1))
-    candidates = [sim.flows[fid] for fid in sim.live] + [sim.flows[fid] for _, fid in sim.done_by_time.islice(start)]
+    candidates = [sim.flows[fid] for fid in sim.live] + [sim.flows[fid] for fid in sim.done_by_time.fids_from(t)]
     candidates = [f for f in candidates if f.island == island]
     if not candidates:
         return sorted(seeds, key=lambda f: f.fid)
@@ -71,7 +70,7 @@ def roll_back(sim: FlowSimulator, flows: list[Flow], t: int) -> list[Flow]:
         if f.state == PENDING:
             continue
         if f.state == DONE:
-            sim.done_by_time.discard((f.done_t, f.fid))
+            sim.done_by_time.discard(f.done_t, f.fid)
             sim.live.add(f.fid)
         if f.start >= t:
             if f.state == ACTIVE:
