@@ -1,7 +1,7 @@
 """Simulated GPUs far beyond the processes run: representative ranks (`--ranks auto`), issue 17.
 
     python benchmarks/bench_scale.py [--gpus 8,64,128,1024,4096] [--titan 256,1024] [--moe 1024]
-                                     [--only fsdp|titan|megatron|moe]
+                                     [--megatron-moe 64,1024] [--only fsdp|titan|megatron|megatron-moe|moe]
     python benchmarks/bench_scale.py --equivalence [--equivalence-gpus 8,16,32,64]
 
 Rows:
@@ -10,6 +10,8 @@ Rows:
   nodes: one process stands for every rank.
 - TorchTitan 0.3.0 DeepSeek-V3 671B (MoE) with expert parallelism 64 over FSDP on every GPU, local
   batch 1 x 4096, full activation checkpointing: two processes (rank 0 and a witness).
+- Megatron-Core MoE, OLMoE-1B-7B's shape (64 experts, top-8), EP 8 x DP, through the Megatron-Core
+  stand-in (tests/frameworks/megatron/pretrain_gpt.py, alltoall dispatcher): two processes.
 - TorchTitan 0.3.0 Llama 3 8B with TP 8 x PP 4 x FSDP (local batch 8, seq 8192, its default
   Interleaved1F1B schedule, SAC, eager) through its own torchrun line: `--ranks auto`
   finds the pipeline stages (the run starts again with one representative per stage), so 5
@@ -187,6 +189,27 @@ def megatron_row(gpus: int, tmp: Path, python: str) -> tuple[str, int, Run, Run,
     return "Megatron 8B TP8 x PP4 (VP 2) x DP", gpus, runs[0], runs[1], runs[1].simulated_ms - runs[0].simulated_ms
 
 
+# OLMoE-1B-7B's shape (16 layers, hidden 2048, 16 heads, 64 experts of FFN 1024, top-8, vocab
+# 50304) with expert parallelism 8 over data parallelism on every GPU, Megatron-Core's alltoall
+# dispatcher, local spec (SequentialMLP over each rank's 8 experts), sequence 4096, 4 microbatches
+MEGATRON_MOE = ["--tp", "1", "--pp", "1", "--num-layers", "16", "--hidden-size", "2048", "--num-attention-heads", "16",
+                "--ffn-hidden-size", "1024", "--seq-length", "4096", "--vocab-size", "50304", "--micro-batch-size", "1",
+                "--num-microbatches", "4", "--num-experts", "64", "--moe-router-topk", "8",
+                "--expert-model-parallel-size", "8"]
+
+
+def megatron_moe_row(gpus: int, tmp: Path, python: str) -> tuple[str, int, Run, Run, float]:
+    """Megatron-Core MoE (the same stand-in, MEGATRON_MOE) with EP 8 x DP; the simulated step is the
+    difference of the 1- and 2-iteration runs' simulated time."""
+    script = ROOT / "tests/frameworks/megatron/pretrain_gpt.py"
+    runs = []
+    for iters in (1, 2):
+        command = [str(Path(python).parent / "torchrun"), "--nnodes", str(gpus // 8), "--nproc-per-node", "8",
+                   str(script), *MEGATRON_MOE, "--train-iters", str(iters)]
+        runs.append(trace(command, ["--ranks", "auto"], tmp / f"megatron-moe{gpus}-{iters}.json", ROOT))
+    return "Megatron MoE (OLMoE shape) EP8 x DP", gpus, runs[0], runs[1], runs[1].simulated_ms - runs[0].simulated_ms
+
+
 EXAMPLES = {  # small models: the point is the comparison, and --ranks all at 64 ranks
     "DDP": ["examples/ddp_train.py", "--bucket-mb", "4"],
     "FSDP2": ["examples/fsdp_train.py"],
@@ -239,7 +262,8 @@ def main() -> None:
     ap.add_argument("--titan", default="256,1024", help="GPU counts of the TorchTitan TP x PP x FSDP rows")
     ap.add_argument("--megatron", default="64,256,1024", help="GPU counts of the Megatron-Core TP x PP x DP rows")
     ap.add_argument("--moe", default="1024", help="GPU counts of the TorchTitan DeepSeek-V3 671B EP x FSDP rows")
-    ap.add_argument("--only", choices=("fsdp", "titan", "megatron", "moe"), default=None)
+    ap.add_argument("--megatron-moe", default="64,1024", help="GPU counts of the Megatron-Core MoE EP x DP rows")
+    ap.add_argument("--only", choices=("fsdp", "titan", "megatron", "megatron-moe", "moe"), default=None)
     ap.add_argument("--equivalence", action="store_true", help="compare --ranks auto with --ranks all instead")
     ap.add_argument("--equivalence-gpus", default="8,16,32,64")
     ap.add_argument("--examples", default=",".join(EXAMPLES), help="which examples --equivalence runs")
@@ -265,6 +289,9 @@ def main() -> None:
                 rows += [(lambda g, t, p=python: titan_row(g, t, p), int(g)) for g in args.titan.split(",") if g]
             if args.only in (None, "megatron"):
                 rows += [(lambda g, t, p=python: megatron_row(g, t, p), int(g)) for g in args.megatron.split(",") if g]
+            if args.only in (None, "megatron-moe"):
+                rows += [(lambda g, t, p=python: megatron_moe_row(g, t, p), int(g))
+                         for g in args.megatron_moe.split(",") if g]
             if args.only in (None, "moe"):
                 rows += [(lambda g, t, p=python: titan_row(g, t, p, "TorchTitan 671B MoE EP64 x FSDP", TITAN_671B_MOE,
                                                                      ("activation-checkpoint:full",)),
