@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from phantora.net import CollectiveSpec, Network, NetworkConfig, load_cluster
-from phantora.net.fluid import Flow, FlowSimulator
+from phantora.net.fluid import DoneByTime, Flow, FlowSimulator
 
 
 def flow(fid, start, nbytes, links, latency=0, coefs=None, cap=np.inf):
@@ -107,3 +107,23 @@ def test_two_identical_all_reduces_share_nvlink_evenly(h100):
     latency = one.collective_info(0).latency_ns
     assert two.finish_time(a) == two.finish_time(b)
     assert two.finish_time(a) - latency == pytest.approx(2 * (t1 - latency), rel=1e-6)
+
+
+def test_finished_flows_by_time_answer_the_flows_done_at_or_after_a_time():
+    """What a rollback to t may rewind among finished flows (rollback.py): those done at or after
+    t, kept per event batch; a flow revived or forgotten leaves, and an emptied time with it."""
+    done = DoneByTime()
+    done.add_batch(10, [1, 2])
+    done.add_batch(30, [3])
+    done.add_batch(20, [4, 5])
+    done.add_batch(20, [6])  # a second batch at a time already held
+    assert sorted(done.fids_from(0)) == [1, 2, 3, 4, 5, 6]
+    assert sorted(done.fids_from(20)) == [3, 4, 5, 6]
+    assert sorted(done.fids_from(21)) == [3]
+    assert done.fids_from(31) == []
+    done.discard(30, 3)
+    done.discard(20, 4)
+    done.discard(20, 99)  # not there: nothing happens
+    done.discard(40, 1)
+    assert sorted(done.fids_from(11)) == [5, 6]
+    assert len(done) == 4
