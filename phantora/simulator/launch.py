@@ -330,8 +330,6 @@ def _trace_once(run: TraceRun) -> TraceResult:
             # the network simulator's share of wall_seconds (docs/scale.md reports it per layout)
             "network_wall_seconds": round(engine.network.wall_s, 3) if engine.network is not None else 0.0,
             "stale_replies": summary.stale_replies,
-            # times a representative was held for its witness (--ranks auto; server.py PACE_LEAD)
-            "witness_pace_holds": server.pace_holds,
             "largest_stale_error_ns": summary.largest_stale_error_ns,
             "sync": run.sync,
             "early_reads": summary.early_reads,
