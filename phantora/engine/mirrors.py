@@ -68,12 +68,6 @@ class Witness:
         self._counted: dict[int, int] = {r: 0 for r in watched}
         self._seen: dict[int, int] = {r: 0 for r in watched}
 
-    def lead(self, rank: int) -> int:
-        """How many of `rank`'s collectives its partner (its witness, or the representative it
-        witnesses) has not called yet."""
-        calls = self._calls.get(rank)
-        return 0 if calls is None else len(calls)
-
     def _partner(self, rank: int) -> int | None:
         if rank in self.pairs:
             return self.pairs[rank]

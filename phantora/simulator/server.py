@@ -63,20 +63,6 @@ def fewer_collections(threshold: tuple[int, int, int] = SERVE_GC_THRESHOLD) -> I
 # 64-GPU pipeline took over 10 minutes, and every rank failed at its 600 s call timeout.
 KEEPALIVE_S = 30.0
 
-# A witness (--ranks auto) runs its own process, but the ranks in its groups are mirrors, which
-# follow the representatives: nothing waits for it, so it can fall behind the other processes in
-# wall time. Its collectives then reach the network in the simulated past, each rolling back
-# everything since (a 64-GPU pipeline: thousands of rollbacks of ~9,000 flows, the witness 20 s
-# of simulated time behind, falling further as its own calls waited on its rollbacks). So a
-# representative more than PACE_LEAD collectives ahead of its witness is held (its messages
-# queue, as for a host wait) until the witness is within half of that. The simulated times do
-# not depend on the order the processes' messages are applied in (rollbacks correct it), so
-# this changes how much the network re-simulates, not what it answers. A witness that makes no
-# progress for PACE_RELEASE_S of wall time (a dependency pacing did not foresee) ends the pacing
-# of its representative for the run.
-PACE_LEAD = 64
-PACE_RELEASE_S = 60.0
-
 
 @dataclass
 class Connection:
@@ -137,12 +123,6 @@ class SimulatorServer:
         # ranks first: they are victims, and must not each print a traceback of the consequence.
         self.abandon_grace_s = 0.0
         self._deferred: list[tuple[float, int]] = []  # (when, rank that ended) abandonments to apply
-        # representatives held for their witness (PACE_LEAD): rank -> (wall time held since, the
-        # witness's lead count then); released ones to resume; ones never to hold again
-        self._paced: dict[int, tuple[float, int]] = {}
-        self._released: set[int] = set()
-        self._unpaced: set[int] = set()
-        self.pace_holds = 0
         self.stopping = False  # the launcher is stopping every rank: waits left open are moot
         self.progress: Progress | None = None  # set by the launcher: status line, periodic lines, notices
         self.ranks_expected = 0  # rank processes the launcher started (0: unknown)
@@ -210,8 +190,6 @@ class SimulatorServer:
             self._tick(now)
         if self._deferred:
             self._fail_deferred(now)
-        if self._paced:
-            self._check_pacing(now)
         if self.engine.matcher.pending and now > self._next_overdue_check:
             self._next_overdue_check = now + 1.0
             self._fail_collectives(self.engine.overdue_collectives(self.collective_timeout_s))
@@ -363,7 +341,6 @@ class SimulatorServer:
             return
         self._process(conn, records, call)
         if self.failure is None:
-            self._pace(rank)
             self._resume_unblocked()
 
     def _handle_failed(self, conn: Connection, call: list[Any]) -> None:
@@ -436,11 +413,9 @@ class SimulatorServer:
     def _resume_unblocked(self) -> None:
         """Go on with held ranks the engine can answer now; that can unblock more."""
         self.engine.progress()
-        todo = self.engine.take_unblocked() | self._take_released()
+        todo = self.engine.take_unblocked()
         while todo:
             rank = todo.pop()
-            if rank in self._paced:
-                continue  # held for its witness: _release names it again
             queue = self.held.pop(rank, None)
             while queue:
                 conn, records, call = queue.popleft()
@@ -455,65 +430,9 @@ class SimulatorServer:
                         return
                     self.held[rank].extend(queue)  # _process put the unapplied part in front
                     break
-                self._pace(rank)
-                if rank in self._paced:
-                    self.held[rank].extend(queue)
-                    break
             if not todo:
                 self.engine.progress()
-            todo |= self.engine.take_unblocked() | self._take_released()
-
-    # --- pacing a representative to its witness (PACE_LEAD) ------------------------------------
-    def _pace(self, rank: int | None) -> None:
-        """After a message of `rank`: hold it if it is a representative too far ahead of its
-        witness; release its representative if it is a witness that caught up."""
-        mirrors = self.engine.mirrors
-        if rank is None or mirrors is None or not mirrors.witness.pairs:
-            return
-        witness = mirrors.witness
-        rep = witness.pairs.get(rank)
-        if rep is not None:  # a witness
-            if rep in self._paced and witness.lead(rep) <= PACE_LEAD // 2:
-                self._release(rep)
-            return
-        if rank in self._paced or rank in self._unpaced or witness.lead(rank) <= PACE_LEAD:
-            return
-        if not any(r == rank and self._runs_on(w) for w, r in witness.pairs.items()):
-            return
-        self._paced[rank] = (time.monotonic(), witness.lead(rank))
-        self.held.setdefault(rank, deque())
-        self.pace_holds += 1
-
-    def _runs_on(self, rank: int) -> bool:
-        st = self.engine.ranks.get(rank)
-        return st is not None and not st.finished and rank not in self.failed
-
-    def _release(self, rank: int, for_good: bool = False) -> None:
-        self._paced.pop(rank, None)
-        self._released.add(rank)
-        if for_good:
-            self._unpaced.add(rank)
-
-    def _take_released(self) -> set[int]:
-        """Released representatives that can go on (one whose host waits is named by the engine)."""
-        out, self._released = self._released, set()
-        return {r for r in out if not self.engine.host_blocked(r)}
-
-    def _check_pacing(self, now: float) -> None:
-        """A held representative whose witness ended, failed or made no progress for
-        PACE_RELEASE_S goes on, and is not held again."""
-        witness = self.engine.mirrors.witness if self.engine.mirrors is not None else None
-        for rep, (since, lead) in list(self._paced.items()):
-            alive = witness is not None and any(r == rep and self._runs_on(w) for w, r in witness.pairs.items())
-            stuck = now - since > PACE_RELEASE_S and witness is not None and witness.lead(rep) >= lead
-            if not alive or stuck or not self._runs_on(rep):
-                if stuck and alive:
-                    print(f"phantora: rank {rep} was held {now - since:.0f} s for its witness (--ranks auto), which "
-                          "made no progress; it goes on without waiting for it from now on", file=sys.stderr,
-                          flush=True)
-                self._release(rep, for_good=True)
-        if self._released:
-            self._resume_unblocked()
+            todo |= self.engine.take_unblocked()
 
     def _call(self, conn: Connection, call: list[Any]) -> Any:
         kind = call[1]
