@@ -176,19 +176,6 @@ MEGATRON_8B = ["--tp", "8", "--pp", "4", "--virtual-pipeline-model-parallel-size
                "--seq-length", "4096", "--vocab-size", "128256", "--micro-batch-size", "1", "--num-microbatches", "8"]
 
 
-def megatron_row(gpus: int, tmp: Path, python: str) -> tuple[str, int, Run, Run, float]:
-    """Megatron-Core (tests/frameworks/megatron/pretrain_gpt.py, public megatron.core APIs) with TP 8 x PP 4
-    (interleaved, 2 model chunks per rank) x DP, distributed optimizer; the simulated step is the
-    difference of the 1- and 2-iteration runs' simulated time."""
-    script = ROOT / "tests/frameworks/megatron/pretrain_gpt.py"
-    runs = []
-    for iters in (1, 2):
-        command = [str(Path(python).parent / "torchrun"), "--nnodes", str(gpus // 8), "--nproc-per-node", "8",
-                   str(script), *MEGATRON_8B, "--train-iters", str(iters)]
-        runs.append(trace(command, ["--ranks", "auto"], tmp / f"megatron{gpus}-{iters}.json", ROOT))
-    return "Megatron 8B TP8 x PP4 (VP 2) x DP", gpus, runs[0], runs[1], runs[1].simulated_ms - runs[0].simulated_ms
-
-
 # OLMoE-1B-7B's shape (16 layers, hidden 2048, 16 heads, 64 experts of FFN 1024, top-8, vocab
 # 50304) with expert parallelism 8 over data parallelism on every GPU, Megatron-Core's alltoall
 # dispatcher, local spec (SequentialMLP over each rank's 8 experts), sequence 4096, 4 microbatches
@@ -198,16 +185,18 @@ MEGATRON_MOE = ["--tp", "1", "--pp", "1", "--num-layers", "16", "--hidden-size",
                 "--expert-model-parallel-size", "8"]
 
 
-def megatron_moe_row(gpus: int, tmp: Path, python: str) -> tuple[str, int, Run, Run, float]:
-    """Megatron-Core MoE (the same stand-in, MEGATRON_MOE) with EP 8 x DP; the simulated step is the
-    difference of the 1- and 2-iteration runs' simulated time."""
+def megatron_row(gpus: int, tmp: Path, python: str, name: str = "Megatron 8B TP8 x PP4 (VP 2) x DP",
+                 config: list[str] = MEGATRON_8B) -> tuple[str, int, Run, Run, float]:
+    """Megatron-Core (tests/frameworks/megatron/pretrain_gpt.py, public megatron.core APIs): by default TP 8 x
+    PP 4 (interleaved, 2 model chunks per rank) x DP, distributed optimizer; MEGATRON_MOE for the MoE row.
+    The simulated step is the difference of the 1- and 2-iteration runs' simulated time."""
     script = ROOT / "tests/frameworks/megatron/pretrain_gpt.py"
     runs = []
     for iters in (1, 2):
         command = [str(Path(python).parent / "torchrun"), "--nnodes", str(gpus // 8), "--nproc-per-node", "8",
-                   str(script), *MEGATRON_MOE, "--train-iters", str(iters)]
-        runs.append(trace(command, ["--ranks", "auto"], tmp / f"megatron-moe{gpus}-{iters}.json", ROOT))
-    return "Megatron MoE (OLMoE shape) EP8 x DP", gpus, runs[0], runs[1], runs[1].simulated_ms - runs[0].simulated_ms
+                   str(script), *config, "--train-iters", str(iters)]
+        runs.append(trace(command, ["--ranks", "auto"], tmp / f"megatron{gpus}-{iters}.json", ROOT))
+    return name, gpus, runs[0], runs[1], runs[1].simulated_ms - runs[0].simulated_ms
 
 
 EXAMPLES = {  # small models: the point is the comparison, and --ranks all at 64 ranks
@@ -290,7 +279,8 @@ def main() -> None:
             if args.only in (None, "megatron"):
                 rows += [(lambda g, t, p=python: megatron_row(g, t, p), int(g)) for g in args.megatron.split(",") if g]
             if args.only in (None, "megatron-moe"):
-                rows += [(lambda g, t, p=python: megatron_moe_row(g, t, p), int(g))
+                rows += [(lambda g, t, p=python: megatron_row(g, t, p, "Megatron MoE (OLMoE shape) EP8 x DP",
+                                                              MEGATRON_MOE), int(g))
                          for g in args.megatron_moe.split(",") if g]
             if args.only in (None, "moe"):
                 rows += [(lambda g, t, p=python: titan_row(g, t, p, "TorchTitan 671B MoE EP64 x FSDP", TITAN_671B_MOE,
