@@ -330,25 +330,20 @@ class FlowSimulator:
             if f is not None and f.state == PENDING and f.start == t:
                 arrived.append(f)
         seeds: set[int] = set()
-        on_link, live = self._on_link, self.live
         # the flows still on the drained flows' links, each link once (the flows of an
-        # all-to-all that drain together share most of their links); activate/deactivate inlined
+        # all-to-all that drain together share most of their links)
         freed: set[int] = set()
         for f in drained:
             f.state = DONE
             f.done_t = t
             f.version += 1
-            fid = f.fid
-            for link in f.link_list:
-                on = on_link[link]
-                on.discard(fid)
-                if not on:
-                    del on_link[link]
+            self.deactivate(f)
             freed.update(f.link_list)
-            live.discard(fid)
+            self.live.discard(f.fid)
         if drained:
             self.done_by_time.add_batch(t, [f.fid for f in drained])
         self.count_links(drained, -1)
+        on_link = self._on_link
         for link in freed:
             on = on_link.get(link)
             if on:
@@ -361,15 +356,9 @@ class FlowSimulator:
             f.seg_t.append(t)
             f.seg_rem.append(f.nbytes)
             f.seg_rate.append(0.0)
-            fid = f.fid
-            for link in f.link_list:
-                on = on_link.get(link)
-                if on is None:
-                    on_link[link] = {fid}
-                else:
-                    on.add(fid)
+            self.activate(f)
             activated.append(f)
-            seeds.add(fid)
+            seeds.add(f.fid)
         self.count_links(activated, 1)
         for component in self._components(seeds):
             self._solve(island, component, t)
