@@ -110,6 +110,8 @@ class CollectiveLifecycle:
         self._mirror_links: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (work, rep) -> [(work, mirror)]
         self._mirror_sources: dict[tuple[int, int], tuple[int, int]] = {}  # (work, mirror) -> (work, rep)
         self._lag_waits: dict[int, list[tuple[int, int]]] = {}  # rep's work -> [(mirror, its end)] to compare
+        self._mirrors_works: dict[int, list[int]] = {}  # rep's work -> its mirrors' collectives on other groups
+        self._read_when_joined: set[int] = set()  # such collectives to read once their last member joins
 
     def handed_out(self, work: int) -> bool:
         """Is `work` a work id this engine handed out?"""
@@ -152,12 +154,21 @@ class CollectiveLifecycle:
         self._launches[(call.key, rank)] = (launch_begin, tl.host_ns, call)
         self.trace.collective_call_open(st.info.trace_pid, call, launch_begin, tl.host_ns)
         current = self.placement.stream(st, call.device, call.stream)
-        arrive = Arrive(self.placement.next_seq(), comm, call, work, current, tl.host_ns)
-        self.arrivals[(work, rank)] = arrive
+        self._queue(st, Arrive(self.placement.next_seq(), comm, call, work, current, tl.host_ns))
+        return work
+
+    def _queue(self, st: RankState, arrive: Arrive) -> None:
+        """Queue a member's arrival on its streams (placement.py reaches it in stream order)."""
+        work, call = arrive.work, arrive.call
+        self.arrivals[(work, call.rank)] = arrive
         if call.transport == "nccl":  # the log is what slows the kernels beside it (Placement._comm_overlap)
             st.comm_log.setdefault(call.device, CommLog()).append(arrive)
         self.placement.enqueue(st, arrive)
-        return work
+        if work in self._read_when_joined:  # _read_mirrors_works
+            p = self.joined.get(work)
+            if p is None or p.complete():  # complete, or submitted already (placing it above)
+                self._read_when_joined.discard(work)
+                self.end(work, force=True)
 
     def _match(self, call: CollectiveCall) -> int:
         """Match `call`, and the calls of the ranks mirrored from its rank (mirrors.py), with the
@@ -184,6 +195,9 @@ class CollectiveLifecycle:
             self._mirror_links[(work, call.rank)] = links
             for w, m in links:
                 self._mirror_sources[(w, m)] = (work, call.rank)
+            others = [w for w, _ in links if w != work]
+            if others:
+                self._mirrors_works.setdefault(work, []).extend(others)
         return work
 
     def _work_for(self, key: Any, p: PendingCollective) -> int:
@@ -219,11 +233,7 @@ class CollectiveLifecycle:
         the replay stream (`current`) before it; the replay's one launch (at `host_ns`) is the
         only host cost. Its work id; CollectiveMismatch once the members disagree."""
         work = self._match(call)
-        arrive = Arrive(self.placement.next_seq(), self.comm_stream(st, call), call, work, current, host_ns)
-        self.arrivals[(work, call.rank)] = arrive
-        if call.transport == "nccl":
-            st.comm_log.setdefault(call.device, CommLog()).append(arrive)
-        self.placement.enqueue(st, arrive)
+        self._queue(st, Arrive(self.placement.next_seq(), self.comm_stream(st, call), call, work, current, host_ns))
         return work
 
     def comm_stream(self, st: RankState, call: CollectiveCall) -> Stream:
@@ -317,8 +327,29 @@ class CollectiveLifecycle:
             if not force:
                 return None
             self.early_reads += 1
+        mirrors_works = self._mirrors_works.pop(work, None)
         self.read(work)
+        if force and mirrors_works:
+            self._read_mirrors_works(mirrors_works)
         return self.work_end_ns[work]
+
+    def _read_mirrors_works(self, works: list[int]) -> None:
+        """A representative's collective was read because a host waited for it (here or down a
+        chain of waits): its mirrored ranks wait for theirs at the same point, so theirs are
+        read too. One with a rank process among its members (the witness of --ranks auto, whose
+        peers are mirrored) places that process's streams up to it. Without this only the
+        finality horizon moved them, and a pipeline's hosts outrun it by seconds: a witness's
+        collectives reached the network in one late burst, each a rollback of every flow on
+        its links since (a Megatron-LM run of TP 4 x PP 8 at 64 GPUs)."""
+        for w in works:
+            p = self.joined.get(w)
+            if p is not None and not p.complete():
+                self._read_when_joined.add(w)  # the witness has not called it yet
+                continue
+            sub = self.unread.get(w)
+            members = p.members if p is not None else sub.pending.members if sub is not None else ()
+            if any(r in self.ranks for r in members):  # a collective of mirrored ranks only is read as it comes
+                self.end(w, force=True)
 
     def clipped_end(self, work: int, t: int, force: bool) -> int | None:
         """min(end of `work`, t): known once the end is, or once nothing can start before t."""
@@ -382,6 +413,7 @@ class CollectiveLifecycle:
             end = start  # one member (or no network): nothing moves
         del self.unread[work]  # only now: if the network raised, give_up() still finds it
         self.work_end_ns[work] = end
+        self._mirrors_works.pop(work, None)  # read as it came: its mirrors' collectives come as theirs do
         algorithm = info.algorithm if info else "ring"
         protocol = info.protocol if info else "simple"
         name = nccl_kernel_name(first.net_op if first.op != "barrier" else "barrier", first.dtype, first.reduce_op,

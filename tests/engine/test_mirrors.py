@@ -117,10 +117,10 @@ def test_a_mirrored_call_copies_every_field_of_its_representative_s_call():
         call, rank=1, group=(1, 5), root=5, group_name="g2", site="mirrored from rank 0", mirrored=True)
 
 
-def mirrored_engine(world: int, roles: str, sink=None) -> Engine:
+def mirrored_engine(world: int, roles: str | RankRoles, sink=None) -> Engine:
     net = Network(load_cluster("dgx-h100", nodes=1))
     e = Engine(lookup_gpu("h100"), FixedEstimator(), sink or SliceRecorder(), TIMING, network=net)
-    r = RankRoles.parse(roles, world)
+    r = RankRoles.parse(roles, world) if isinstance(roles, str) else roles
     e.mirror_ranks(r, 8)
     for rank in r.processes:
         e.add_rank(RankInfo(rank, 0, rank, 100 + rank))
@@ -282,3 +282,39 @@ def test_a_pipeline_over_the_whole_world_refutes_auto_whichever_rank_calls_first
             for r in (first, 7 - first):
                 e.join_collective(r, calls[r])
         assert refuted.value.representatives == tuple(range(8))
+
+
+@pytest.mark.parametrize("witness_joins_late", [False, True])
+def test_a_witness_s_collective_is_read_when_its_representative_s_is(witness_joins_late):
+    """8 ranks, pp 2 x dp 2 x tp 2 (rank = tp + 2 dp + 4 pp), stage representatives 0 and 4 and
+    the witness 7, whose tensor-parallel peer 6 is mirrored from 4. Rank 4's host waits for its
+    all-reduce (optimistic sync reads it early): mirrored rank 6 waits for the witness's at the
+    same point, so that one is read too, or, if the witness's process has not called it yet,
+    once it does. Before, nothing read it until the finality horizon, held back by rank 0's
+    early host clock, passed it: in a pipeline at 64 GPUs the witness's collectives then
+    reached the network in one late burst."""
+    e = mirrored_engine(8, RankRoles(8, (0, 4), witnesses=(7,)))
+    groups = [[P.R_GROUP, "0", list(range(8))], *([P.R_GROUP, f"tp{i}", [2 * i, 2 * i + 1]] for i in range(4)),
+              *([P.R_GROUP, f"pp{i}", [i, i + 4]] for i in range(4))]
+    for r in (0, 4, 7):
+        e.apply(r, groups)
+    p2p = {"seq": 0, "nbytes": 8 << 20, "dtype": "bfloat16", "stream": 0}
+    kernel(e, 0, 30_000, 0)
+    e.join_collective(0, dict(p2p, op="send", group=[0, 4], group_name="pp0", device=0))
+
+    def recv_and_all_reduce(rank: int) -> int:
+        peer, pp, tp, tp_group = (0, "pp0", "tp2", (4, 5)) if rank == 4 else (3, "pp3", "tp3", (6, 7))
+        e.join_collective(rank, dict(p2p, op="recv", group=[peer, rank], group_name=pp, device=rank))
+        return e.join_collective(rank, all_reduce(tp_group, tp, rank))
+
+    rep = recv_and_all_reduce(4)
+    if not witness_joins_late:
+        witness = recv_and_all_reduce(7)
+        assert e.collectives.work_end_ns.get(witness) is None  # nothing waited for it yet
+    assert e.apply(4, [[P.R_SYNC_DEVICE, 4]]) == 1 and not e.host_blocked(4)
+    rep_end = e.collectives.work_end_ns.get(rep)
+    assert rep_end is not None
+    if witness_joins_late:
+        witness = recv_and_all_reduce(7)
+    assert e.collectives.work_end_ns.get(witness) == rep_end  # read with it (or at its call), and alike
+    assert e.ranks[7].timeline.host_ns < rep_end  # the witness's own host did not wait
