@@ -228,8 +228,9 @@ def equivalence(gpus: list[int], tmp: Path, examples: list[str]) -> None:
         if name not in examples:
             continue
         for n in gpus:
-            if name.startswith("PP") and n > 16:
-                continue  # one stage per rank: nothing is mirrored, auto starts again with every rank
+            if name.startswith("PP") and n > 8:
+                continue  # one stage per rank: nothing is mirrored (auto starts again with every rank), and
+                # past 8 stages pp_train's 8 microbatches are too few (ValueError: the default list stopped at 16)
             args = [*SMALL, *extra] if not name.startswith("PP") else [*SMALL[:-4], "--batch", "16", "--layers",
                                                                           str(max(n, 4)), "--steps", "3", *extra]
             runs = {}
