@@ -76,8 +76,9 @@ def run_pretrain_gpt(args: list[str], work: Path, iterations: int, *, phantora_o
                      torchrun_options: tuple[str, ...] = ("--nproc-per-node", str(RANKS)),
                      timeout_s: float = 3600) -> tuple[dict[int, float], Path, float]:
     """`phantora trace -- torchrun pretrain_gpt.py args` in the checkout: Megatron's logged
-    iteration times (iteration -> ms), the trace and the wall seconds; RuntimeError with the first
-    error line unless it exits 0 having logged `iterations` iterations."""
+    iteration times (iteration -> ms), the trace and the wall seconds (what it printed is left in
+    `work`/output.txt); RuntimeError with the first error line unless it exits 0 having logged
+    `iterations` iterations."""
     checkout, python = _environment()
     trace = work / "run.json"
     torchrun = str(Path(python).parent / "torchrun")
@@ -87,6 +88,7 @@ def run_pretrain_gpt(args: list[str], work: Path, iterations: int, *, phantora_o
     env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="1")  # as Megatron-LM's example scripts export it
     proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, timeout=timeout_s)
     wall_s = time.monotonic() - start
+    (work / "output.txt").write_text(proc.stdout + proc.stderr)  # what the run printed, for the callers' own lines
     logged = {int(n): float(ms) for n, ms in _ITERATION.findall(proc.stdout + proc.stderr)}
     if proc.returncode != 0 or len(logged) != iterations:
         errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "Error: " in line]
