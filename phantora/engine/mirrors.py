@@ -249,9 +249,15 @@ class Mirrors:
         return calls
 
     def _p2p_calls(self, call: CollectiveCall, mirrors: list[int]) -> list[CollectiveCall]:
+        """Each mirror's message: its representative's pair, in the mirror's group of the family
+        that carries it (_p2p_via), shifted by the mirror's place in that group. The shift is 0
+        for a mirror in another group at its representative's place (a pipeline's data-parallel
+        peers); inside the representative's own group it makes a ring: Transformer Engine's
+        userbuffers pass each GEMM's shards from tensor-parallel rank i to i + 1, and mirror i
+        sends to i + 1, not the representative's peer."""
         rep = call.rank
         peer = call.group[1] if call.group[0] == rep else call.group[0]
-        if self.roles.representative(peer) == rep:
+        if self.roles.representative(peer) == rep and not self._ring_inside_a_stage(call):
             stages = tuple(sorted(self.groups.members.get(call.group_name, call.group)))
             raise RolesRefuted(
                 f"rank {rep} {'sends to' if call.op == 'send' else 'receives from'} rank {peer}, but --ranks "
@@ -268,9 +274,22 @@ class Mirrors:
         for m in mirrors:
             name, _ = self.groups.counterpart(call.group_name, m, rep)
             _, group = self.groups.counterpart(via, m, rep)
-            pair = (group[positions[0]], group[positions[1]])
+            shift, n = group.index(m) - vg.index(rep), len(group)
+            pair = (group[(positions[0] + shift) % n], group[(positions[1] + shift) % n])
             calls.append(_mirrored_call(call, m, pair, call.root, name))
         return calls
+
+    def _ring_inside_a_stage(self, call: CollectiveCall) -> bool:
+        """A message from a representative to a rank it stands for is a ring among alike ranks
+        (each sends to the next) when the ranks were chosen one representative per pipeline
+        stage and the message is not along the outermost (pipeline) dimension; otherwise it is
+        a pipeline boundary, and the choice of representatives is wrong (RolesRefuted)."""
+        if len(self.roles.representatives) == 1 or call.group_name not in self.groups.members:
+            return False
+        outer = self.groups.outermost(self.roles.world_size)
+        holding = [n for n, members in self.groups.members.items() if call.group[0] in members and call.group[1] in members]
+        return not any(outer is not None and self.groups.family[n].shape == tuple(m - outer[0] for m in outer)
+                       for n in holding)
 
     def _p2p_via(self, call: CollectiveCall, mirrors: list[int]) -> str:
         """The group whose family carries a point-to-point pair over to the mirrors: the

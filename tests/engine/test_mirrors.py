@@ -318,3 +318,40 @@ def test_a_witness_s_collective_is_read_when_its_representative_s_is(witness_joi
         witness = recv_and_all_reduce(7)
     assert e.collectives.work_end_ns.get(witness) == rep_end  # read with it (or at its call), and alike
     assert e.ranks[7].timeline.host_ns < rep_end  # the witness's own host did not wait
+
+
+def test_a_ring_inside_a_stage_sends_each_mirror_to_its_own_next_rank():
+    """8 ranks, pp 2 x tp 4 (rank = tp + 4 pp), stage representatives 0 and 4. Transformer
+    Engine's userbuffers pass shards around the tensor-parallel ring: rank 4 sends to 5 and
+    receives from 7; mirror i sends to i + 1 (7 to 4, which rank 4's receive matches) and
+    receives from i - 1, where it used to be refused as a pipeline boundary."""
+    sink = SliceRecorder()
+    e = mirrored_engine(8, "0,4", sink)
+    groups = [[P.R_GROUP, "0", list(range(8))], [P.R_GROUP, "tp0", [0, 1, 2, 3]], [P.R_GROUP, "tp1", [4, 5, 6, 7]],
+              *([P.R_GROUP, f"pp{i}", [i, i + 4]] for i in range(4))]
+    for rep in (0, 4):
+        e.apply(rep, groups)
+    base = {"seq": 0, "nbytes": 8 << 20, "dtype": "bfloat16", "stream": 0, "group_name": "tp1", "device": 4}
+    works = [e.join_collective(4, dict(base, op="send", group=[4, 5])),
+             e.join_collective(4, dict(base, op="recv", group=[7, 4]))]
+    assert not e.collectives.unresolved_works & set(works)  # both complete: 7's mirrored send is 4's receive
+    e.place_all()
+    e.read_all_collectives()
+    pairs = {(s["pid"] - 1, s["args"]["op"], tuple(s["args"]["group ranks"])) for s in sink.slices
+             if s["name"].startswith("ncclDevKernel") and s["pid"] - 1 in (5, 6, 7)}
+    assert pairs == {(5, "send", (5, 6)), (6, "send", (6, 7)), (7, "send", (7, 4)),
+                     (5, "recv", (4, 5)), (6, "recv", (5, 6)), (7, "recv", (6, 7))}
+
+
+def test_a_message_along_the_pipeline_to_a_rank_the_sender_stands_for_is_still_refused():
+    """8 ranks, pp 4 x tp 2 (rank = tp + 2 pp), representatives 0 and 4 that each stand for two
+    stages: rank 0 sends to rank 2 on its pipeline group [0, 2, 4, 6] (the outermost dimension)."""
+    e = mirrored_engine(8, "0,4")
+    groups = [[P.R_GROUP, "0", list(range(8))], [P.R_GROUP, "pp0", [0, 2, 4, 6]], [P.R_GROUP, "pp1", [1, 3, 5, 7]],
+              *([P.R_GROUP, f"tp{i}", [2 * i, 2 * i + 1]] for i in range(4))]
+    for rep in (0, 4):
+        e.apply(rep, groups)
+    send = {"op": "send", "group": [0, 2], "seq": 0, "nbytes": 1 << 20, "dtype": "bfloat16", "device": 0,
+            "stream": 0, "group_name": "pp0"}
+    with pytest.raises(RolesRefuted, match="rank 0 sends to rank 2"):
+        e.join_collective(0, send)
