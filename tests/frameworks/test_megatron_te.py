@@ -221,6 +221,24 @@ def test_transformer_engine_spec_tp_comm_overlap_tp2(tmp_path, megatron_te_pytho
         assert comm[("all_reduce", "nccl", 2 * tokens * h)] == microbatches, comm
 
 
+
+def test_tp_comm_overlap_runs_with_one_representative_per_stage(tmp_path, megatron_te_python):
+    """`--tp-comm-overlap` at TP 2 x PP 2 on 4 GPUs with the stage representatives `--ranks 0,2`:
+    TE's userbuffers pass each ring GEMM's shard from TP rank 0 to rank 1 and back, and rank 1 and
+    3 are mirrors. Each mirror's ring message goes to its own next rank (rank 1 sends to 0), where
+    such a message used to be refused as a pipeline boundary between a representative and its
+    mirror."""
+    cfg = GPTConfig(tp=2, pp=2, sequence_parallel=True, transformer_impl="transformer_engine", tp_comm_overlap=True)
+    run = run_megatron(tmp_path, megatron_te_python, 4, cfg, options=("--ranks", "0,2"))
+    assert run.proc.returncode == 0, run.proc.stderr[-3000:]
+    events = trace_events(run)  # Megatron logs on the last rank, a mirror here: the steps are the trace's
+    assert len(step_windows(events, 0)) == len(step_windows(events, 2)) == cfg.iters
+    for rep, mirror in ((0, 1), (2, 3)):
+        sent = Counter(tuple(k["args"]["group ranks"]) for k in nccl(events, rep) if k["args"]["op"] == "send")
+        mirrored = Counter(tuple(k["args"]["group ranks"]) for k in nccl(events, mirror) if k["args"]["op"] == "send")
+        ring = sent[(rep, mirror)]
+        assert ring > 0 and mirrored[(mirror, rep)] == ring, (sent, mirrored)  # the same ring steps, the other way
+
 def test_transformer_engine_spec_moe_grouped_gemm_expert_parallel(tmp_path, megatron_te_python):
     """MoE on TE's layer spec with `--moe-grouped-gemm` (TEGroupedMLP: each rank's experts in TE's
     GroupedLinear, one grouped GEMM per projection and pass), `--moe-permute-fusion` (TE's token
