@@ -282,9 +282,12 @@ class Mirrors:
     def _ring_inside_a_stage(self, call: CollectiveCall) -> bool:
         """A message from a representative to a rank it stands for is a ring among alike ranks
         (each sends to the next) when the ranks were chosen one representative per pipeline
-        stage and the message is not along the outermost (pipeline) dimension; otherwise it is
-        a pipeline boundary, and the choice of representatives is wrong (RolesRefuted)."""
-        if len(self.roles.representatives) == 1 or call.group_name not in self.groups.members:
+        stage and the message is on a group of its own (not the world) that is not along the
+        outermost (pipeline) dimension; otherwise it is a pipeline boundary (a pipeline may send
+        on the world group, examples/pp_train.py), and the choice of representatives is wrong
+        (RolesRefuted)."""
+        members = self.groups.members.get(call.group_name)
+        if len(self.roles.representatives) == 1 or members is None or len(members) == self.roles.world_size:
             return False
         outer = self.groups.outermost(self.roles.world_size)
         holding = [n for n, members in self.groups.members.items() if call.group[0] in members and call.group[1] in members]
