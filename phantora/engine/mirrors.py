@@ -197,6 +197,7 @@ class Mirrors:
         self.groups = GroupFamilies()
         self.witness = Witness(roles)
         self._p2p_vias: dict[tuple, str] = {}  # (group name, pair, rank) -> the group carrying it (_p2p_via)
+        self._rings: dict[tuple, bool] = {}  # (group name, pair) -> a ring inside a stage? (_ring_inside_a_stage)
         self.ranks: dict[int, MirrorRank] = {}
         for rank in range(roles.world_size):
             rep = roles.representative(rank)
@@ -286,13 +287,18 @@ class Mirrors:
         outermost (pipeline) dimension; otherwise it is a pipeline boundary (a pipeline may send
         on the world group, examples/pp_train.py), and the choice of representatives is wrong
         (RolesRefuted)."""
-        members = self.groups.members.get(call.group_name)
-        if len(self.roles.representatives) == 1 or members is None or len(members) == self.roles.world_size:
-            return False
-        outer = self.groups.outermost(self.roles.world_size)
-        holding = [n for n, members in self.groups.members.items() if call.group[0] in members and call.group[1] in members]
-        return not any(outer is not None and self.groups.family[n].shape == tuple(m - outer[0] for m in outer)
-                       for n in holding)
+        key = (call.group_name, call.group)
+        ring = self._rings.get(key)
+        if ring is None:
+            members = self.groups.members.get(call.group_name)
+            ring = len(self.roles.representatives) > 1 and members is not None and len(members) < self.roles.world_size
+            outer = self.groups.outermost(self.roles.world_size)
+            if ring and outer is not None:
+                pipeline = tuple(m - outer[0] for m in outer)
+                ring = not any(call.group[0] in g and call.group[1] in g and self.groups.family[n].shape == pipeline
+                               for n, g in self.groups.members.items())
+            self._rings[key] = ring
+        return ring
 
     def _p2p_via(self, call: CollectiveCall, mirrors: list[int]) -> str:
         """The group whose family carries a point-to-point pair over to the mirrors: the
