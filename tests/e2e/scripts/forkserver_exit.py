@@ -25,7 +25,11 @@ class Noisy:
         say(f"del rank {rank}")
 
 
+script_ended = threading.Event()
+
+
 def late_thread():
+    script_ended.wait()  # its line comes after the script's last one, however the threads are scheduled
     total = sum(range(2_000_000))  # still running when the script's last line has run
     say(f"thread rank {rank} {total}")
 
@@ -40,5 +44,6 @@ helper.log.write("compressed " * 1000)
 del helper
 threading.Thread(target=late_thread).start()
 say(f"end of script rank {rank}")
+script_ended.set()
 if rank == 1:
     sys.exit()
