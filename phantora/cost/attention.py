@@ -28,13 +28,20 @@ constants below are shared by all backends and GPUs (fitted on the H100, see bel
 
 FLOPs reported follow torch.utils.flop_counter (2 products forward, 5 backward, recompute
 included) except that causal masking halves them, as the kernels skip masked blocks.
+Sliding windows (local attention: query row i sees keys i - left .. i + right, aligned to the
+top-left diagonal; -1 leaves a side unbounded; a causal mask bounds the right side at 0): the
+kernels visit only the key blocks a query block's window touches, so the work is those block pairs,
+and FLOPs count the cells inside the window. Windows come from aten's flash ops
+(window_size_left / _right), FlashAttention 3 and Transformer Engine's fused attention.
 Not modelled: dropout inside the kernel (the signature carries dropout_p only as "<float>"),
-attention bias reads beyond their bytes, sliding windows.
+attention bias reads beyond their bytes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from phantora.cost.fitted import kernel_ns
 from phantora.cost.roofline import (
@@ -109,13 +116,45 @@ class AttentionShape:
     # Varlen with known offsets: (query length, key length) of each sequence; batch, seq_q and
     # seq_kv then hold their count and the longest lengths. Empty: batch sequences of seq_q x seq_kv.
     lengths: tuple[tuple[int, int], ...] = ()
+    # Sliding window: query row i sees keys i - window_left .. i + window_right (-1: unbounded).
+    window_left: int = -1
+    window_right: int = -1
 
     def _pieces(self) -> list["AttentionShape"]:
         """One shape per sequence (varlen with known lengths), else [self]."""
         if not self.lengths:
             return [self]
-        return [AttentionShape(1, self.heads, q, k, self.head_dim, self.head_dim_v, self.causal)
+        return [AttentionShape(1, self.heads, q, k, self.head_dim, self.head_dim_v, self.causal,
+                               window_left=self.window_left, window_right=self.window_right)
                 for q, k in self.lengths if q > 0 and k > 0]  # an empty sequence does no work
+
+    @property
+    def windowed(self) -> bool:
+        """Whether a sliding window hides keys that the mask alone (causal or none) would show."""
+        return self.window_left >= 0 or (self.window_right >= 0 and not self.causal)
+
+    def _window_bounds(self) -> tuple[int, int]:
+        """(left, right) reach of a query row in keys; unbounded sides as the key length."""
+        left = self.window_left if self.window_left >= 0 else self.seq_kv
+        right = 0 if self.causal else (self.window_right if self.window_right >= 0 else self.seq_kv)
+        return left, right
+
+    def _window_blocks(self) -> list[int]:
+        """Key blocks each query block's window touches."""
+        left, right = self._window_bounds()
+        blocks = []
+        for first in range(0, self.seq_q, BLOCK_Q):
+            last = min(first + BLOCK_Q, self.seq_q) - 1
+            lo, hi = max(0, first - left), min(self.seq_kv - 1, last + right)
+            blocks.append(hi // BLOCK_KV - lo // BLOCK_KV + 1 if hi >= lo else 0)
+        return blocks
+
+    def _window_cells(self) -> float:
+        """Cells of the S_q x S_kv score matrix inside the window."""
+        left, right = self._window_bounds()
+        rows = np.arange(self.seq_q, dtype=np.int64)
+        seen = np.minimum(self.seq_kv - 1, rows + right) - np.maximum(0, rows - left) + 1
+        return float(np.clip(seen, 0, None).sum())
 
     def total_block_pairs(self) -> int:
         """(query block, key block) pairs over every (sequence, head)."""
@@ -134,6 +173,8 @@ class AttentionShape:
         n_q, n_kv = ceil_div(self.seq_q, BLOCK_Q), ceil_div(self.seq_kv, BLOCK_KV)
         if self.block_fraction is not None:
             return max(1, round(n_q * n_kv * self.block_fraction))
+        if self.windowed:
+            return sum(self._window_blocks())
         return int(_causal_visible(n_q, n_kv)) if self.causal else n_q * n_kv
 
     @property
@@ -150,6 +191,8 @@ class AttentionShape:
         block-sparse kernels compute whole blocks, masked cells included)."""
         if self.block_fraction is not None:
             return self.block_fraction
+        if self.windowed:
+            return self._window_cells() / (self.seq_q * self.seq_kv)
         if not self.causal:
             return 1.0
         return _causal_visible(self.seq_q, self.seq_kv) / (self.seq_q * self.seq_kv)
@@ -161,6 +204,8 @@ class AttentionShape:
         n_q, n_kv = ceil_div(self.seq_q, BLOCK_Q), ceil_div(self.seq_kv, BLOCK_KV)
         if self.longest_row is not None:
             return min(self.longest_row, n_kv)
+        if self.windowed:
+            return max(self._window_blocks(), default=0)
         return min(n_q, n_kv) if self.causal else n_kv
 
     def forward_flops(self) -> float:
@@ -232,6 +277,15 @@ def _bshd(q: TensorMeta, k: TensorMeta, v: TensorMeta, causal: bool, cum_seq_q, 
     return AttentionShape(q.shape[0], q.shape[2], q.shape[1], k.shape[1], q.shape[3], v.shape[3], causal)
 
 
+def with_window(shape: AttentionShape, left, right) -> AttentionShape:
+    """`shape` with a sliding window (left, right); None or a negative side is unbounded."""
+    left = left if isinstance(left, int) and left >= 0 else -1
+    right = right if isinstance(right, int) and right >= 0 else -1
+    if (left, right) == (shape.window_left, shape.window_right):
+        return shape
+    return replace(shape, window_left=left, window_right=right)
+
+
 def _varlen_lengths(offsets: tuple[tuple[int, ...] | None, tuple[int, ...] | None], total_q: int,
                     total_k: int) -> tuple[tuple[int, int], ...]:
     """(query, key) length of each sequence from the cumulative offsets' values; () when they are
@@ -292,15 +346,16 @@ def parse_attention(sig: OpSignature) -> AttentionCall:
     if n == "_scaled_dot_product_fused_attention_overrideable_backward":
         return AttentionCall("flash", _bhsd(a[1], a[2], a[3], bool(_arg(sig, 13))), a[1].dtype, io, True)
     cum = _offsets(sig, "cum_seq_q", "cum_seq_k")
+    # the flash ops' keyword-only window_size_left / _right follow `scale`
     if n == "_flash_attention_forward":
         shape = _bshd(a[0], a[1], a[2], bool(_arg(sig, 8)), a[3], _arg(sig, 5), _arg(sig, 6), cum)
-        return AttentionCall("flash", shape, a[0].dtype, io, False)
+        return AttentionCall("flash", with_window(shape, _arg(sig, 11), _arg(sig, 12)), a[0].dtype, io, False)
     if n == "_flash_attention_forward_no_dropout_inplace":  # (out, q, k, v, ...): writes `out`
         shape = _bshd(a[1], a[2], a[3], bool(_arg(sig, 9)), a[4], _arg(sig, 6), _arg(sig, 7), cum)
-        return AttentionCall("flash", shape, a[1].dtype, io, False)
+        return AttentionCall("flash", with_window(shape, _arg(sig, 12), _arg(sig, 13)), a[1].dtype, io, False)
     if n == "_flash_attention_backward":
         shape = _bshd(a[1], a[2], a[3], bool(_arg(sig, 11)), a[6], _arg(sig, 8), _arg(sig, 9), cum)
-        return AttentionCall("flash", shape, a[1].dtype, io, True)
+        return AttentionCall("flash", with_window(shape, _arg(sig, 15), _arg(sig, 16)), a[1].dtype, io, True)
     if n == "_efficient_attention_forward":
         causal = _arg(sig, 9) in (1, 2)  # custom_mask_type: 1 top-left, 2 bottom-right causal
         shape = _bshd(a[0], a[1], a[2], causal, a[4], _arg(sig, 6), _arg(sig, 7))
@@ -372,8 +427,7 @@ def _fused_attention_cost(call: AttentionCall, ctx: CostContext, fwd_name: str,
 # workspaces FA3 allocates), the same varlen rule. Only the kernel names are FA3's. FA3 is faster
 # than FA2 on Hopper (its paper reports 1.5-2x in bf16), so this is an upper bound on its time
 # until FA3 has measurements of its own. Not modelled: paged KV (page_table), appended KV
-# (k_new), fp8 descaling, sliding windows and softcap (sliding windows are not modelled for
-# aten's flash attention either).
+# (k_new), fp8 descaling and softcap. Sliding windows are modelled as for aten's flash ops.
 FA3_FORWARD_KERNEL = "flash::FlashAttnFwdSm90"
 FA3_BACKWARD_KERNELS = ("flash::FlashAttnBwdPreprocess", "flash::FlashAttnBwdSm90",
                         "flash::FlashAttnBwdPostprocessConvertdQ")
@@ -400,8 +454,8 @@ def parse_flash_attn_3(sig: OpSignature) -> AttentionCall:
     left, right = arg("window_left"), arg("window_right")
     causal = bool(arg("causal")) or (isinstance(left, int) and left < 0 and right == 0)
     cu_q, cu_k = arg("cu_q"), arg("cu_k")
-    shape = _bshd(q, k, v, causal, cu_q, arg("max_q"), arg("max_k"),
-                  _offsets(sig, "cu_seqlens_q", "cu_seqlens_k"))
+    shape = with_window(_bshd(q, k, v, causal, cu_q, arg("max_q"), arg("max_k"),
+                              _offsets(sig, "cu_seqlens_q", "cu_seqlens_k")), left, right)
     offsets = tuple(t for t in (cu_q, cu_k) if isinstance(t, TensorMeta))
     outs = sig.tensors_out()
     if backward:

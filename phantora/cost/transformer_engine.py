@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from phantora.cost.attention import AttentionCall, AttentionShape, backend_attention_cost
+from phantora.cost.attention import AttentionCall, AttentionShape, backend_attention_cost, with_window
 from phantora.cost.gemm import (OPERAND_STREAMING_EFFICIENCY, GemmShape, gemm_kernel, gemm_kernel_name,
                                 grouped_gemm_compute_ns)
 from phantora.cost.normalization import FLOPS_PER_ELEMENT as NORM_FLOPS_PER_ELEMENT
@@ -241,8 +241,8 @@ def fused_attn(sig: OpSignature, ctx: CostContext) -> OpCost:
     inside the main loop stands for."""
     backward = sig.name == "nvte::fused_attn_bwd"
     tensors = [t for t in sig.args[:10 if backward else 6] if isinstance(t, TensorMeta)]
-    batch, heads, seq_q, seq_kv, d_qk, d_v, causal = sig.args[-7:]
-    shape = AttentionShape(batch, heads, seq_q, seq_kv, d_qk, d_v, bool(causal))
+    batch, heads, seq_q, seq_kv, d_qk, d_v, causal, left, right = sig.args[11 if backward else 6:]
+    shape = with_window(AttentionShape(batch, heads, seq_q, seq_kv, d_qk, d_v, bool(causal)), left, right)
     return backend_attention_cost(AttentionCall("cudnn", shape, sig.args[0].dtype, tuple(tensors), backward), ctx)
 
 

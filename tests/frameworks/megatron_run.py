@@ -54,6 +54,11 @@ class GPTConfig:
     mla: tuple[int, int, int, int, int] | None = None
     # Megatron-LM's --tp-comm-overlap: TE's userbuffers overlap the TP collectives with the GEMMs
     tp_comm_overlap: bool = False
+    # sliding-window attention (left, right) on all layers but every `window_skip_freq`-th, and the
+    # softmax type (GPT-OSS: (127, 0), 2, "learnable")
+    window: tuple[int, int] | None = None
+    window_skip_freq: int | None = None
+    softmax_type: str = "vanilla"
 
     def args(self) -> list[str]:
         a = ["--tp", str(self.tp), "--pp", str(self.pp), "--num-layers", str(self.layers),
@@ -88,6 +93,12 @@ class GPTConfig:
             a += ["--fp8-format", self.fp8_format, "--fp8-recipe", self.fp8_recipe]
         if self.tp_comm_overlap:
             a += ["--tp-comm-overlap"]
+        if self.window is not None:
+            a += ["--window-size", f"{self.window[0]},{self.window[1]}"]
+        if self.window_skip_freq is not None:
+            a += ["--window-attn-skip-freq", str(self.window_skip_freq)]
+        if self.softmax_type != "vanilla":
+            a += ["--softmax-type", self.softmax_type]
         if self.mla is not None:
             q, kv, qk, pos, v = self.mla
             a += ["--multi-latent-attention", "--q-lora-rank", str(q), "--kv-lora-rank", str(kv), "--qk-head-dim",

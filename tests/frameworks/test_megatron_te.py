@@ -278,3 +278,24 @@ def test_transformer_engine_spec_moe_grouped_gemm_expert_parallel(tmp_path, mega
         assert (ops["nvte::router_fwd"], ops["nvte::router_bwd"]) == (2 * layer_mbs, 2 * layer_mbs), ops
         assert (ops["nvte::aux_loss_fwd"], ops["nvte::aux_loss_bwd"]) == (layer_mbs, layer_mbs), ops
         assert ops["aten::topk"] == 0, ops
+
+
+def test_sliding_window_attention_costs_the_window(tmp_path, megatron_te_python):
+    """GPT-OSS's attention through Megatron-Core's TE spec: a 128-token window (`window_size`
+    (127, 0)) on all layers but every second (`window_attn_skip_freq` 2: layers 1 and 3 of 4
+    windowed, 2 and 4 full) and a learnable softmax offset per head (its attention sinks). Each
+    fused attention's FLOPs are the score cells it computes, by hand over 1,024 tokens: windowed,
+    1 + 2 + ... + 128 for the first 128 rows and 128 for each of the other 896 = 122,944 cells;
+    full causal, 1,024 x 1,025 / 2 = 524,800. Before, every layer was costed as full causal."""
+    cfg = GPTConfig(layers=4, seq=1024, iters=2, microbatches=2, transformer_impl="transformer_engine",
+                    window=(127, 0), window_skip_freq=2, softmax_type="learnable")
+    run = run_megatron(tmp_path, megatron_te_python, 1, cfg)
+    check_run(run, cfg, world=1, adam_ops=TE_ADAM)
+    fwd = [k for k in compute_kernels(trace_events(run), 0) if k["args"]["op"] == "nvte::fused_attn_fwd.default"]
+    head_dim = cfg.hidden // cfg.heads
+    per_cell = 2 * cfg.micro_batch * cfg.heads * 2 * head_dim  # QK^T and PV over every head
+    half = cfg.layers // 2 * cfg.microbatches * cfg.iters
+    assert Counter(k["args"]["flops"] for k in fwd) == {per_cell * 122_944: half, per_cell * 524_800: half}
+    windowed = [k["dur"] for k in fwd if k["args"]["flops"] == per_cell * 122_944]
+    full = [k["dur"] for k in fwd if k["args"]["flops"] == per_cell * 524_800]
+    assert max(windowed) < 0.6 * min(full), (windowed, full)

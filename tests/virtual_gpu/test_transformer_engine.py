@@ -282,7 +282,7 @@ def test_fused_attention_costs_cudnn_attention_on_the_same_shape() -> None:
     sbhd, bhsd = cuda_tensor((s, b, h, d), "bfloat16"), cuda_tensor((b, h, s, d), "bfloat16")
     stats = cuda_tensor((b, h, s, 1), "float32")
     fwd = te_cost.fused_attn(OpSignature("nvte::fused_attn_fwd", "default",
-                                         (sbhd, sbhd, sbhd, None, sbhd, stats, b, h, s, s, d, d, True), ()), ctx)
+                                         (sbhd, sbhd, sbhd, None, sbhd, stats, b, h, s, s, d, d, True, -1, -1), ()), ctx)
     sdpa = sdpa_cost(OpSignature("aten::_scaled_dot_product_cudnn_attention", "default",
                                  (bhsd, bhsd, bhsd, None, True, 0.0, True), ()), ctx)
     assert [k.name for k in fwd.kernels] == [k.name for k in sdpa.kernels]
@@ -291,7 +291,7 @@ def test_fused_attention_costs_cudnn_attention_on_the_same_shape() -> None:
     ws = cuda_tensor((b * h * s * (d + 1) * 4,), "uint8")
     bwd = te_cost.fused_attn(OpSignature("nvte::fused_attn_bwd", "default",
                                          (sbhd, sbhd, sbhd, sbhd, sbhd, stats, sbhd, sbhd, sbhd, None, ws,
-                                          b, h, s, s, d, d, True), ()), ctx)
+                                          b, h, s, s, d, d, True, -1, -1), ()), ctx)
     assert len(bwd.kernels) == 3 and bwd.kernels[1].flops == 2.5 * fwd.kernels[0].flops
     assert classify("nvte::fused_attn_fwd").name == classify("nvte::fused_attn_bwd").name == "attention"
 

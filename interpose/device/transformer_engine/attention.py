@@ -20,7 +20,8 @@ Here:
     and dSoftmaxOffset when asked, and cuDNN's backward workspace (the fp32 dQ accumulator and
     softmax sums, held while the kernel runs), and issues `nvte::fused_attn_bwd`.
 The kernels are timed as cuDNN's attention kernels on the same shapes (phantora/cost/attention.py,
-transformer_engine.fused_attn). Sliding windows are costed as the full (causal) attention.
+transformer_engine.fused_attn), sliding windows (`window_size`, (left, right), -1 unbounded) as
+the key blocks the window touches.
 """
 
 from __future__ import annotations
@@ -187,6 +188,13 @@ def _attention_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: A
     return b, h, sq, skv, dqk, dv
 
 
+def _window(window_size: Any) -> tuple[int, int]:
+    """(left, right) of TE's window_size; -1 for an unbounded side (TE's (-1, -1) and (-1, 0))."""
+    if window_size is None or len(window_size) != 2:
+        return -1, -1
+    return int(window_size[0]), int(window_size[1])
+
+
 def fused_attn_fwd(max_seqlen_q: int, max_seqlen_kv: int, is_training: bool, attn_scale: float, p_dropout: float,
                    set_zero: bool, qkv_layout: Any, o_format: Any, qkv_scale_inv_format: Any, bias_type: Any,
                    attn_mask_type: Any, softmax_type: Any, window_size: Any, bottom_right_diagonal: bool,
@@ -213,7 +221,8 @@ def fused_attn_fwd(max_seqlen_q: int, max_seqlen_kv: int, is_training: bool, att
     causal = _name(attn_mask_type) in CAUSAL_MASKS
     bias = Bias if isinstance(Bias, torch.Tensor) and _name(bias_type) not in ("NVTE_NO_BIAS", "NVTE_ALIBI") else None
     nvte_ops.define_ops()
-    torch.ops.nvte.fused_attn_fwd(q, k, v, bias, o, stats, batch, heads, seq_q, seq_kv, d_qk, d_v, causal)
+    torch.ops.nvte.fused_attn_fwd(q, k, v, bias, o, stats, batch, heads, seq_q, seq_kv, d_qk, d_v, causal,
+                                  *_window(window_size))
     outputs: list[Any] = [o, stats]
     if return_max_logit:
         outputs.append(torch.empty(stats_shape, dtype=torch.float32, device=q.device))
@@ -281,6 +290,6 @@ def fused_attn_bwd(max_seqlen_q: int, max_seqlen_kv: int, attn_scale: float, p_d
     causal = _name(attn_mask_type) in CAUSAL_MASKS
     nvte_ops.define_ops()
     torch.ops.nvte.fused_attn_bwd(q, k, v, o, do, stats, dq, dk, dv, dbias, workspace, batch, heads, seq_q, seq_kv,
-                                  d_qk, d_v, causal)
+                                  d_qk, d_v, causal, *_window(window_size))
     del workspace
     return [dq, dk, dv, dbias, dsoftmax_offset]

@@ -65,12 +65,14 @@ SCHEMAS = (
     # bias) read, o and the fp32 softmax statistics written; backward reads q, k, v, o, do and the
     # statistics and writes dq, dk, dv (and dbias) through its workspace. The shape the kernels
     # work on is given as the extension read it from the layout: batch (THD: sequences), query
-    # heads, the (mean) query and key lengths, the head dimensions, and whether the mask is causal.
+    # heads, the (mean) query and key lengths, the head dimensions, whether the mask is causal, and
+    # the sliding window's reach to the left and right of the diagonal (-1: unbounded).
     "fused_attn_fwd(Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor(a!) o, Tensor(b!) stats, int batch, "
-    "int heads, int seq_q, int seq_kv, int head_dim_qk, int head_dim_v, bool causal) -> ()",
+    "int heads, int seq_q, int seq_kv, int head_dim_qk, int head_dim_v, bool causal, int window_left, "
+    "int window_right) -> ()",
     "fused_attn_bwd(Tensor q, Tensor k, Tensor v, Tensor o, Tensor do, Tensor stats, Tensor(a!) dq, Tensor(b!) dk, "
     "Tensor(c!) dv, Tensor(d!)? dbias, Tensor(e!) workspace, int batch, int heads, int seq_q, int seq_kv, "
-    "int head_dim_qk, int head_dim_v, bool causal) -> ()",
+    "int head_dim_qk, int head_dim_v, bool causal, int window_left, int window_right) -> ()",
     # rotary position embedding applied to x (or its gradient, backward) with fp32 freqs [s, 1, 1, d]
     "rope(Tensor x, Tensor freqs, Tensor(a!) y, bool backward) -> ()",
     # multi-tensor apply kernels (chunks of every tensor of the lists in a few launches): dst = src *

@@ -110,6 +110,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tp-comm-bootstrap-backend", default="nccl", choices=["nccl", "mpi", "gloo"])
     p.add_argument("--ddp-bucket-size", type=int, default=None,
                    help="parameters per gradient bucket (Megatron's default: max(40M, 1M x DP size))")
+    p.add_argument("--window-size", default=None,
+                   help="sliding-window attention 'left,right' (GPT-OSS: 127,0), as Megatron-LM's flag")
+    p.add_argument("--window-attn-skip-freq", type=int, default=None,
+                   help="every Nth layer full attention, the others windowed (GPT-OSS: 2)")
+    p.add_argument("--softmax-type", default="vanilla", choices=["vanilla", "off-by-one", "learnable"],
+                   help="attention softmax; learnable: a learned offset per head (GPT-OSS's attention sinks)")
     return p.parse_args()
 
 
@@ -177,6 +183,9 @@ def model_provider(args: argparse.Namespace) -> tuple[list[GPTModel], Transforme
         fp8_recipe=args.fp8_recipe,
         fp8_amax_history_len=args.fp8_amax_history_len,
         fp8_amax_compute_algo=args.fp8_amax_compute_algo,
+        window_size=tuple(int(n) for n in args.window_size.split(",")) if args.window_size else None,
+        window_attn_skip_freq=args.window_attn_skip_freq,
+        softmax_type=args.softmax_type,
     )
     if args.transformer_impl == "transformer_engine":
         layer_spec = get_gpt_layer_with_transformer_engine_spec(num_experts=args.num_experts,
