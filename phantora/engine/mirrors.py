@@ -282,17 +282,20 @@ class Mirrors:
 
     def _ring_inside_a_stage(self, call: CollectiveCall) -> bool:
         """A message from a representative to a rank it stands for is a ring among alike ranks
-        (each sends to the next) when the ranks were chosen one representative per pipeline
-        stage and the message is on a group of its own (not the world) that is not along the
-        outermost (pipeline) dimension; otherwise it is a pipeline boundary (a pipeline may send
-        on the world group, examples/pp_train.py), and the choice of representatives is wrong
-        (RolesRefuted)."""
+        (each sends to the next) when the message is on a group of its own (not the world) that
+        is not along the outermost (pipeline) dimension: one representative per pipeline stage,
+        or one for all ranks where there is no pipeline (TP userbuffers over data parallelism).
+        Otherwise it is a pipeline boundary (a pipeline may send on the world group,
+        examples/pp_train.py), and the choice of representatives is wrong (RolesRefuted). A
+        pipeline that is not the outermost dimension still shows as the witness's divergence."""
         key = (call.group_name, call.group)
         ring = self._rings.get(key)
         if ring is None:
             members = self.groups.members.get(call.group_name)
-            ring = len(self.roles.representatives) > 1 and members is not None and len(members) < self.roles.world_size
             outer = self.groups.outermost(self.roles.world_size)
+            ring = members is not None and len(members) < self.roles.world_size
+            if len(self.roles.representatives) == 1 and outer is None:
+                ring = False  # no mesh to tell a ring from a pipeline by
             if ring and outer is not None:
                 pipeline = tuple(m - outer[0] for m in outer)
                 ring = not any(call.group[0] in g and call.group[1] in g and self.groups.family[n].shape == pipeline

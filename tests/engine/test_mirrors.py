@@ -355,3 +355,39 @@ def test_a_message_along_the_pipeline_to_a_rank_the_sender_stands_for_is_still_r
             "stream": 0, "group_name": "pp0"}
     with pytest.raises(RolesRefuted, match="rank 0 sends to rank 2"):
         e.join_collective(0, send)
+
+
+def test_a_ring_with_one_representative_and_no_pipeline_is_a_ring():
+    """8 ranks, tp 4 x dp 2 (rank = tp + 4 dp), one representative for all (what --ranks auto
+    tries first). Transformer Engine's userbuffers ring on the tensor-parallel group: rank 0 sends
+    to 1 and receives from 3; every mirror sends to its own next rank. The data-parallel groups
+    ([0, 4], ...) are the outermost dimension, and the pair is not on them. Before, this was
+    refused as a pipeline boundary and the run started again with the ring's ranks as processes."""
+    sink = SliceRecorder()
+    e = mirrored_engine(8, "0", sink)
+    groups = [[P.R_GROUP, "0", list(range(8))], [P.R_GROUP, "tp0", [0, 1, 2, 3]], [P.R_GROUP, "tp1", [4, 5, 6, 7]],
+              *([P.R_GROUP, f"dp{i}", [i, i + 4]] for i in range(4))]
+    e.apply(0, groups)
+    base = {"seq": 0, "nbytes": 8 << 20, "dtype": "bfloat16", "stream": 0, "group_name": "tp0", "device": 0}
+    works = [e.join_collective(0, dict(base, op="send", group=[0, 1])),
+             e.join_collective(0, dict(base, op="recv", group=[3, 0]))]
+    assert not e.collectives.unresolved_works & set(works)  # 3's mirrored send is 0's receive
+    e.place_all()
+    e.read_all_collectives()
+    sends = {(s["pid"] - 1, tuple(s["args"]["group ranks"])) for s in sink.slices
+             if s["name"].startswith("ncclDevKernel") and s["args"]["op"] == "send"}
+    assert sends == {(0, (0, 1)), (1, (1, 2)), (2, (2, 3)), (3, (3, 0)),
+                     (4, (4, 5)), (5, (5, 6)), (6, (6, 7)), (7, (7, 4))}
+
+
+def test_a_message_along_the_data_parallel_groups_with_one_representative_is_refused():
+    """The same mesh, rank 0 sending to rank 4 on its group [0, 4] (the outermost dimension, as
+    a pipeline's stages would be): still refused with one representative."""
+    e = mirrored_engine(8, "0")
+    groups = [[P.R_GROUP, "0", list(range(8))], [P.R_GROUP, "tp0", [0, 1, 2, 3]], [P.R_GROUP, "tp1", [4, 5, 6, 7]],
+              *([P.R_GROUP, f"dp{i}", [i, i + 4]] for i in range(4))]
+    e.apply(0, groups)
+    send = {"op": "send", "group": [0, 4], "seq": 0, "nbytes": 1 << 20, "dtype": "bfloat16", "device": 0,
+            "stream": 0, "group_name": "dp0"}
+    with pytest.raises(RolesRefuted, match="rank 0 sends to rank 4"):
+        e.join_collective(0, send)
