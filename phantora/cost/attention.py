@@ -124,8 +124,7 @@ class AttentionShape:
         """One shape per sequence (varlen with known lengths), else [self]."""
         if not self.lengths:
             return [self]
-        return [AttentionShape(1, self.heads, q, k, self.head_dim, self.head_dim_v, self.causal,
-                               window_left=self.window_left, window_right=self.window_right)
+        return [replace(self, batch=1, seq_q=q, seq_kv=k, lengths=())
                 for q, k in self.lengths if q > 0 and k > 0]  # an empty sequence does no work
 
     @property

@@ -293,10 +293,11 @@ class Mirrors:
         if ring is None:
             members = self.groups.members.get(call.group_name)
             outer = self.groups.outermost(self.roles.world_size)
-            ring = members is not None and len(members) < self.roles.world_size
-            if len(self.roles.representatives) == 1 and outer is None:
-                ring = False  # no mesh to tell a ring from a pipeline by
-            if ring and outer is not None:
+            if members is None or len(members) == self.roles.world_size:
+                ring = False
+            elif outer is None:  # no mesh to tell a ring from a pipeline by, but the stages chosen
+                ring = len(self.roles.representatives) > 1
+            else:
                 pipeline = tuple(m - outer[0] for m in outer)
                 ring = not any(call.group[0] in g and call.group[1] in g and self.groups.family[n].shape == pipeline
                                for n, g in self.groups.members.items())
