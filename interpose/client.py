@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections import deque
 from typing import Any, Callable
 
 from phantora import protocol as P
@@ -40,6 +41,13 @@ class SimClient:
         self.hello_reply: dict[str, Any] = {}
         self.python_time: Any = None  # host_time.PythonTime: the program's CPU time goes with the records
         self.on_connect: Callable[[], None] | None = None  # the rank's set-up once it is one
+        # Replies are read through a buffer that keeps what arrived, so that a call interrupted
+        # while it waited (Ctrl-C in the program) leaves the stream whole: the reply it did not
+        # read is skipped by the next call, which a `finally:` or an atexit handler may make.
+        self._inbox = P.MessageBuffer()
+        self._arrived: deque[Any] = deque()
+        self._unanswered: int | None = None  # the call whose reply was not read
+        self._torn: str | None = None  # why the byte stream is unusable (a send cut short)
 
     @property
     def connected(self) -> bool:
@@ -50,6 +58,7 @@ class SimClient:
         self.disabled_reason = reason
         self._sock = None
         self._records = []
+        self._inbox, self._arrived, self._unanswered, self._torn = P.MessageBuffer(), deque(), None, None
 
     def _connect(self) -> None:
         if self.disabled_reason:
@@ -147,10 +156,23 @@ class SimClient:
         if self._sock is None:
             self._connect()
         batch, self._records = self._records, []
+        self._send([batch, None])
+
+    def _send(self, message: list[Any]) -> None:
+        """One whole message, or a stream marked torn: a send cut short (KeyboardInterrupt in
+        sendall) leaves half a message the simulator cannot frame, so nothing may follow it."""
+        assert self._sock is not None
+        if self._torn is not None:
+            raise SimulatorGone(self._torn)
+        self._torn = ("phantora: this rank was interrupted in the middle of a message to the simulator "
+                      "(Ctrl-C or another signal); it cannot talk to the simulator any more")
         try:
-            P.send_message(self._sock, [batch, None])  # type: ignore[arg-type]
+            P.send_message(self._sock, message)
+        except socket.timeout:
+            raise
         except OSError as e:
             raise SimulatorGone(f"phantora: lost the connection to the simulator: {e}") from e
+        self._torn = None
 
     def flush(self) -> None:
         with self._lock:
@@ -175,23 +197,38 @@ class SimClient:
     def _roundtrip(self, batch: list[list[Any]], call: list[Any]) -> Any:
         assert self._sock is not None
         try:
-            P.send_message(self._sock, [batch, call])
-            reply = P.recv_message(self._sock)
-            while reply[0] == P.KEEPALIVE:  # type: ignore[index]  # the simulator is busy, not gone
-                reply = P.recv_message(self._sock)
+            if self._unanswered is not None:  # an interrupted call's reply comes first
+                self._reply_to(self._unanswered)
+                self._unanswered = None
+            self._send([batch, call])
+            self._unanswered = call[0]
+            call_id, ok, value = self._reply_to(call[0])
+            self._unanswered = None
         except socket.timeout as e:
             raise TimeoutError(
                 f"phantora: the simulator did not answer within {self._timeout:.0f} s "
                 f"(call kind {call[1]}); set PHANTORA_CALL_TIMEOUT to wait longer"
             ) from e
-        except (OSError, ConnectionError) as e:
+        except (OSError, ConnectionError, P.ProtocolError) as e:
             raise SimulatorGone(f"phantora: lost the connection to the simulator: {e}") from e
-        call_id, ok, value = reply  # type: ignore[misc]
-        if call_id != call[0]:
-            raise SimulatorGone(f"phantora: protocol error: reply to call {call_id}, expected {call[0]}")
         if not ok:
             raise RuntimeError(value)
         return value
+
+    def _reply_to(self, call_id: int) -> list[Any]:
+        """The reply to `call_id`, skipping keepalives (the simulator is busy, not gone)."""
+        while True:
+            while not self._arrived:
+                data = self._sock.recv(1 << 20)  # type: ignore[union-attr]
+                if not data:
+                    raise ConnectionError("connection closed by peer")
+                self._arrived.extend(self._inbox.feed(data))
+            reply = self._arrived.popleft()
+            if reply[0] == P.KEEPALIVE:
+                continue
+            if reply[0] != call_id:
+                raise SimulatorGone(f"phantora: protocol error: reply to call {reply[0]}, expected {call_id}")
+            return reply
 
     def close(self) -> None:
         with self._lock:

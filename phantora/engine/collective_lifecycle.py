@@ -555,16 +555,17 @@ class CollectiveLifecycle:
             self._drop(p)
         return failed
 
-    def give_up(self) -> None:
-        """The simulator failed (the network raised, or anything that stopped the run):
+    def give_up(self) -> int:
+        """The simulator failed or the run was interrupted (anything that stopped it):
         collectives whose end was not read never ran, as if dropped, so that the GPU work queued
         behind them is still placed and written when the run is closed (no kernel left out, no
-        dangling flow)."""
+        dangling flow); how many."""
         self.network_failed = True
         stuck = {work: sub.pending for work, sub in self.unread.items()}
         stuck.update((w, p) for w, p in self.joined.items() if p.complete() and w not in self.unread)
         for work, p in stuck.items():
             self._never_ran(work, p)
+        return len(stuck)
 
     def _never_ran(self, work: int, p: PendingCollective) -> None:
         self.unread.pop(work, None)

@@ -390,10 +390,10 @@ class Engine:
                 s.mirror_lag_ns, s.mirror_lag_rank = lagging.lag_ns, lagging.rank
         return s
 
-    def give_up_collectives(self) -> None:
-        """The simulator failed: collectives whose end was not read never ran (see
-        CollectiveLifecycle.give_up)."""
-        self.collectives.give_up()
+    def give_up_collectives(self) -> int:
+        """The simulator failed or the run was interrupted: collectives whose end was not read
+        never ran (see CollectiveLifecycle.give_up); how many."""
+        return self.collectives.give_up()
 
     def close(self, metadata: dict[str, Any]) -> None:
         try:

@@ -307,6 +307,8 @@ def _trace_once(run: TraceRun) -> TraceResult:
         server.close()
         if server.failure is not None:
             engine.give_up_collectives()
+        elif ranks.interrupted:
+            _give_up_when_interrupted(engine)
         summary = _summary(engine, server)
         if server.failure is not None:
             server.failure.write_details(run.output.with_name(run.output.name + ".simulator-error.txt"))
@@ -618,6 +620,19 @@ class RankWatch:
         if stopped:
             lines.append(f"{len(stopped)} other rank(s) stopped because of it: ranks {sorted(e.rank for e in stopped)}")
         return lines
+
+
+def _give_up_when_interrupted(engine: Engine) -> None:
+    """Ctrl-C asks to stop now: the collectives still in the network are not simulated to their
+    ends (at hundreds of ranks that took minutes) but written as never run, the work queued
+    behind them placed as after them, and the trace closed."""
+    try:
+        stopped = engine.give_up_collectives()
+    except Exception:  # the summary and the trace still close; _summary reports a broken engine
+        return
+    if stopped:
+        engine.warn(f"interrupted: {stopped} collective(s) still in the network were not simulated to their ends; "
+                    "the trace shows them as never run")
 
 
 def _summary(engine: Engine, server: SimulatorServer) -> EngineSummary:

@@ -15,14 +15,15 @@ from pathlib import Path
 from phantora.trace.check import check_chrome_trace, load_chrome_trace
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "dist_train_forever.py"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+SCRIPT = SCRIPTS / "dist_train_forever.py"
 
 
-def _start(tmp_path: Path, nproc: int) -> subprocess.Popen:
+def _start(tmp_path: Path, nproc: int, script: Path = SCRIPT) -> subprocess.Popen:
     """phantora in its own session (process group), as a shell starts a foreground job."""
     env = dict(os.environ, PIDFILE_DIR=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-m", "phantora.cli", "trace", "--nproc-per-node", str(nproc), "-o",
-                             str(tmp_path / "run.json"), "--", sys.executable, str(SCRIPT)], cwd=ROOT, env=env,
+                             str(tmp_path / "run.json"), "--", sys.executable, str(script)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     started, deadline = 0, time.time() + 240
     assert proc.stdout is not None
@@ -61,6 +62,23 @@ def test_ctrl_c_of_a_two_rank_run_exits_130_saying_it_was_interrupted(tmp_path):
     assert proc.returncode == 130, stderr[-3000:]
     assert "run interrupted by SIGINT (Ctrl-C): 2 rank process(es) stopped" in stderr
     assert "collective error" not in stderr and "exited without joining" not in stderr, stderr[-3000:]
+
+
+def test_ctrl_c_does_not_simulate_the_collectives_still_in_the_network_and_says_so(tmp_path):
+    """At hundreds of ranks, simulating what was still in the network to its end kept a Ctrl-C'd
+    run alive for minutes; now those collectives are written as never run."""
+    proc = _start(tmp_path, 2, SCRIPTS / "dist_async_then_wait.py")
+    time.sleep(1.5)  # the records reach the simulator within a second (the rank's flusher)
+    os.killpg(proc.pid, signal.SIGINT)
+    stderr = _ended(proc, tmp_path, 2)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert ("interrupted: 200 collective(s) still in the network were not simulated to their ends; "
+            "the trace shows them as never run") in stderr, stderr[-3000:]
+    trace = load_chrome_trace(tmp_path / "run.json")
+    nccl = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "nccl" in e.get("name", "").lower()]
+    launches = [e for e in nccl if e.get("cat") == "cpu_op"]
+    assert len(launches) == 2 * 200 and all(e["args"].get("never ran") for e in launches)
+    assert [e for e in nccl if e.get("cat") != "cpu_op"] == []  # not one all-reduce on a GPU's track
 
 
 def test_sigterm_of_a_two_rank_run_exits_143_saying_it_was_terminated(tmp_path):
