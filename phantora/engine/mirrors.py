@@ -145,6 +145,7 @@ class GroupFamilies:
     def __init__(self) -> None:
         self.members: dict[str, tuple[int, ...]] = {}
         self.family: dict[str, GroupFamily] = {}
+        self.added = 0  # groups added so far: what was decided from fewer may be decided again
         self._open: dict[tuple[str, tuple[int, ...]], list[GroupFamily]] = {}  # (backend, shape) -> in creation order
 
     def add(self, name: str, members: tuple[int, ...], backend: str = "") -> None:
@@ -160,6 +161,7 @@ class GroupFamilies:
             fam.by_rank[m] = name
         self.members[name] = rank_group(members)  # the group of every mirrored call on it (counterpart)
         self.family[name] = fam
+        self.added += 1
 
     def outermost(self, world_size: int) -> tuple[int, ...] | None:
         """Rank 0's group in the family that splits the world along its outermost dimension
@@ -198,6 +200,7 @@ class Mirrors:
         self.witness = Witness(roles)
         self._p2p_vias: dict[tuple, str] = {}  # (group name, pair, rank) -> the group carrying it (_p2p_via)
         self._rings: dict[tuple, bool] = {}  # (group name, pair) -> a ring inside a stage? (_ring_inside_a_stage)
+        self._decided_with = 0  # groups.added when those two were filled (_forget_stale_decisions)
         self.ranks: dict[int, MirrorRank] = {}
         for rank in range(roles.world_size):
             rep = roles.representative(rank)
@@ -258,6 +261,7 @@ class Mirrors:
         sends to i + 1, not the representative's peer."""
         rep = call.rank
         peer = call.group[1] if call.group[0] == rep else call.group[0]
+        self._forget_stale_decisions()
         if self.roles.representative(peer) == rep and not self._ring_inside_a_stage(call):
             stages = tuple(sorted(self.groups.members.get(call.group_name, call.group)))
             raise RolesRefuted(
@@ -279,6 +283,14 @@ class Mirrors:
             pair = (group[(positions[0] + shift) % n], group[(positions[1] + shift) % n])
             calls.append(_mirrored_call(call, m, pair, call.root, name))
         return calls
+
+    def _forget_stale_decisions(self) -> None:
+        """A group created after a message was carried (a pipeline's groups made late) can change
+        which family carries a pair and whether it is a ring: decide again."""
+        if self._decided_with != self.groups.added:
+            self._rings.clear()
+            self._p2p_vias.clear()
+            self._decided_with = self.groups.added
 
     def _ring_inside_a_stage(self, call: CollectiveCall) -> bool:
         """A message from a representative to a rank it stands for is a ring among alike ranks

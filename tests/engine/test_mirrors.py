@@ -391,3 +391,19 @@ def test_a_message_along_the_data_parallel_groups_with_one_representative_is_ref
             "stream": 0, "group_name": "dp0"}
     with pytest.raises(RolesRefuted, match="rank 0 sends to rank 4"):
         e.join_collective(0, send)
+
+
+def test_a_group_created_after_a_ring_s_first_message_is_taken_into_account():
+    """The ring decision is cached per pair; a family created later (here the pipeline-shaped
+    groups [0, 2, 4, 6], [1, 3, 5, 7], now the outermost dimension) can make the same pair a
+    pipeline boundary. Before, the first decision stayed and the second message was mirrored as
+    a ring."""
+    e = mirrored_engine(8, "0")
+    e.apply(0, [[P.R_GROUP, "0", list(range(8))], *([P.R_GROUP, f"dp{i}", [i, i + 4]] for i in range(4)),
+                *([P.R_GROUP, f"pair{i}", [i, (i + 2) % 8]] for i in range(8))])
+    send = {"op": "send", "group": [0, 2], "seq": 0, "nbytes": 1 << 20, "dtype": "bfloat16", "device": 0,
+            "stream": 0, "group_name": "pair0"}
+    e.join_collective(0, send)  # a ring: [0, 2] is on no group of the outermost (dp) family's shape
+    e.apply(0, [[P.R_GROUP, "pp0", [0, 2, 4, 6]], [P.R_GROUP, "pp1", [1, 3, 5, 7]]])
+    with pytest.raises(RolesRefuted, match="rank 0 sends to rank 2"):
+        e.join_collective(0, dict(send, seq=1))
