@@ -100,6 +100,13 @@ class ProtocolError(RuntimeError):
     pass
 
 
+def kept_json(value: object) -> bytes:
+    """orjson.dumps(value) in a bytes object of its own size, for JSON that is kept (a dict key, a
+    buffered event): orjson's result holds on to its 4 KiB output buffer, so 65,536 short keys
+    kept that way cost 260 MiB instead of 5."""
+    return bytes(memoryview(orjson.dumps(value)))
+
+
 def encode(obj: object) -> bytes:
     body = orjson.dumps(obj)
     return _LEN.pack(len(body)) + body

@@ -13,7 +13,6 @@ import dataclasses
 from collections import Counter
 from typing import Any, Callable
 
-import orjson
 from phantora import protocol as P
 from phantora.cost import COPY_D2H, COPY_H2D, NO_GPU_WORK, Estimator, KernelEstimate
 from phantora.cost.copies import copy_endpoints
@@ -66,7 +65,7 @@ class HostRecords:
     # --- aten ops -----------------------------------------------------------------------------
     def define_sig(self, st: RankState, sig_id: int, wire: list[Any]) -> None:
         """A signature the rank's later ops refer to by id; estimated once per distinct one."""
-        key = orjson.dumps(wire)
+        key = P.kept_json(wire)
         sig = OpSignature.from_wire(wire)
         est = self._estimates.get(key)
         if est is None:

@@ -21,6 +21,8 @@ from typing import IO, Any
 
 import orjson
 
+from phantora.protocol import kept_json
+
 _CHUNK_EVENTS = 4096
 
 # Perfetto keeps flow v2 bind_ids and flow v1 ids in one id space: it numbers v1 flows (s/f,
@@ -105,7 +107,7 @@ class ChromeJsonSink:
         self.closed = False
 
     def _emit(self, event: dict[str, Any]) -> None:
-        self._pending.append(orjson.dumps(event))
+        self._pending.append(kept_json(event))
         if len(self._pending) >= _CHUNK_EVENTS:
             self._flush()
 

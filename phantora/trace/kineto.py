@@ -43,6 +43,7 @@ from typing import IO, Any
 import orjson
 
 from phantora.hardware import GPUSpec
+from phantora.protocol import kept_json
 
 HOST_PID_BASE = 100_000
 KERNEL_LAUNCH = "cudaLaunchKernel"
@@ -304,7 +305,7 @@ class KinetoSink:
 
     # --- writing -----------------------------------------------------------------------------
     def _emit(self, r: _Rank, event: dict[str, Any]) -> None:
-        r.pending.append(orjson.dumps(event))
+        r.pending.append(kept_json(event))
         if len(r.pending) >= _CHUNK_EVENTS:
             self._flush(r)
 

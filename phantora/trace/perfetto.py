@@ -103,6 +103,7 @@ from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (ChromeEventBundle, DebugAnnotation, InternedData,
                                                                TracePacket, TrackDescriptor, TrackEvent)
 
+from phantora.protocol import kept_json
 from phantora.trace.chrome import (counter_event, flow_events, instant_event, process_events, slice_event,
                                    thread_events)
 
@@ -599,7 +600,7 @@ class PerfettoProtoSink:
         out = []
         cache = self._annotation_cache
         for key, value in args.items():
-            cache_key = (key, orjson.dumps(value))
+            cache_key = (key, kept_json(value))
             encoded = cache.get(cache_key)
             if encoded is None:
                 ann = self._annotation
@@ -902,7 +903,7 @@ class _Decoder:
                 if hit is None:
                     value = self._value(ann, interned)
                     shared = value is None or isinstance(value, (str, int, float))
-                    hit = cache[encoded] = (self._arg_name(ann, interned), value if shared else orjson.dumps(value),
+                    hit = cache[encoded] = (self._arg_name(ann, interned), value if shared else kept_json(value),
                                             shared)
                 args[hit[0]] = hit[1] if hit[2] else orjson.loads(hit[1])
         self._events[ev.track_uuid].append(_TrackEventRecord(
