@@ -94,6 +94,8 @@ class CollectiveLifecycle:
         self.prunes = 0
         self._flows_at_prune = 0  # flows submitted to the network by then
         self._live_at_prune = 0  # flows it still held then
+        self.sweep_min_unread = 1024  # read_final_mirrored scans once this many are unread
+        self._unread_at_sweep = 0  # unread collectives left by the last read_final_mirrored
         self._key_works: dict[Any, int] = {}  # collective key -> its work id, until it runs
         self._work_ids = 0
         # (collective key, rank) -> host begin and end of that rank's call, until the collective runs
@@ -452,6 +454,21 @@ class CollectiveLifecycle:
             self.mirrors.lag(call.rank, end - rep_end)
         else:
             self._lag_waits.setdefault(source[0], []).append((call.rank, end))
+
+    def read_final_mirrored(self) -> None:
+        """Read the final ends of collectives whose members are all mirrored ranks. No host waits
+        for them, so under optimistic sync they stayed unread, with their calls and network
+        records, until the run ended: at 256 ranks with Transformer Engine's userbuffers rings
+        (7 messages per GEMM, each mirrored to every rank) the simulator grew by 110 MB an
+        iteration. A final end does not change, so reading it now writes what the end would.
+        Amortized: a scan once the unread ones doubled since the last."""
+        if self.mirrors is None or len(self.unread) < max(self.sweep_min_unread, 2 * self._unread_at_sweep):
+            return
+        for work in [w for w, sub in self.unread.items()
+                     if sub.handle is not None and not any(r in self.ranks for r in sub.pending.members)
+                     and self._is_final(sub)]:
+            self.read(work)
+        self._unread_at_sweep = len(self.unread)
 
     # --- the network's history ---------------------------------------------------------------
     def prune_network(self) -> None:

@@ -283,6 +283,7 @@ class Engine:
         host waits and calls that can finish now (take_unblocked names their ranks)."""
         self.finality.progress()
         if not self.finality.closing:
+            self.collectives.read_final_mirrored()
             self.collectives.prune_network()
 
     def host_blocked(self, rank: int) -> bool:
