@@ -103,7 +103,7 @@ from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (ChromeEventBundle, DebugAnnotation, InternedData,
                                                                TracePacket, TrackDescriptor, TrackEvent)
 
-from phantora.protocol import kept_json
+from phantora.protocol import compact, kept_json
 from phantora.trace.chrome import (counter_event, flow_events, instant_event, process_events, slice_event,
                                    thread_events)
 
@@ -600,7 +600,7 @@ class PerfettoProtoSink:
         out = []
         cache = self._annotation_cache
         for key, value in args.items():
-            cache_key = (key, kept_json(value))
+            cache_key = (key, orjson.dumps(value))  # only a key that is kept is copied (compact)
             encoded = cache.get(cache_key)
             if encoded is None:
                 ann = self._annotation
@@ -611,7 +611,7 @@ class PerfettoProtoSink:
                 encoded = _DEBUG_ANNOTATIONS_KEY + _varint(len(data)) + data
                 if len(cache) >= _ANNOTATION_CACHE_LIMIT:
                     cache.clear()
-                cache[cache_key] = encoded
+                cache[(key, compact(cache_key[1]))] = encoded
             out.append(encoded)
         return b"".join(out)
 
