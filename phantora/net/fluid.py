@@ -142,6 +142,10 @@ class FlowSimulator:
         # instead of scanning every flow of the island's history).
         self.live: set[int] = set()
         self.done_by_time = DoneByTime()
+        # Every flow not forgotten, by link: rollback_scope walks out from a late flow's links
+        # instead of scanning every flow with an event after its start (at 768 GPUs, with
+        # Transformer Engine's rings, that scan was 79% of the simulator's time).
+        self.flows_by_link: dict[int, set[int]] = {}
         self.batches = 0
         self.solves = 0
 
@@ -181,9 +185,16 @@ class FlowSimulator:
                     self._merge(island, self.islands[r])
         self._link_island[links] = island.iid
         iid, by_fid, arrivals = island.iid, self.flows, island.arrivals
+        by_link = self.flows_by_link
         for f in flows:
             by_fid[f.fid] = f
             f.island = iid
+            for link in f.link_list:
+                on = by_link.get(link)
+                if on is None:
+                    by_link[link] = {f.fid}
+                else:
+                    on.add(f.fid)
         fids = [f.fid for f in flows]
         self.live.update(fids)
         island.fids.update(fids)
@@ -274,6 +285,11 @@ class FlowSimulator:
         """Forget a finished flow (pruning)."""
         assert f.state == DONE
         del self.flows[f.fid]
+        for link in f.link_list:
+            on = self.flows_by_link[link]
+            on.discard(f.fid)
+            if not on:
+                del self.flows_by_link[link]
         self.done_by_time.discard(f.done_t, f.fid)
         island = self.islands.get(f.island)
         if island is not None:

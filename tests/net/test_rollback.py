@@ -200,3 +200,53 @@ def test_collectives_submitted_together_give_the_times_of_a_run_that_knew_everyt
     for i, h in zip(together, net.submit_many([items[i] for i in together])):
         handle[i] = h
     assert [net.finish_time(handle[i]) for i in range(len(items))] == expected
+
+
+def _closure_by_scanning(sim, seeds, t):
+    """The rollback scope by its definition: among every flow with an event at or after t, the
+    closure over shared links from the seeds (what rollback_scope scanned for before it walked
+    out from the seeds' links)."""
+    from phantora.net.fluid import DONE
+
+    candidates = [f for f in sim.flows.values() if f.state != DONE or f.done_t >= t]
+    inside, links = {f.fid for f in seeds}, {link for f in seeds for link in f.link_list}
+    grew = True
+    while grew:
+        grew = False
+        for f in candidates:
+            if f.fid not in inside and links.intersection(f.link_list):
+                inside.add(f.fid)
+                links.update(f.link_list)
+                grew = True
+    return sorted(inside)
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios(), st.integers(0, 400_000), st.data(), st.sampled_from([2048, 1]))
+def test_the_rollback_scope_walked_or_scanned_is_the_closure_by_definition(small_cluster, case, t, data,
+                                                                           walk_limit):
+    """Both ways rollback_scope finds it: the walk from the seeds' links, and (beyond
+    walk_limit flows) the vectorized pass over the island."""
+    from unittest import mock
+
+    from phantora.net import rollback
+
+    items, order, queries = case
+    net = Network(small_cluster)
+    handles = []
+    for step, i in enumerate(order):
+        handles.append(net.submit(*items[i]))
+        for j in queries[step]:
+            net.finish_time(handles[j])
+    sim = net._sim
+    from phantora.net.fluid import DONE
+
+    # a rollback's seeds are late flows: not done (they have not even started)
+    live = sorted(f.fid for f in sim.flows.values() if f.state != DONE)
+    if not live:
+        return
+    handle = sim.flows[data.draw(st.sampled_from(live))].handle
+    seeds = [f for f in net._collectives[handle].flows if f.fid in sim.flows and f.state != DONE]
+    with mock.patch.object(rollback, "_WALK_LIMIT", walk_limit):
+        scope = rollback.rollback_scope(sim, seeds, t)
+    assert [f.fid for f in scope] == _closure_by_scanning(sim, seeds, t)
