@@ -36,9 +36,8 @@ the table; vocabulary 131,072, sequence 4,096, overlapped gradient reduce and pa
 README's text. Not stated, and taken as Megatron-LM's defaults and examples/gpt3's script: micro-batch
 1, BF16 (the MFU column is against the BF16 peak), the TE layer spec, dropout 0.1, learned absolute
 positions, GELU MLP of 4x hidden. The comparison is of teraFLOP/s, Megatron's own count on both sides.
-The 70B row (768 GPUs, TP 8 with --tp-comm-overlap) does not complete on a 24 GiB machine: the
-simulator's memory grows with the userbuffers rings' mirrored steps (docs/scale.md, Limits); it is
-the last row, so `--only` the others to leave it out.
+The 70B row (768 GPUs, TP 8 with --tp-comm-overlap) takes about an hour of wall on a 2-core
+machine (7 GB); it is the last row, so `--only` the others to leave it out.
 
 Llama 3 8B on 8 B200s (the 25.11 container's DGX-B200 row): the v0.3.0 recipe
 (llama3_workload_base_configs.py LLAMA3_8B_PRETRAIN_CONFIG_B200_FP8_CS_V1: micro-batch 2, global
