@@ -46,7 +46,6 @@ class SimClient:
         # read is skipped by the next call, which a `finally:` or an atexit handler may make.
         self._inbox = P.MessageBuffer()
         self._arrived: deque[Any] = deque()
-        self._unanswered: int | None = None  # the call whose reply was not read
         self._torn: str | None = None  # why the byte stream is unusable (a send cut short)
 
     @property
@@ -58,7 +57,7 @@ class SimClient:
         self.disabled_reason = reason
         self._sock = None
         self._records = []
-        self._inbox, self._arrived, self._unanswered, self._torn = P.MessageBuffer(), deque(), None, None
+        self._inbox, self._arrived, self._torn = P.MessageBuffer(), deque(), None
 
     def _connect(self) -> None:
         if self.disabled_reason:
@@ -159,20 +158,25 @@ class SimClient:
         self._send([batch, None])
 
     def _send(self, message: list[Any]) -> None:
-        """One whole message, or a stream marked torn: a send cut short (KeyboardInterrupt in
-        sendall) leaves half a message the simulator cannot frame, so nothing may follow it."""
+        """One whole message, or a stream marked torn: a send cut short (KeyboardInterrupt or a
+        timeout part-way) leaves part of a message the simulator cannot frame, so nothing may
+        follow it. Bytes are counted as they go, so an interrupt before the first byte or after
+        the last leaves the stream whole."""
         assert self._sock is not None
         if self._torn is not None:
             raise SimulatorGone(self._torn)
-        self._torn = ("phantora: this rank was interrupted in the middle of a message to the simulator "
-                      "(Ctrl-C or another signal); it cannot talk to the simulator any more")
+        data = memoryview(P.encode(message))
+        sent = 0
         try:
-            P.send_message(self._sock, message)
-        except socket.timeout:
+            while sent < len(data):
+                sent += self._sock.send(data[sent:])
+        except BaseException as e:
+            if 0 < sent < len(data):
+                self._torn = ("phantora: this rank was interrupted in the middle of a message to the simulator "
+                              "(Ctrl-C or another signal); it cannot talk to the simulator any more")
+            if isinstance(e, OSError) and not isinstance(e, socket.timeout):
+                raise SimulatorGone(f"phantora: lost the connection to the simulator: {e}") from e
             raise
-        except OSError as e:
-            raise SimulatorGone(f"phantora: lost the connection to the simulator: {e}") from e
-        self._torn = None
 
     def flush(self) -> None:
         with self._lock:
@@ -197,13 +201,8 @@ class SimClient:
     def _roundtrip(self, batch: list[list[Any]], call: list[Any]) -> Any:
         assert self._sock is not None
         try:
-            if self._unanswered is not None:  # an interrupted call's reply comes first
-                self._reply_to(self._unanswered)
-                self._unanswered = None
             self._send([batch, call])
-            self._unanswered = call[0]
-            call_id, ok, value = self._reply_to(call[0])
-            self._unanswered = None
+            _, ok, value = self._reply_to(call[0])
         except socket.timeout as e:
             raise TimeoutError(
                 f"phantora: the simulator did not answer within {self._timeout:.0f} s "
@@ -216,7 +215,9 @@ class SimClient:
         return value
 
     def _reply_to(self, call_id: int) -> list[Any]:
-        """The reply to `call_id`, skipping keepalives (the simulator is busy, not gone)."""
+        """The reply to `call_id`, skipping keepalives (the simulator is busy, not gone) and the
+        replies to earlier calls: a call interrupted while it waited (Ctrl-C) left its reply to
+        come, and call ids only grow."""
         while True:
             while not self._arrived:
                 data = self._sock.recv(1 << 20)  # type: ignore[union-attr]
@@ -224,7 +225,7 @@ class SimClient:
                     raise ConnectionError("connection closed by peer")
                 self._arrived.extend(self._inbox.feed(data))
             reply = self._arrived.popleft()
-            if reply[0] == P.KEEPALIVE:
+            if reply[0] == P.KEEPALIVE or reply[0] < call_id:
                 continue
             if reply[0] != call_id:
                 raise SimulatorGone(f"phantora: protocol error: reply to call {reply[0]}, expected {call_id}")

@@ -46,6 +46,8 @@ def test_a_call_after_an_interrupted_call_gets_its_own_reply():
         P.send_message(theirs, [second[0], True, "second"])
 
     theirs.settimeout(10)  # a client that never calls again fails the test, not hangs it
+    # Python's own SIGINT handler, as in a user's program (pytest-xdist's workers ignore SIGINT)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     t = threading.Thread(target=simulator, daemon=True)
     t.start()
     try:
@@ -55,6 +57,7 @@ def test_a_call_after_an_interrupted_call_gets_its_own_reply():
         assert first_call_id
         assert client.call(P.C_NOW) == "second"  # the cleanup's call: its own reply
     finally:
+        signal.signal(signal.SIGINT, before)
         t.join(5)
         ours.close()
         theirs.close()
@@ -66,9 +69,14 @@ def test_a_half_sent_message_leaves_a_rank_that_says_why_it_cannot_go_on():
     ours.settimeout(2)  # as _connect sets it
 
     class Interrupted:
-        def sendall(self, data: bytes) -> None:
-            ours.send(data[:3])  # part of the length prefix, then Ctrl-C
-            raise KeyboardInterrupt
+        """Sends part of the length prefix, then Ctrl-C arrives in the next send."""
+        sends = 0
+
+        def send(self, data: memoryview) -> int:
+            self.sends += 1
+            if self.sends > 1:
+                raise KeyboardInterrupt
+            return ours.send(bytes(data[:3]))
 
     client._sock = Interrupted()  # type: ignore[assignment]
     try:
