@@ -168,15 +168,17 @@ class SimClient:
         data = memoryview(P.encode(message))
         sent = 0
         try:
-            while sent < len(data):
-                sent += self._sock.send(data[sent:])
-        except BaseException as e:
-            if 0 < sent < len(data):
-                self._torn = ("phantora: this rank was interrupted in the middle of a message to the simulator "
-                              "(Ctrl-C or another signal); it cannot talk to the simulator any more")
-            if isinstance(e, OSError) and not isinstance(e, socket.timeout):
-                raise SimulatorGone(f"phantora: lost the connection to the simulator: {e}") from e
+            try:
+                while sent < len(data):
+                    sent += self._sock.send(data[sent:])
+            finally:  # only an exception can leave it part-way
+                if 0 < sent < len(data):
+                    self._torn = ("phantora: this rank was interrupted in the middle of a message to the simulator "
+                                  "(Ctrl-C or another signal); it cannot talk to the simulator any more")
+        except socket.timeout:
             raise
+        except OSError as e:
+            raise SimulatorGone(f"phantora: lost the connection to the simulator: {e}") from e
 
     def flush(self) -> None:
         with self._lock:

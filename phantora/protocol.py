@@ -121,24 +121,6 @@ def send_message(sock: socket.socket, obj: object) -> None:
     sock.sendall(encode(obj))
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        chunk = sock.recv(min(n - got, 1 << 20))
-        if not chunk:
-            raise ConnectionError("connection closed by peer")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def recv_message(sock: socket.socket) -> object:
-    (n,) = _LEN.unpack(recv_exact(sock, 4))
-    if n > MAX_MESSAGE:
-        raise ProtocolError(f"message of {n} bytes exceeds the {MAX_MESSAGE}-byte limit")
-    return orjson.loads(recv_exact(sock, n))
-
-
 class MessageBuffer:
     """Reassembles length-prefixed messages from a non-blocking socket's byte stream."""
 
