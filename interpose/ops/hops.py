@@ -34,8 +34,11 @@ window, prefix-LM, ...; masks beyond REAL_MASK_MAX_CELLS are counted in slices o
 to REAL_MASK_MAX_CELLS_COUNTED), and the CPU result becomes the real "shadow" of the virtual
 BlockMask's tensors (interpose/values/policy.py): its sparsity() is the real one, and the flex-attention
 kernels are costed with its real block count. A mask_mod that reads tensors on a virtual GPU
-(document ids) has no data to evaluate: its block count is unknown and the kernel is costed as
-if every block were visited (an upper bound).
+(TorchTitan's document ids, made on the GPU from the batch's positions) reads their shadows in
+that evaluation, where phantora knows their values; one that reads a tensor without data has
+nothing to evaluate: its block count is unknown and the kernel is costed as if every block were
+visited (an upper bound). The evaluation is phantora's work: its Python is not the program's
+host time, and Dynamo does not compile it.
 
 The eager kernels of several HOPs assert that no dispatch mode is active; see _hide_own_modes.
 torch.cond's backward needs branch functions returning tuples; see _branches_return_tuples.
@@ -43,12 +46,15 @@ torch.cond's backward needs branch functions returning tuples; see _branches_ret
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
+import torch.utils._pytree as pytree
 from torch._ops import HigherOrderOperator
+from torch.overrides import TorchFunctionMode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
 from interpose.values import policy as values
@@ -287,12 +293,13 @@ def _evaluate_on_cpu(original: Callable[..., Any], mask_mod: Any, B: Any, H: Any
     if key is not None and key in _real_masks:
         return _real_masks[key]
     try:
-        if cells <= REAL_MASK_MAX_CELLS:
-            real = _cpu_block_mask(original, mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
-            tensors = {i: t for i, t in enumerate(real.as_tuple()) if isinstance(t, torch.Tensor)}
-        else:
-            tensors = _block_counts_in_slices(original, mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
-    except Exception:  # mask_mod reads virtual-GPU tensors, or cannot run on the CPU
+        with _own_cpu_work():
+            if cells <= REAL_MASK_MAX_CELLS:
+                real = _cpu_block_mask(original, mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
+                tensors = {i: t for i, t in enumerate(real.as_tuple()) if isinstance(t, torch.Tensor)}
+            else:
+                tensors = _block_counts_in_slices(original, mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
+    except Exception:  # mask_mod reads virtual-GPU tensors without data, or cannot run on the CPU
         return None
     if not tensors or any(isinstance(t, FakeTensor) for t in tensors.values()):
         return None
@@ -303,11 +310,49 @@ def _evaluate_on_cpu(original: Callable[..., Any], mask_mod: Any, B: Any, H: Any
     return tensors
 
 
+@contextlib.contextmanager
+def _own_cpu_work() -> Iterator[None]:
+    """The mask's evaluation on the CPU is phantora's work, which a GPU does not do: its Python
+    is not the program's host time (the counter counts torch's code wherever it runs, so it is
+    bracketed), and Dynamo does not compile it. Under `torch.compile(create_block_mask)` (as
+    TorchTitan calls it) Dynamo skips the frames while the observer is on the mode stack, but
+    the CPU evaluation runs with the modes off, and Dynamo compiled create_block_mask for the
+    CPU there at every call (a mask_mod reading virtual-GPU tensors fails each time): a quarter
+    of a TorchTitan pipeline rank's CPU."""
+    from interpose import runtime
+
+    rt = runtime.current()
+    own = rt.python_time.own_work if rt is not None else contextlib.nullcontext()
+    set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
+    with own:
+        prior = set_eval_frame(None)
+        try:
+            yield
+        finally:
+            set_eval_frame(prior)
+
+
+class _ShadowsForVirtualTensors(TorchFunctionMode):
+    """A virtual tensor that a mask_mod reads (TorchTitan's document ids, computed on the GPU from
+    the batch's positions) is read as its shadow, the CPU tensor holding its values where
+    phantora knows them (interpose/values/policy.py). One without a shadow stays virtual, and
+    the evaluation fails on it as before (the mask's blocks are then unknown)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        args, kwargs = pytree.tree_map_only(FakeTensor, _shadow_or_self, (args, kwargs or {}))
+        return func(*args, **kwargs)
+
+
+def _shadow_or_self(t: FakeTensor) -> torch.Tensor:
+    shadow = values.shadow_of(t)
+    return t if shadow is None else shadow
+
+
 def _cpu_block_mask(original: Callable[..., Any], mask_mod: Any, B: Any, H: Any, Q_LEN: int, KV_LEN: int,
                     args: tuple, kwargs: dict) -> Any:
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with _disable_current_modes():
+    with _disable_current_modes(), _ShadowsForVirtualTensors():
         return original(mask_mod, B, H, Q_LEN, KV_LEN, "cpu", *args, **kwargs)
 
 
