@@ -276,6 +276,7 @@ def _trace_once(run: TraceRun) -> TraceResult:
             if roles.mirrored:
                 base_env[REPRESENTATIVES_ENV] = roles.env_value()
             envs = [dict(base_env, **rank_env(run, r, port, run_id)) for r in roles.processes]
+            ranks.ranks = list(roles.processes)
             if run.worker_output is not None and run.worker_output.redirected():
                 outputs = worker_outputs(run.worker_output, run.nproc_per_node, list(roles.processes), run_id)
                 for env, r in zip(envs, roles.processes):  # each rank opens its own (open_rank_streams)
@@ -542,6 +543,7 @@ class RankWatch:
     def __init__(self, server: SimulatorServer) -> None:
         self.server = server
         self.procs: list[subprocess.Popen | RankProcess] = []
+        self.ranks: list[int] = []  # each process's global rank (--ranks 0,4,7: not its index)
         self.exits: dict[int, RankExit] = {}
         self.interrupted: list[int] = []  # signals phantora received
         self._stop_at: float | None = None
@@ -560,7 +562,8 @@ class RankWatch:
         now = time.monotonic()
         for i, p in enumerate(self.procs):
             if i not in self.exits and p.poll() is not None:
-                self.exits[i] = RankExit(i, p.returncode, now, self._stop_at is not None)
+                rank = self.ranks[i] if i < len(self.ranks) else i
+                self.exits[i] = RankExit(rank, p.returncode, now, self._stop_at is not None)
 
     def keep_going(self) -> bool:
         self._observe()
