@@ -41,6 +41,7 @@ class SimClient:
         self.hello_reply: dict[str, Any] = {}
         self.python_time: Any = None  # host_time.PythonTime: the program's CPU time goes with the records
         self.on_connect: Callable[[], None] | None = None  # the rank's set-up once it is one
+        self.exit_info: dict[str, Any] = {}  # sent with the goodbye (C_BYE)
         # Replies are read through a buffer that keeps what arrived, so that a call interrupted
         # while it waited (Ctrl-C in the program) leaves the stream whole: the reply it did not
         # read is skipped by the next call, which a `finally:` or an atexit handler may make.
@@ -241,7 +242,7 @@ class SimClient:
             try:
                 if self._records:
                     self._send_batch()
-                self._roundtrip([], [self._call_id(), P.C_BYE, {}])
+                self._roundtrip([], [self._call_id(), P.C_BYE, self.exit_info])
             except (SimulatorGone, TimeoutError, RuntimeError):
                 pass
             finally:

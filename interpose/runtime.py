@@ -170,6 +170,7 @@ class Runtime:
         self.client = SimClient(config.socket_path, self._hello, config.call_timeout_s)
         self.devices: dict[int, DeviceMemory] = {}
         self.sig_ids: dict[Any, int] = {}
+        self.hosted_store: Any = None  # the job's c10d store where this process hosts it (process_group.py)
         # Page-locked host storages, by StorageImpl address. Weak: an address is reused once its
         # storage is freed, and a stale entry would make a fresh pageable tensor look pinned
         # (torch preserves a storage's Python object, so the weakref dies with the storage).

@@ -288,6 +288,7 @@ class SimProcessGroup(dist.ProcessGroup):
             # the default group, built by init_process_group from the rank its rendezvous
             # settled: from here on the process is that rank, before any collective it calls
             _rt.identify(rank, size)
+            _keep_hosted_store(store, rank)
 
     # --- what c10d asks of a backend ----------------------------------------------------------
     def _set_sequence_number_for_group(self) -> None:
@@ -786,30 +787,38 @@ def _identify_at_init() -> None:
     dist.init_process_group = init_process_group
 
 
-EXIT_WAIT_S = 120.0  # how long the store's host waits for the other ranks to leave
+def _keep_hosted_store(store: Any, rank: int) -> None:
+    """Rank 0 hosts the job's c10d store where no agent does (workers phantora starts itself,
+    which torchrun's own launch gives an agent store; env:// or tcp:// by hand). The store's
+    server lives as long as the store object, so the program's destroy_process_group() stopped
+    it; on a GPU the ranks leave together, but here they run at their own wall speed, and a
+    pipeline's last stage, minutes behind rank 0, failed its next store read with "Broken
+    pipe". phantora keeps the store and tells the simulator, which answers this process's
+    goodbye once every other rank process is done (phantora/simulator/server.py)."""
+    base = store
+    while isinstance(base, dist.PrefixStore):
+        base = base.underlying_store
+    if rank == 0 and isinstance(base, dist.TCPStore) and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        _rt.hosted_store = store
+        _rt.client.exit_info["hosts_store"] = True
 
 
 def _exit_rendezvous(wait: bool = True) -> None:
-    """Leave the default process group without pulling the store from under the other ranks.
+    """Leave the default process group with nothing owed to this rank left in the store.
 
-    Values and objects travel through the c10d store, which rank 0 hosts when the job was not
-    started by torchrun's agent (Lightning's launcher, mp.spawn, init_process_group with
-    tcp://). A real job needs the store only at start-up; phantora needs it until the last rank
-    has read what other ranks sent it. So a rank first reads everything still owed to it, then
-    says it is leaving; rank 0 waits (at most EXIT_WAIT_S) until every rank has said so."""
+    Values and objects travel through the c10d store; a real job needs it only at start-up,
+    phantora until the last rank has read what other ranks sent it. So a rank reads everything
+    still owed to it before destroy_process_group() takes the store away. Where rank 0 hosts
+    the store, phantora keeps it until the other processes end (_keep_hosted_store)."""
     if getattr(_exit_rendezvous, "done", False) or not dist.is_initialized():
         return
     _exit_rendezvous.done = True  # type: ignore[attr-defined]
+    if not wait:
+        return
     try:
-        store = c10d._get_default_store()
-        rank, world = dist.get_rank(), dist.get_world_size()
         with values.real_cpu():
-            if wait:
-                values.settle_all()
-            store.set(f"phantora/exit/{rank}", b"1")
-            if wait and rank == 0 and world > 1:
-                store.wait([f"phantora/exit/{r}" for r in _roles().representatives], timedelta(seconds=EXIT_WAIT_S))
-    except Exception:  # a peer died or the store is gone: nothing left to protect
+            values.settle_all()
+    except Exception:  # a peer died or the store is gone: nothing left to read
         pass
 
 

@@ -39,6 +39,7 @@ from phantora.simulator.progress import REFRESH_S, Progress, RunStatus
 FLUSH_S = 1.0  # the trace reaches the disk at least this often (a killed run leaves a readable prefix)
 
 _HELD = object()  # a call that cannot be answered until a collective completes
+_PARKED = object()  # the store host's goodbye, answered once the other rank processes are done
 
 # The simulator allocates flows, events and records by the million and keeps many of them for the
 # run. Under CPython's default thresholds (700, 10, 10) its collector ran 50,832 young and 204 full
@@ -131,6 +132,12 @@ class SimulatorServer:
         self._next_flush = 0.0
         self._last_seen: dict[int, float] = {}  # rank -> when it last sent anything
         self._join_handles = 0  # collectives answered before they joined (_answer_join)
+        # The goodbye (connection, call id) of the process that hosts the program's c10d store
+        # (rank 0 where no agent holds it: workers phantora starts itself, env:// by hand). It is
+        # answered once every other rank process is done, as torchrun's agent keeps its store
+        # until the workers exit: ranks run at their own wall speed here, and one still using the
+        # store (phantora carries values through it) failed with "Broken pipe" when rank 0 left.
+        self._store_host: tuple[Connection, int] | None = None
 
     def _heard_from(self, rank: int) -> float:
         """When `rank` last sent anything (waited_s): a mirrored rank through its representative."""
@@ -273,6 +280,22 @@ class SimulatorServer:
         """The launcher stops every rank: fail no waiting rank for what the others left undone."""
         self.stopping = True
         self._deferred.clear()
+        self._release_store_host(now=True)
+
+    def _others_running(self, host: Connection) -> bool:
+        return any(c is not host and c.rank is not None and not c.said_bye and c.sock.fileno() >= 0
+                   for c in self.connections)
+
+    def _release_store_host(self, now: bool = False) -> None:
+        """Answer the store host's goodbye once no other rank process runs (or `now`)."""
+        if self._store_host is None:
+            return
+        conn, call_id = self._store_host
+        if not now and self._others_running(conn):
+            return
+        self._store_host = None
+        if conn.sock.fileno() >= 0:
+            self._reply(conn, call_id, True, None)
 
     def _fail_rank(self, rank: int, message: str) -> None:
         """The rank's next call (or the one it is held in) raises `message`; records it sends
@@ -304,6 +327,7 @@ class SimulatorServer:
             self.held.pop(conn.rank, None)
             self.engine.finish_rank(conn.rank)
             self._abandoned(conn.rank)
+        self._release_store_host()
 
     def _read(self, conn: Connection) -> None:
         try:
@@ -365,7 +389,8 @@ class SimulatorServer:
                 if value is _HELD:
                     self.held.setdefault(conn.rank, deque()).appendleft((conn, [], call))
                     return False
-                self._reply(conn, call[0], True, value)
+                if value is not _PARKED:
+                    self._reply(conn, call[0], True, value)
         except RolesRefuted as e:
             if self.restart_when_refuted:  # the launcher stops the ranks and starts again
                 self.refuted = e
@@ -477,6 +502,11 @@ class SimulatorServer:
             conn.said_bye = True
             self.engine.finish_rank(conn.rank)
             self._abandoned(conn.rank)
+            if isinstance(call[2], dict) and call[2].get("hosts_store") and not self.stopping \
+                    and self._others_running(conn):
+                self._store_host = (conn, call[0])
+                return _PARKED
+            self._release_store_host()
             return None
         raise CallError(f"unknown call kind {kind!r}")
 
@@ -527,6 +557,9 @@ class SimulatorServer:
         call timeout still ends a hang."""
         seen: tuple[float, int] | None = None  # (the busy round, the network's work) at the last look
         while not self._keepalive_stop.wait(every_s):
+            parked = self._store_host
+            if parked is not None:  # waits for the other ranks: not a hang of the simulator
+                self._send(parked[0], [P.KEEPALIVE, None, {"waiting_for": "the other rank processes to finish"}])
             since, network = self._busy_since, self.engine.network
             if since is None or network is None or time.monotonic() - since < every_s:
                 seen = None

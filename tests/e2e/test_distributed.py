@@ -142,6 +142,22 @@ def test_a_rank_that_never_joins_times_out_naming_it(tmp_path):
     assert check_chrome_trace(out).ok
 
 
+def test_a_rank_behind_rank_0_in_wall_time_reads_its_values_after_rank_0_left(tmp_path):
+    """Ranks run at their own wall speed under phantora. Rank 0 hosts the job's c10d store when
+    phantora starts the workers itself, and destroy_process_group() stopped the store's server:
+    a pipeline's last stage, minutes behind rank 0 (TorchTitan's validation_tp_cp_pp), failed with
+    "Broken pipe" and read a wrong value. phantora keeps the store, and rank 0's process ends once
+    the other rank is done. Rank 1 here waits 5 real seconds before reading the all-reduce's sum."""
+    proc, out = trace_script(tmp_path, str(SCRIPTS / "dist_rank_behind_reads_store.py"), "5",
+                             options=("--nproc-per-node", "2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    left = {int(r): float(t) for r, t in re.findall(r"rank (\d) left at ([\d.]+)", proc.stdout)}
+    assert left[1] - left[0] > 4  # rank 0 did leave first
+    assert "rank 1 reads 3.0" in proc.stdout  # 1 + 2: rank 0's value, read through the store
+    assert "TCPStore" not in proc.stderr and "Broken pipe" not in proc.stderr
+    assert check_chrome_trace(out).ok
+
+
 def test_more_processes_than_gpus_per_node_is_refused(tmp_path):
     proc = phantora("trace", "--nproc-per-node", "9", "-o", str(tmp_path / "x.json"), "--", sys.executable, "-c", "0")
     assert proc.returncode == 2
