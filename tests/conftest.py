@@ -80,7 +80,6 @@ def warm_fork_servers() -> Iterator[None]:
             except (ProcessLookupError, ValueError):
                 pass
         shutil.rmtree(folder, ignore_errors=True)
-MEASURED = ("--host-time", "measured", "--startup-costs")  # the CLI's defaults, for the tests that test them
 
 
 def _torch_cuda_version(python: str) -> str:
