@@ -697,7 +697,7 @@ def install_distributed(rt: Any) -> None:
     _store_counts_processes()
     _report_groups()
     _identify_at_init()
-    _install_exit_rendezvous()
+    _read_owed_values_before_leaving()
     install_object_collectives()
     if os.environ.get(RanksEnv):  # mirrored ranks: their checkpoint save plans are derived
         from interpose.distributed import checkpoint_plans
@@ -803,18 +803,16 @@ def _keep_hosted_store(store: Any, rank: int) -> None:
         _rt.client.exit_info["hosts_store"] = True
 
 
-def _exit_rendezvous(wait: bool = True) -> None:
+def _read_owed_values() -> None:
     """Leave the default process group with nothing owed to this rank left in the store.
 
     Values and objects travel through the c10d store; a real job needs it only at start-up,
     phantora until the last rank has read what other ranks sent it. So a rank reads everything
     still owed to it before destroy_process_group() takes the store away. Where rank 0 hosts
     the store, phantora keeps it until the other processes end (_keep_hosted_store)."""
-    if getattr(_exit_rendezvous, "done", False) or not dist.is_initialized():
+    if getattr(_read_owed_values, "done", False) or not dist.is_initialized():
         return
-    _exit_rendezvous.done = True  # type: ignore[attr-defined]
-    if not wait:
-        return
+    _read_owed_values.done = True  # type: ignore[attr-defined]
     try:
         with values.real_cpu():
             values.settle_all()
@@ -822,16 +820,17 @@ def _exit_rendezvous(wait: bool = True) -> None:
         pass
 
 
-def _install_exit_rendezvous() -> None:
+def _read_owed_values_before_leaving() -> None:
     """At destroy_process_group() of the default group, and at exit for scripts that never call
-    it (see _exit_rendezvous)."""
+    it (see _read_owed_values); not at the exit of a script that raised, whose peers may never
+    send what it is owed."""
     import atexit
 
     original = c10d.destroy_process_group
 
     def destroy_process_group(group: Any = None) -> None:
         if group is None or group is c10d.GroupMember.WORLD:
-            _exit_rendezvous()
+            _read_owed_values()
         original(group)
 
     destroy_process_group.__wrapped__ = original  # type: ignore[attr-defined]
@@ -847,7 +846,7 @@ def _install_exit_rendezvous() -> None:
         stock_hook(kind, value, tb)
 
     sys.excepthook = excepthook
-    atexit.register(lambda: _exit_rendezvous(wait=not failing))
+    atexit.register(lambda: failing or _read_owed_values())
 
 
 def _patch_ddp() -> None:
