@@ -30,14 +30,13 @@ torch.compile question, not this module's.
 `create_block_mask` evaluates the mask_mod over every (q, kv) position on the device; on a
 virtual GPU that yields no data, so the mask's sparsity would be unknown. The same call is
 repeated for real on the CPU when mask_mod is a function of the indices alone (causal, sliding
-window, prefix-LM, ...; masks beyond REAL_MASK_MAX_CELLS are counted in slices of query rows, up
-to REAL_MASK_MAX_CELLS_COUNTED), and the CPU result becomes the real "shadow" of the virtual
-BlockMask's tensors (interpose/values/policy.py): its sparsity() is the real one, and the flex-attention
-kernels are costed with its real block count. A mask_mod that reads tensors on a virtual GPU
-(TorchTitan's document ids, made on the GPU from the batch's positions) reads their shadows in
-that evaluation, where phantora knows their values; one that reads a tensor without data has
-nothing to evaluate: its block count is unknown and the kernel is costed as if every block were
-visited (an upper bound). The evaluation is phantora's work: its Python is not the program's
+window, prefix-LM, ...; in slices of query rows, up to REAL_MASK_MAX_CELLS), and the CPU result
+becomes the real "shadow" of the virtual BlockMask's tensors (interpose/values/policy.py): its
+sparsity() is the real one, and the flex-attention kernels are costed with its real block
+count. A mask_mod that reads tensors on a virtual GPU (TorchTitan's document ids, made on the GPU
+from the batch's positions) reads their shadows in that evaluation, where phantora knows their
+values; one that reads a tensor without data has nothing to evaluate: its block count is unknown
+and the kernel is costed as if every block were visited (an upper bound). The evaluation is phantora's work: its Python is not the program's
 host time, and Dynamo does not compile it.
 
 The eager kernels of several HOPs assert that no dispatch mode is active; see _hide_own_modes.
@@ -64,11 +63,10 @@ DispatchKey = torch._C.DispatchKey
 # HOPs that a GPU runs as one fused kernel (costed by phantora/cost/attention.py).
 FUSED = frozenset({"flex_attention", "flex_attention_backward"})
 
-# Block masks up to this many (batch, head, q, kv) cells are built for real on the CPU at once;
-# up to REAL_MASK_MAX_CELLS_COUNTED, their block counts are, in slices (32k x 32k tokens: ~16
-# slices, seconds of CPU time once per distinct mask); larger ones are not evaluated.
-REAL_MASK_MAX_CELLS = 1 << 26
-REAL_MASK_MAX_CELLS_COUNTED = 1 << 30
+# Block masks up to this many (batch, head, q, kv) cells are evaluated for real on the CPU, in
+# slices of query rows (32k x 32k tokens: about a second of CPU per distinct mask); larger ones
+# are not.
+REAL_MASK_MAX_CELLS = 1 << 30
 
 # Mode classes that use another mode class's HOP rules: {subclass: base}.
 _RULES_FROM: dict[type, type] = {}
@@ -271,7 +269,7 @@ def _create_block_mask_with_real_counts(original: Callable[..., Any]) -> Callabl
                           *args: Any, **kwargs: Any) -> Any:
         mask = original(mask_mod, B, H, Q_LEN, KV_LEN, device, *args, **kwargs)
         if isinstance(mask.kv_num_blocks, FakeTensor):
-            real = _evaluate_on_cpu(original, mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
+            real = _evaluate_on_cpu(mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
             if real is not None:
                 _shadow_block_mask(mask, real)
         return mask
@@ -279,26 +277,21 @@ def _create_block_mask_with_real_counts(original: Callable[..., Any]) -> Callabl
     return create_block_mask
 
 
-def _evaluate_on_cpu(original: Callable[..., Any], mask_mod: Any, B: Any, H: Any, Q_LEN: int,
-                     KV_LEN: int, args: tuple, kwargs: dict) -> dict[int, torch.Tensor] | None:
+def _evaluate_on_cpu(mask_mod: Any, B: Any, H: Any, Q_LEN: int, KV_LEN: int, args: tuple,
+                     kwargs: dict) -> dict[int, torch.Tensor] | None:
     """The same block mask's tensors computed for real on the CPU, by their position in
     BlockMask.as_tuple(), or None when mask_mod needs data that only exists on a virtual GPU
-    (or the mask is too large to evaluate here). Up to REAL_MASK_MAX_CELLS cells the whole mask
-    is built; larger ones, in slices of query rows, give its block counts only (what the cost
-    model and BlockMask.sparsity() read)."""
+    (or the mask is too large to evaluate here)."""
     cells = (B or 1) * (H or 1) * Q_LEN * KV_LEN
-    if cells > REAL_MASK_MAX_CELLS_COUNTED:
+    if cells > REAL_MASK_MAX_CELLS:
         return None
     key = _mask_key(mask_mod, (B, H, Q_LEN, KV_LEN, args, tuple(sorted(kwargs.items()))))
     if key is not None and key in _real_masks:
         return _real_masks[key]
     try:
         with _own_cpu_work():
-            if cells <= REAL_MASK_MAX_CELLS:
-                real = _cpu_block_mask(original, mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
-                tensors = {i: t for i, t in enumerate(real.as_tuple()) if isinstance(t, torch.Tensor)}
-            else:
-                tensors = _block_counts_in_slices(original, mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
+            real = _cpu_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
+            tensors = {i: t for i, t in enumerate(real.as_tuple()) if isinstance(t, torch.Tensor)}
     except Exception:  # mask_mod reads virtual-GPU tensors without data, or cannot run on the CPU
         return None
     if not tensors or any(isinstance(t, FakeTensor) for t in tensors.values()):
@@ -348,37 +341,86 @@ def _shadow_or_self(t: FakeTensor) -> torch.Tensor:
     return t if shadow is None else shadow
 
 
-def _cpu_block_mask(original: Callable[..., Any], mask_mod: Any, B: Any, H: Any, Q_LEN: int, KV_LEN: int,
-                    args: tuple, kwargs: dict) -> Any:
+# Cells of the dense mask evaluated at once (16 MiB of bools): only its blocks are kept.
+_SLICE_CELLS = 1 << 24
+
+
+def _cpu_block_mask(mask_mod: Any, B: Any, H: Any, Q_LEN: int, KV_LEN: int, args: tuple, kwargs: dict) -> Any:
+    """create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, "cpu", *args, **kwargs)'s BlockMask (its
+    dq write order aside), from the dense mask of one slice of query rows (whole query blocks)
+    at a time. The dense mask is mask_mod called once on broadcast index tensors where that
+    agrees with create_mask's vmap on the first and last query blocks (every elementwise
+    mask_mod: causal, document, sliding window), else create_mask itself: the vmap gathers a
+    full-size index tensor for each indexing op, and create_block_mask sums each block of a
+    permuted int64 copy of the mask; this takes 4-5x less CPU and a fraction of the memory."""
+    from torch.nn.attention.flex_attention import BlockMask, create_mask
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with _disable_current_modes(), _ShadowsForVirtualTensors():
-        return original(mask_mod, B, H, Q_LEN, KV_LEN, "cpu", *args, **kwargs)
-
-
-# BlockMask.as_tuple() positions of the per-query-block counts of partial and full key blocks.
-_KV_NUM_BLOCKS, _FULL_KV_NUM_BLOCKS = 2, 4
-
-
-def _block_counts_in_slices(original: Callable[..., Any], mask_mod: Any, B: Any, H: Any, Q_LEN: int,
-                            KV_LEN: int, args: tuple, kwargs: dict) -> dict[int, torch.Tensor]:
-    """kv_num_blocks and full_kv_num_blocks of a mask too large to build at once: the mask of
-    each slice of query rows (whole query blocks, mask_mod shifted by the slice's start) counts
-    the key blocks of its query blocks."""
     block = kwargs.get("BLOCK_SIZE", args[0] if args else 128)
-    q_block = block[0] if isinstance(block, tuple) else block
-    rows = max(q_block, REAL_MASK_MAX_CELLS // ((B or 1) * (H or 1) * KV_LEN) // q_block * q_block)
-    parts: dict[int, list[torch.Tensor]] = {_KV_NUM_BLOCKS: [], _FULL_KV_NUM_BLOCKS: []}
-    for start in range(0, Q_LEN, rows):
-        def shifted(b: Any, h: Any, q_idx: Any, kv_idx: Any, start: int = start) -> Any:
+    q_block, kv_block = block if isinstance(block, tuple) else (block, block)
+    separate_full = kwargs.get("separate_full_blocks", args[2] if len(args) > 2 else True)
+    B, H = B or 1, H or 1
+    rows = max(q_block, _SLICE_CELLS // (B * H * KV_LEN) // q_block * q_block)
+
+    def vmapped(start: int, stop: int) -> torch.Tensor:
+        def shifted(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
             return mask_mod(b, h, q_idx + start, kv_idx)
 
-        piece = _cpu_block_mask(original, shifted, B, H, min(rows, Q_LEN - start), KV_LEN, args, kwargs)
-        for position in parts:
-            t = piece.as_tuple()[position]
-            if t is not None:
-                parts[position].append(t)
-    return {position: torch.cat(ts, dim=-1) for position, ts in parts.items() if ts}
+        return create_mask(shifted, B, H, stop - start, KV_LEN, "cpu")
+
+    def broadcast(start: int, stop: int) -> torch.Tensor:
+        return _broadcast_mask(mask_mod, B, H, start, stop, KV_LEN)
+
+    with _disable_current_modes(), _ShadowsForVirtualTensors():
+        last = (Q_LEN - 1) // q_block * q_block
+        dense = broadcast if all(_agree(broadcast, vmapped, s, min(s + q_block, Q_LEN))
+                                 for s in {0, last}) else vmapped
+        any_true, all_true = (torch.cat(parts, dim=2) for parts in zip(*(
+            _blocks_any_all(dense(start, min(start + rows, Q_LEN)), q_block, kv_block)
+            for start in range(0, Q_LEN, rows))))
+        partial, full = (any_true & ~all_true, all_true) if separate_full else (any_true, None)
+        return BlockMask.from_kv_blocks(*_ordered(partial), *(_ordered(full) if full is not None else (None, None)),
+                                        BLOCK_SIZE=(q_block, kv_block), mask_mod=mask_mod,
+                                        seq_lengths=(Q_LEN, KV_LEN))
+
+
+def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(blocks per query block, their key-block indices first in ascending order), as
+    create_block_mask orders them (torch's _dense_to_ordered)."""
+    as_int = blocks.to(torch.int32)
+    return as_int.sum(dim=-1, dtype=torch.int32), torch.argsort(as_int, dim=-1, descending=True, stable=True).to(torch.int32)
+
+
+def _broadcast_mask(mask_mod: Any, B: int, H: int, q_start: int, q_stop: int, KV_LEN: int) -> torch.Tensor:
+    """mask_mod over (B, H, q_stop - q_start, KV_LEN) positions in one call on broadcast indices
+    (int64, as create_mask's)."""
+    b = torch.arange(B).view(B, 1, 1, 1)
+    h = torch.arange(H).view(1, H, 1, 1)
+    q = torch.arange(q_start, q_stop).view(1, 1, -1, 1)
+    kv = torch.arange(KV_LEN).view(1, 1, 1, KV_LEN)
+    out = torch.as_tensor(mask_mod(b, h, q, kv))
+    if out.dtype != torch.bool:
+        raise TypeError(f"mask_mod returned {out.dtype}")
+    return out.expand(B, H, q_stop - q_start, KV_LEN)
+
+
+def _agree(broadcast: Callable[[int, int], torch.Tensor], vmapped: Callable[[int, int], torch.Tensor],
+           start: int, stop: int) -> bool:
+    try:
+        return torch.equal(broadcast(start, stop), vmapped(start, stop))
+    except Exception:  # noqa: BLE001 - a mask_mod that needs vmap's per-element calls
+        return False
+
+
+def _blocks_any_all(dense: torch.Tensor, q_block: int, kv_block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whether any / every position of each (query block, key block) is unmasked, the mask padded
+    with False to whole blocks as create_block_mask pads it: (B, H, query blocks, key blocks)."""
+    B, H, Q, KV = dense.shape
+    pad_q, pad_kv = -Q % q_block, -KV % kv_block
+    if pad_q or pad_kv:
+        dense = torch.nn.functional.pad(dense, (0, pad_kv, 0, pad_q))
+    blocks = dense.reshape(B, H, (Q + pad_q) // q_block, q_block, (KV + pad_kv) // kv_block, kv_block)
+    return blocks.any(dim=(3, 5)), blocks.all(dim=(3, 5))
 
 
 # Masks already evaluated on the CPU (it takes seconds for long sequences, and training loops
