@@ -79,6 +79,12 @@ COPY_SHADOW_MAX_NUMEL = 1 << 16
 # tokens, top-8 of 128 experts), their sums, sorts and cumulative sums; every count a program
 # reads back must follow from them. Beyond this size a result reads as one value (docs/moe.md).
 DERIVED_SHADOW_MAX_NUMEL = 1 << 25
+# Floating-point results computed from tensors that hold data keep a shadow up to this size (16
+# MiB as float32): loss masks, position tables, router probabilities. Larger ones are
+# activation-sized (a zero-filled gradient of vocabulary logits that a loss scatters its labels
+# into: 16 Mi elements per chunk of TorchTitan's chunked loss, built on the CPU for every chunk
+# and never read) and steer nothing.
+DERIVED_FLOAT_SHADOW_MAX_NUMEL = 1 << 22
 # Integer/bool CPU tensors from factories (randperm, arange) are real up to this size: 16 Mi
 # elements, 128 MiB as int64, the index permutation of a 16M-sample dataset; .tolist() on them is
 # then one local call. The real program holds the same tensor in host memory.
@@ -564,9 +570,11 @@ def _has_tensor(a: Any) -> bool:
 def _derived_cap(o: Any, from_tensors: bool) -> int:
     """The shadow size allowed for output o, beyond _shadow_cap: index data, and anything
     computed from tensors that all hold data (shadows or real CPU tensors)."""
-    if isinstance(o, FakeTensor) and (from_tensors or is_index_dtype(o.dtype)):
+    if not isinstance(o, FakeTensor):
+        return 0
+    if is_index_dtype(o.dtype):
         return DERIVED_SHADOW_MAX_NUMEL
-    return 0
+    return DERIVED_FLOAT_SHADOW_MAX_NUMEL if from_tensors else 0
 
 
 def _cpu_call(func: Any, args: Any, kwargs: dict) -> Any:
