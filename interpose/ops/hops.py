@@ -36,8 +36,8 @@ sparsity() is the real one, and the flex-attention kernels are costed with its r
 count. A mask_mod that reads tensors on a virtual GPU (TorchTitan's document ids, made on the GPU
 from the batch's positions) reads their shadows in that evaluation, where phantora knows their
 values; one that reads a tensor without data has nothing to evaluate: its block count is unknown
-and the kernel is costed as if every block were visited (an upper bound). The evaluation is phantora's work: its Python is not the program's
-host time, and Dynamo does not compile it.
+and the kernel is costed as if every block were visited (an upper bound). The evaluation is
+phantora's work: its Python is not the program's host time, and Dynamo does not compile it.
 
 The eager kernels of several HOPs assert that no dispatch mode is active; see _hide_own_modes.
 torch.cond's backward needs branch functions returning tuples; see _branches_return_tuples.
@@ -64,8 +64,8 @@ DispatchKey = torch._C.DispatchKey
 FUSED = frozenset({"flex_attention", "flex_attention_backward"})
 
 # Block masks up to this many (batch, head, q, kv) cells are evaluated for real on the CPU, in
-# slices of query rows (32k x 32k tokens: about a second of CPU per distinct mask); larger ones
-# are not.
+# slices of query rows (32k x 32k tokens: 1.5-5 s of CPU per distinct mask here); larger ones are
+# not (their kernels are costed as visiting every block).
 REAL_MASK_MAX_CELLS = 1 << 30
 
 # Mode classes that use another mode class's HOP rules: {subclass: base}.
@@ -379,16 +379,17 @@ def _cpu_block_mask(mask_mod: Any, B: Any, H: Any, Q_LEN: int, KV_LEN: int, args
             _blocks_any_all(dense(start, min(start + rows, Q_LEN)), q_block, kv_block)
             for start in range(0, Q_LEN, rows))))
         partial, full = (any_true & ~all_true, all_true) if separate_full else (any_true, None)
-        return BlockMask.from_kv_blocks(*_ordered(partial), *(_ordered(full) if full is not None else (None, None)),
-                                        BLOCK_SIZE=(q_block, kv_block), mask_mod=mask_mod,
-                                        seq_lengths=(Q_LEN, KV_LEN))
+        full_ordered = _ordered(full) if full is not None else (None, None)
+        return BlockMask.from_kv_blocks(*_ordered(partial), *full_ordered, BLOCK_SIZE=(q_block, kv_block),
+                                        mask_mod=mask_mod, seq_lengths=(Q_LEN, KV_LEN))
 
 
 def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(blocks per query block, their key-block indices first in ascending order), as
     create_block_mask orders them (torch's _dense_to_ordered)."""
     as_int = blocks.to(torch.int32)
-    return as_int.sum(dim=-1, dtype=torch.int32), torch.argsort(as_int, dim=-1, descending=True, stable=True).to(torch.int32)
+    indices = torch.argsort(as_int, dim=-1, descending=True, stable=True).to(torch.int32)
+    return as_int.sum(dim=-1, dtype=torch.int32), indices
 
 
 def _broadcast_mask(mask_mod: Any, B: int, H: int, q_start: int, q_stop: int, KV_LEN: int) -> torch.Tensor:
