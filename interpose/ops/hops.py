@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 from typing import Any, Callable, Iterator
 
@@ -283,7 +284,10 @@ def _evaluate_on_cpu(mask_mod: Any, B: Any, H: Any, Q_LEN: int, KV_LEN: int, arg
     BlockMask.as_tuple(), or None when mask_mod needs data that only exists on a virtual GPU
     (or the mask is too large to evaluate here)."""
     cells = (B or 1) * (H or 1) * Q_LEN * KV_LEN
+    shape = f"create_block_mask(B={B}, H={H}, Q_LEN={Q_LEN}, KV_LEN={KV_LEN})"
     if cells > REAL_MASK_MAX_CELLS:
+        _tell_once("too large", f"{shape} has {cells:,} cells, more than the {REAL_MASK_MAX_CELLS:,} phantora "
+                   "evaluates on the CPU")
         return None
     key = _mask_key(mask_mod, (B, H, Q_LEN, KV_LEN, args, tuple(sorted(kwargs.items()))))
     if key is not None and key in _real_masks:
@@ -292,15 +296,32 @@ def _evaluate_on_cpu(mask_mod: Any, B: Any, H: Any, Q_LEN: int, KV_LEN: int, arg
         with _own_cpu_work():
             real = _cpu_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, args, kwargs)
             tensors = {i: t for i, t in enumerate(real.as_tuple()) if isinstance(t, torch.Tensor)}
-    except Exception:  # mask_mod reads virtual-GPU tensors without data, or cannot run on the CPU
+    except Exception as e:  # mask_mod reads virtual-GPU tensors without data, or cannot run on the CPU
+        _tell_once("failed", f"{shape}: its mask_mod did not run on the CPU ({type(e).__name__}: "
+                   f"{str(e).splitlines()[0][:160] if str(e) else ''}); most often it reads a GPU tensor whose "
+                   "values phantora does not hold (docs/moe.md lists what it holds)")
         return None
     if not tensors or any(isinstance(t, FakeTensor) for t in tensors.values()):
+        _tell_once("no data", f"{shape}: its mask_mod reads GPU tensors whose values phantora does not hold")
         return None
     if key is not None:
         if len(_real_masks) >= _REAL_MASKS_KEPT:
             _real_masks.pop(next(iter(_real_masks)))
         _real_masks[key] = tensors
     return tensors
+
+
+_told: set[str] = set()
+
+
+def _tell_once(reason: str, what: str) -> None:
+    """Say once per process and reason that a block mask's blocks are unknown, and what follows."""
+    if reason in _told:
+        return
+    _told.add(reason)
+    print(f"phantora: rank {os.environ.get('RANK', '0')}: {what}: the blocks it keeps are unknown, so the "
+          "flex-attention kernels using it are costed as visiting every block (an upper bound; said once per "
+          "process)", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

@@ -111,6 +111,10 @@ def test_a_mask_reading_gpu_tensors_with_known_data_gets_its_real_blocks_at_no_h
     assert got["compiled_ms"] < 1.5 * got["index_only_compiled_ms"], got
     # The same eager call costs the same whether phantora could evaluate the mask or not.
     assert abs(got["eager_ms"] / got["no_data_ms"] - 1) < 0.01, got
+    # The mask on ids without data (called three times) is named once, with what follows from it.
+    notices = [line for line in proc.stderr.splitlines() if "create_block_mask(" in line]
+    assert len(notices) == 1, notices
+    assert "Q_LEN=2048" in notices[0] and "costed as visiting every block" in notices[0], notices
 
 
 @BUILDS
