@@ -390,6 +390,11 @@ def current() -> Runtime | None:
     return _runtime
 
 
+def rank_label() -> str:
+    """This process's rank as messages name it: "?" where phantora has not set up the process."""
+    return "?" if _runtime is None else str(_runtime.rank)
+
+
 def install_runtime(config: RankConfig) -> Runtime:
     global _runtime
     _runtime = Runtime(config)

@@ -45,6 +45,7 @@ import torch
 
 from interpose.device.stand_in import install_stand_ins
 from interpose.device import cuda_extensions
+from interpose.runtime import rank_label
 
 NAMESPACE = "apex"
 _lib: Any = None  # the torch.library.Library defining the ops, made at first import
@@ -202,7 +203,7 @@ def _float(x: Any) -> float:
 
 def _check(ok: bool, module: str, fn: str, what: str) -> None:
     if not ok:
-        raise RuntimeError(f"phantora: rank {_rank()}: {module}.{fn}: {what} (Apex's check, in phantora's "
+        raise RuntimeError(f"phantora: rank {rank_label()}: {module}.{fn}: {what} (Apex's check, in phantora's "
                            f"stand-in interpose/device/apex_kernels.py); pass what the kernel accepts")
 
 
@@ -395,18 +396,10 @@ _UNMODELLED: dict[str, tuple[str, ...]] = {
 }
 
 
-def _rank() -> str:
-    from interpose import runtime as rt_mod
-    try:
-        return str(rt_mod.get().rank)
-    except Exception:  # before the runtime exists (never in a traced run)
-        return "?"
-
-
 def _unmodelled(module: str, fn: str) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
-            f"phantora: rank {_rank()}: {module}.{fn} (an Apex CUDA kernel) has no cost model; phantora's "
+            f"phantora: rank {rank_label()}: {module}.{fn} (an Apex CUDA kernel) has no cost model; phantora's "
             f"stand-in for {module} (interpose/device/apex_kernels.py) times "
             f"{', '.join(sorted(MODULES[module]))}. Use one of those or the PyTorch implementation "
             f"(for Apex's optimizers: torch.optim with foreach or fused=True), or add a cost model for "

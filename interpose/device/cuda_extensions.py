@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from interpose.on_import import patch_when_imported
+from interpose.runtime import rank_label
 
 _DEF = re.compile(r"""\.def\(\s*"(\w+)\"""")
 _LIBRARY = "cuda_extension"
@@ -76,18 +77,10 @@ def multi_tensor_adam(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Se
 KNOWN_KERNELS: dict[str, Callable[..., Any]] = {"multi_tensor_adam": multi_tensor_adam}
 
 
-def _rank() -> str:
-    from interpose import runtime as rt_mod
-    try:
-        return str(rt_mod.get().rank)
-    except Exception:  # before the runtime exists (never in a traced run)
-        return "?"
-
-
 def _unmodelled(ext: str, fn: str) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
-            f"phantora: rank {_rank()}: {ext}.{fn} is a kernel of the custom CUDA extension '{ext}' "
+            f"phantora: rank {rank_label()}: {ext}.{fn} is a kernel of the custom CUDA extension '{ext}' "
             f"(built at run time with torch.utils.cpp_extension). phantora does not compile CUDA "
             f"extensions and cannot time a kernel from its source; it models only "
             f"{', '.join(sorted(KNOWN_KERNELS))}. To run this program under phantora, use the PyTorch "
@@ -147,7 +140,7 @@ def _patch(cpp_extension: types.ModuleType) -> None:
             return original_load(name, sources, *args, **kwargs)
         if not kwargs.get("is_python_module", True):
             raise NotImplementedError(
-                f"phantora: rank {_rank()}: the custom CUDA extension '{name}' registers its kernels as "
+                f"phantora: rank {rank_label()}: the custom CUDA extension '{name}' registers its kernels as "
                 f"torch ops (is_python_module=False); phantora does not compile CUDA extensions and cannot "
                 f"time a kernel from its source. Use PyTorch ops instead under phantora.")
         return extension_module(name, _exported(_read(paths)))

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import sys
 from typing import Any, Callable, Iterator
 
@@ -319,7 +318,9 @@ def _tell_once(reason: str, what: str) -> None:
     if reason in _told:
         return
     _told.add(reason)
-    print(f"phantora: rank {os.environ.get('RANK', '0')}: {what}: the blocks it keeps are unknown, so the "
+    from interpose import runtime
+
+    print(f"phantora: rank {runtime.rank_label()}: {what}: the blocks it keeps are unknown, so the "
           "flex-attention kernels using it are costed as visiting every block (an upper bound; said once per "
           "process)", file=sys.stderr, flush=True)
 

@@ -7,11 +7,7 @@ from typing import Any
 
 import torch
 
-
-def _rank() -> str:
-    from interpose import runtime as rt_mod
-    rt = rt_mod.current()
-    return "?" if rt is None else str(rt.rank)  # "?": outside a traced run (unit tests)
+from interpose.runtime import rank_label
 
 
 class NotModelledError(NotImplementedError):
@@ -20,7 +16,7 @@ class NotModelledError(NotImplementedError):
 
 def not_modelled(what: str) -> NotModelledError:
     return NotModelledError(
-        f"phantora: rank {_rank()}: Transformer Engine's {what} is not modelled by phantora's stand-in for "
+        f"phantora: rank {rank_label()}: Transformer Engine's {what} is not modelled by phantora's stand-in for "
         f"transformer_engine_torch (interpose/device/transformer_engine/extension.py), which models BF16/FP16, "
         f"per-tensor FP8 (delayed or current scaling) and MXFP8 GEMMs and grouped GEMMs, LayerNorm/RMSNorm, "
         f"activations, RoPE, BF16/FP16 attention and the optimizers' multi-tensor kernels. Use those "
