@@ -169,8 +169,7 @@ def run(args: argparse.Namespace) -> None:
     rows = []
     for gpus in args.gpus:
         workloads = [bench_allreduce(gpus), bench_tp_dp(gpus, args.steps, args.seed)]
-        if gpus <= 1024:  # 4,032 flows per group and all-to-all: 4,096 GPUs would take minutes
-            workloads.append(bench_ep_all_to_all(gpus, args.steps, args.seed))
+        workloads.append(bench_ep_all_to_all(gpus, args.steps, args.seed))
         for row in workloads:
             rows.append((gpus, row))
             print(f"{gpus:>5} {row['workload']:>9} {row['collectives']:>6} {row['flows']:>6} "

@@ -21,7 +21,11 @@ transient contention.
 
 The same argument holds for the pipelined trees (reduce up and broadcast down stream through
 the tree together: one rate per tree) and for NVLS (each GPU streams to and from the
-switch), while all-to-all and send/recv transfers are independent (one flow each).
+switch). A send/recv is one transfer. An all-to-all runs as NCCL's point-to-point schedule
+does: in rounds, each a permutation of the ranks (every rank sends to the one so many places
+ahead), taken in the same order by every rank; a round's transfers of one size are one flow.
+With equal sizes max-min gives them one rate anyway, so the ends are those of one flow per
+transfer (tests/net/test_all_to_all_rounds.py), at n-1 flows instead of n(n-1).
 
 Channels: NCCL's channels differ in where the ring enters and leaves each node, so their
 inter-node hops use different NICs. Channels that take the same links are interchangeable,
@@ -37,6 +41,7 @@ by NVSwitch multicast/reduction (NVLS) inside each node.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -274,7 +279,13 @@ def nvls_tree_plan(spec: CollectiveSpec, topo: Topology, const: NcclConstants) -
 
 
 def p2p_plan(spec: CollectiveSpec, topo: Topology, const: NcclConstants) -> CollectivePlan:
-    """send_recv and all_to_all(v): independent transfers, one flow each."""
+    """send_recv: one transfer. all_to_all(v): one flow for the transfers of a round of NCCL's
+    point-to-point schedule (p2p_rounds) that carry the same bytes, in lockstep. Under max-min
+    sharing those get one rate on symmetric links anyway (the ends are those of one flow per
+    transfer, to the ns, on the cases of tests/net/test_all_to_all_rounds.py, cross traffic on a
+    few links included); transfers of different sizes stay flows of their own, as before: coupled,
+    an uneven all-to-all ended 9-17% later than with one flow per transfer, a change of model no
+    measurement here supports."""
     ranks = np.array(spec.ranks, dtype=np.int64)
     n = len(ranks)
     if spec.op == "send_recv":
@@ -289,20 +300,63 @@ def p2p_plan(spec: CollectiveSpec, topo: Topology, const: NcclConstants) -> Coll
         return CollectivePlan(P2P, "Simple", [])
     src = ranks[[p[0] for p in pairs]]
     dst = ranks[[p[1] for p in pairs]]
+    nbytes = np.array([p[2] for p in pairs], dtype=np.int64)
     path_ns = topo.route_latency_many(src, dst)
     intra = (src // topo.gpus_per_node) == (dst // topo.gpus_per_node)
     hw = "nvlink" if topo.nvswitch else "pcie"
-    groups, protocols = [], set()
-    for k, (_, _, nbytes) in enumerate(pairs):
-        protocol, lat_us = p2p_latency_us(nbytes, bool(intra[k]), hw, const, path_ns[k] / 1e3)
-        protocols.add(protocol)
-        groups.append(FlowGroup(src=src[k:k + 1], dst=dst[k:k + 1],
-                                weight=np.array([const.link_factor(P2P, protocol)]),
-                                payload=np.ones(1),
+    protocol_of, latency_of, factor_of = [], [], []
+    for k in range(len(pairs)):
+        protocol, lat_us = p2p_latency_us(int(nbytes[k]), bool(intra[k]), hw, const, path_ns[k] / 1e3)
+        protocol_of.append(protocol)
+        latency_of.append(int(round(lat_us * 1e3)))
+        factor_of.append(const.link_factor(P2P, protocol))
+    if spec.op == "send_recv":
+        members = [[0]]
+    else:
+        rounds = p2p_rounds(spec.ranks, topo)
+        by_round: dict[tuple[int, int], list[int]] = {}
+        for k, (i, j, b) in enumerate(pairs):
+            by_round.setdefault((int(rounds[i, j]), b), []).append(k)
+        members = [by_round[r] for r in sorted(by_round)]
+    groups = []
+    for ks in members:
+        idx = np.array(ks, dtype=np.int64)
+        groups.append(FlowGroup(src=src[idx], dst=dst[idx],
+                                weight=np.array([factor_of[k] for k in ks]), payload=np.ones(len(ks)),
                                 fraction=0.0, cap=np.inf, salt=0,
-                                latency_ns=int(round(lat_us * 1e3)), fixed_bytes=int(nbytes)))
+                                latency_ns=max(latency_of[k] for k in ks), fixed_bytes=int(nbytes[ks[0]])))
+    protocols = set(protocol_of)
     protocol = protocols.pop() if len(protocols) == 1 else "mixed"
     return CollectivePlan(P2P, protocol, groups)
+
+
+def p2p_rounds(ranks: tuple[int, ...], topo: Topology) -> np.ndarray:
+    """rounds[i, j]: the round of NCCL's point-to-point schedule (init.cc, ncclP2pSchedule) in
+    which member i sends to member j. NCCL cuts each node's ranks into groups of `size` local
+    ranks (8 across nodes, NCCL_P2P_SCHEDULE_GROUP_SIZE; the whole node inside one); in round
+    (group delta, local delta) every rank sends to the rank that many groups and local places
+    ahead, and receives from the one as far behind. So each round is a permutation of the
+    members, and every rank works through the rounds in the same order: an all-to-all advances
+    round by round across all its ranks, not as n(n-1) independent transfers (which is also
+    n(n-1) flows to simulate where this is n-1)."""
+    nodes: dict[int, list[int]] = {}  # in the order of first use; local ranks in comm order
+    for r in ranks:
+        nodes.setdefault(r // topo.gpus_per_node, []).append(r)
+    counts = [len(v) for v in nodes.values()]
+    size = 8 if len(nodes) > 1 else max(counts)
+    for c in counts:
+        if c % size or c < size:
+            size = math.gcd(size, c)
+    group_of, local_of, g0 = {}, {}, 0
+    for v in nodes.values():
+        for k, r in enumerate(v):
+            group_of[r], local_of[r] = g0 + k // size, k % size
+        g0 += len(v) // size
+    groups = np.array([group_of[r] for r in ranks], dtype=np.int64)
+    local = np.array([local_of[r] for r in ranks], dtype=np.int64)
+    delta_g = (groups[None, :] - groups[:, None]) % g0
+    delta_l = (local[None, :] - local[:, None]) % size
+    return delta_g * size + delta_l
 
 
 def _cap(protocol: str, ll_cap: float, groups: int) -> float:

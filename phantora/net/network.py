@@ -210,7 +210,7 @@ class Network:
         self._collectives[handle] = c
         key = _content_key(model, choice)
         fid, flows, total = self._next_fid, c.flows, model.nbytes
-        for i, g in enumerate(choice.groups):  # a loop per flow: an all-to-all over 64 ranks has 4,032
+        for i, g in enumerate(choice.groups):  # a loop per flow: an all-to-all over 64 ranks has 63 (one per round), 4,032 if every transfer differs
             nbytes = g.fixed_bytes if g.fixed_bytes is not None else g.fraction * total * byte_scale
             if nbytes <= 0:
                 continue
