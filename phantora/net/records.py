@@ -89,7 +89,8 @@ class FlowRecord:
 class CollectiveInfo:
     """What the trace shows for one collective.
 
-    channels: flow groups modelled (one per distinct NCCL channel pattern, see collectives.py).
+    channels: flow groups modelled (one per distinct NCCL channel pattern; for an all-to-all one
+      per round of NCCL's point-to-point schedule and transfer size; see collectives.py).
     transfers: point-to-point transfers those groups stand for.
     algbw / busbw: GB/s as nccl-tests defines them (size / time, times the op's bus factor).
     """
