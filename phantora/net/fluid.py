@@ -173,7 +173,12 @@ class FlowSimulator:
         """Put new (pending) flows into the island their links lead to, merging islands they
         connect. Returns the island; its processed_until is what the newcomers must beat to
         avoid a rollback (the caller decides)."""
-        links = flows[0].links if len(flows) == 1 else np.unique(np.concatenate([f.links for f in flows]))
+        if len(flows) == 1:
+            links = flows[0].links
+        else:  # the links any of them crosses; a mask, not np.unique's sort, for a collective's many flows
+            used = np.zeros(len(self.capacity), dtype=bool)
+            used[np.concatenate([f.links for f in flows])] = True
+            links = np.flatnonzero(used)
         ids = self._link_island[links]
         roots = sorted({self._find(i) for i in set(ids[ids >= 0].tolist())})
         if not roots:
@@ -278,8 +283,9 @@ class FlowSimulator:
         numpy call: an all-to-all's thousands of flows arrive and drain together."""
         if len(flows) == 1:
             self._flows_on_link[flows[0].links] += delta
-        elif flows:
-            np.add.at(self._flows_on_link, np.concatenate([f.links for f in flows]), delta)
+        elif flows:  # bincount: np.add.at was 12% of an all-to-all's simulation at 1,024 GPUs
+            counts = np.bincount(np.concatenate([f.links for f in flows]), minlength=len(self._flows_on_link))
+            self._flows_on_link += (delta * counts).astype(np.int32)
 
     def remove(self, f: Flow) -> None:
         """Forget a finished flow (pruning)."""

@@ -36,7 +36,7 @@ def max_min_rates(links: list[np.ndarray], coefs: list[np.ndarray], caps: np.nda
     if int(lengths.sum()) <= _SMALL:
         return _max_min_small(links, coefs, caps, capacity)
     owner = np.repeat(np.arange(n), lengths)
-    used, local = np.unique(np.concatenate(links), return_inverse=True)
+    used, local = unique_inverse(np.concatenate(links), len(capacity))
     weight = np.concatenate(coefs)
     residual = capacity[used].astype(np.float64, copy=True)
     n_links = len(used)
@@ -99,3 +99,17 @@ def _max_min_small(links, coefs, caps, capacity) -> np.ndarray:
             for link, coef in zip(links[i].tolist(), coefs[i].tolist()):
                 residual[link] -= coef * level
     return np.array(rate)
+
+
+def unique_inverse(ids: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(ids, return_inverse=True) for ids in [0, bound): the same arrays, by marking
+    rather than sorting once there are many ids (a round of a 1,024-GPU all-to-all loads
+    hundreds of thousands of (flow, link) pairs, and the sort was 8% of its simulation)."""
+    if len(ids) < 4096:
+        return np.unique(ids, return_inverse=True)
+    mark = np.zeros(bound, dtype=bool)
+    mark[ids] = True
+    used = np.flatnonzero(mark)
+    position = np.empty(bound, dtype=np.int64)
+    position[used] = np.arange(len(used))
+    return used, position[ids]

@@ -104,7 +104,7 @@ def _scan_island(sim: FlowSimulator, seeds: list[Flow], t: int) -> list[Flow]:
     while len(frontier):
         inside[frontier] = True
         reached_link[np.concatenate([candidates[i].links for i in frontier])] = True
-        hit = np.unique(owner[reached_link[links]])
+        hit = np.flatnonzero(np.bincount(owner[reached_link[links]], minlength=len(candidates)))
         frontier = hit[~inside[hit]]
     return sorted((candidates[i] for i in np.flatnonzero(inside)), key=lambda f: f.fid)
 
