@@ -156,7 +156,7 @@ def titan_row(gpus: int, tmp: Path, python: str, name: str = "TorchTitan 8B TP8 
 
     workdir = tmp / f"titan{gpus}"
     workdir.mkdir(exist_ok=True)
-    write_assets(workdir)
+    write_assets(workdir, documents=max(2000, 2 * gpus))  # every data-parallel rank needs a shard of the stand-in C4
     env = dict(os.environ, HF_HOME=str(workdir / "hf"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     runs = []
     for steps in (1, 2):
