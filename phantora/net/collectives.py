@@ -300,13 +300,12 @@ def p2p_plan(spec: CollectiveSpec, topo: Topology, const: NcclConstants) -> Coll
         return CollectivePlan(P2P, "Simple", [])
     src = ranks[[p[0] for p in pairs]]
     dst = ranks[[p[1] for p in pairs]]
-    nbytes = np.array([p[2] for p in pairs], dtype=np.int64)
     path_ns = topo.route_latency_many(src, dst)
     intra = (src // topo.gpus_per_node) == (dst // topo.gpus_per_node)
     hw = "nvlink" if topo.nvswitch else "pcie"
     protocol_of, latency_of, factor_of = [], [], []
-    for k in range(len(pairs)):
-        protocol, lat_us = p2p_latency_us(int(nbytes[k]), bool(intra[k]), hw, const, path_ns[k] / 1e3)
+    for k, (_, _, nbytes) in enumerate(pairs):
+        protocol, lat_us = p2p_latency_us(nbytes, bool(intra[k]), hw, const, path_ns[k] / 1e3)
         protocol_of.append(protocol)
         latency_of.append(int(round(lat_us * 1e3)))
         factor_of.append(const.link_factor(P2P, protocol))
@@ -324,7 +323,7 @@ def p2p_plan(spec: CollectiveSpec, topo: Topology, const: NcclConstants) -> Coll
         groups.append(FlowGroup(src=src[idx], dst=dst[idx],
                                 weight=np.array([factor_of[k] for k in ks]), payload=np.ones(len(ks)),
                                 fraction=0.0, cap=np.inf, salt=0,
-                                latency_ns=max(latency_of[k] for k in ks), fixed_bytes=int(nbytes[ks[0]])))
+                                latency_ns=max(latency_of[k] for k in ks), fixed_bytes=int(pairs[ks[0]][2])))
     protocols = set(protocol_of)
     protocol = protocols.pop() if len(protocols) == 1 else "mixed"
     return CollectivePlan(P2P, protocol, groups)

@@ -30,7 +30,7 @@ import math
 import numpy as np
 from sortedcontainers import SortedList
 
-from phantora.net.maxmin import max_min_rates
+from phantora.net.maxmin import max_min_rates, unique_ids
 
 PENDING, ACTIVE, DONE = 0, 1, 2
 _MANY_LINKS = 64  # above this, a flow's links are scanned with numpy rather than in Python
@@ -173,12 +173,8 @@ class FlowSimulator:
         """Put new (pending) flows into the island their links lead to, merging islands they
         connect. Returns the island; its processed_until is what the newcomers must beat to
         avoid a rollback (the caller decides)."""
-        if len(flows) == 1:
-            links = flows[0].links
-        else:  # the links any of them crosses; a mask, not np.unique's sort, for a collective's many flows
-            used = np.zeros(len(self.capacity), dtype=bool)
-            used[np.concatenate([f.links for f in flows])] = True
-            links = np.flatnonzero(used)
+        links = (flows[0].links if len(flows) == 1
+                 else unique_ids(np.concatenate([f.links for f in flows]), len(self.capacity)))
         ids = self._link_island[links]
         roots = sorted({self._find(i) for i in set(ids[ids >= 0].tolist())})
         if not roots:

@@ -21,6 +21,7 @@ import numpy as np
 
 _TIE = 1e-12  # relative: links within this of the bottleneck level fill up in the same round
 _SMALL = 64  # up to this many (flow, link) pairs, plain Python beats numpy's call overhead
+_MARK_ABOVE = 4096  # ids: from this many, unique_ids marks an array rather than sorting
 
 
 def max_min_rates(links: list[np.ndarray], coefs: list[np.ndarray], caps: np.ndarray,
@@ -101,15 +102,22 @@ def _max_min_small(links, coefs, caps, capacity) -> np.ndarray:
     return np.array(rate)
 
 
-def unique_inverse(ids: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
-    """np.unique(ids, return_inverse=True) for ids in [0, bound): the same arrays, by marking
-    rather than sorting once there are many ids (a round of a 1,024-GPU all-to-all loads
-    hundreds of thousands of (flow, link) pairs, and the sort was 8% of its simulation)."""
-    if len(ids) < 4096:
-        return np.unique(ids, return_inverse=True)
+def unique_ids(ids: np.ndarray, bound: int) -> np.ndarray:
+    """np.unique(ids) for ids in [0, bound): by marking rather than sorting once there are many
+    (a round of a 1,024-GPU all-to-all loads hundreds of thousands of (flow, link) pairs, and
+    the sort was 8% of its simulation)."""
+    if len(ids) < _MARK_ABOVE:
+        return np.unique(ids)
     mark = np.zeros(bound, dtype=bool)
     mark[ids] = True
-    used = np.flatnonzero(mark)
+    return np.flatnonzero(mark)
+
+
+def unique_inverse(ids: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(ids, return_inverse=True) for ids in [0, bound), the same arrays (unique_ids)."""
+    if len(ids) < _MARK_ABOVE:
+        return np.unique(ids, return_inverse=True)
+    used = unique_ids(ids, bound)
     position = np.empty(bound, dtype=np.int64)
     position[used] = np.arange(len(used))
     return used, position[ids]

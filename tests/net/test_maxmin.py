@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phantora.net import maxmin
-from phantora.net.maxmin import max_min_rates, unique_inverse
+from phantora.net.maxmin import max_min_rates, unique_ids, unique_inverse
 
 
 def solve(paths, capacity, caps=None, coefs=None):
@@ -100,9 +100,10 @@ def test_python_and_numpy_paths_agree(case):
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(0, 9_999), min_size=0, max_size=20_000))
-def test_unique_inverse_is_numpys_for_few_and_many_ids(ids):
+def test_unique_ids_and_unique_inverse_are_numpys_for_few_and_many_ids(ids):
     ids = np.array(ids, dtype=np.int64)
     used, local = unique_inverse(ids, 10_000)
     want_used, want_local = np.unique(ids, return_inverse=True)
     assert np.array_equal(used, want_used) and np.array_equal(local, want_local)
     assert local.dtype == want_local.dtype
+    assert np.array_equal(unique_ids(ids, 10_000), want_used)
