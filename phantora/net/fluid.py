@@ -33,7 +33,7 @@ from sortedcontainers import SortedList
 from phantora.net.maxmin import max_min_rates, unique_ids
 
 PENDING, ACTIVE, DONE = 0, 1, 2
-_MANY_LINKS = 64  # above this, a flow's links are scanned with numpy rather than in Python
+_MANY_LINKS = 64  # above this, a flow's links are handled in numpy, and kept out of the per-link index
 
 
 class Flow:
@@ -134,9 +134,19 @@ class FlowSimulator:
         self.islands: dict[int, Island] = {}
         self._island_parent: list[int] = []
         self._link_island = np.full(len(capacity), -1, dtype=np.int64)
-        self._on_link: dict[int, set[int]] = {}  # link -> active flows
-        self._flows_on_link = np.zeros(len(capacity), dtype=np.int32)
+        # Active flows by link, two ways. A flow with few links (a point-to-point transfer) is
+        # indexed per link in _on_link (_has_narrow marks those links). A flow with many (a ring
+        # over many GPUs, a round of an all-to-all: hundreds of links) is not: indexing and
+        # unindexing its links one by one was 22% of a DeepSeek-V3 671B run's network at 256
+        # GPUs, a Python set operation per link per change of state; such flows are found
+        # from a link in numpy, over one concatenation of their links (_wide_index).
+        self._on_link: dict[int, set[int]] = {}  # link -> active flows with few links
+        self._has_narrow = np.zeros(len(capacity), dtype=bool)
+        self._wide: dict[int, Flow] = {}  # active flows with many links
+        self._wide_index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._flows_on_link = np.zeros(len(capacity), dtype=np.int32)  # every active flow
         self._link_seen = np.zeros(len(capacity), dtype=bool)
+        self._link_mark = np.zeros(len(capacity), dtype=bool)
         # What a rollback to t can touch: the flows not done yet, and the done ones by the time
         # they finished (rollback.py finds the flows with events at or after t from these two
         # instead of scanning every flow of the island's history).
@@ -259,20 +269,46 @@ class FlowSimulator:
 
     def activate(self, f: Flow) -> None:
         """Index the flow's links; its caller counts them with count_links, for the whole batch."""
+        if len(f.link_list) > _MANY_LINKS:
+            self._wide[f.fid] = f
+            self._wide_index = None
+            return
+        on_link = self._on_link
         for link in f.link_list:
-            s = self._on_link.get(link)
+            s = on_link.get(link)
             if s is None:
-                self._on_link[link] = {f.fid}
+                on_link[link] = {f.fid}
+                self._has_narrow[link] = True
             else:
                 s.add(f.fid)
 
     def deactivate(self, f: Flow) -> None:
         """Unindex the flow's links; its caller counts them with count_links, for the whole batch."""
+        if len(f.link_list) > _MANY_LINKS:
+            del self._wide[f.fid]
+            self._wide_index = None
+            return
+        on_link = self._on_link
         for link in f.link_list:
-            s = self._on_link[link]
+            s = on_link[link]
             s.discard(f.fid)
             if not s:
-                del self._on_link[link]
+                del on_link[link]
+                self._has_narrow[link] = False
+
+    def _wide_touching(self, mark: np.ndarray) -> list[int]:
+        """The active flows with many links that use a link marked in `mark`, by fid."""
+        index = self._wide_index
+        if index is None:
+            wide = list(self._wide.values())
+            index = self._wide_index = (
+                np.array([f.fid for f in wide], dtype=np.int64),
+                np.concatenate([f.links for f in wide]),
+                np.repeat(np.arange(len(wide)), [len(f.links) for f in wide]))
+        fids, links, owner = index
+        hit = np.zeros(len(fids), dtype=bool)
+        hit[owner[mark[links]]] = True
+        return fids[hit].tolist()
 
     def count_links(self, flows: list[Flow], delta: int) -> None:
         """_flows_on_link for a batch of flows just activated (+1) or deactivated (-1), in one
@@ -348,24 +384,27 @@ class FlowSimulator:
             if f is not None and f.state == PENDING and f.start == t:
                 arrived.append(f)
         seeds: set[int] = set()
-        # the flows still on the drained flows' links, each link once (the flows of an
-        # all-to-all that drain together share most of their links)
-        freed: set[int] = set()
         for f in drained:
             f.state = DONE
             f.done_t = t
             f.version += 1
             self.deactivate(f)
-            freed.update(f.link_list)
             self.live.discard(f.fid)
         if drained:
             self.done_by_time.add_batch(t, [f.fid for f in drained])
-        self.count_links(drained, -1)
-        on_link = self._on_link
-        for link in freed:
-            on = on_link.get(link)
-            if on:
-                seeds |= on
+            self.count_links(drained, -1)
+            # the flows still on the drained flows' links, each link once (the flows of an
+            # all-to-all that drain together share most of their links)
+            freed = drained[0].links if len(drained) == 1 else np.concatenate([f.links for f in drained])
+            on_link = self._on_link
+            if on_link:
+                for link in set(freed[self._has_narrow[freed]].tolist()):
+                    seeds |= on_link[link]
+            if self._wide:
+                mark = self._link_mark
+                mark[freed] = True
+                seeds.update(self._wide_touching(mark))
+                mark[freed] = False
         activated = []
         for f in arrived:
             if f.state != PENDING:
@@ -399,9 +438,12 @@ class FlowSimulator:
     # ---- rates -------------------------------------------------------------------------
 
     def _components(self, seeds: set[int]) -> list[list[int]]:
-        """Connected components (through links shared by active flows) containing the seeds."""
-        flows, on_link, shared, seen_link = (self.flows, self._on_link, self._flows_on_link,
-                                             self._link_seen)
+        """Connected components (through links shared by active flows) containing the seeds,
+        grown from each seed a frontier at a time: the links the frontier reaches first, then
+        every active flow on them (flows with few links from _on_link, the others in numpy)."""
+        flows, on_link, shared = self.flows, self._on_link, self._flows_on_link
+        visited, has_narrow, mark = self._link_seen, self._has_narrow, self._link_mark
+        any_wide = bool(self._wide)
         seen: set[int] = set()
         seen_small: set[int] = set()
         components = []
@@ -410,31 +452,50 @@ class FlowSimulator:
             if s in seen:
                 continue
             seen.add(s)
-            component, stack = [s], [s]
-            while stack:
-                f = flows[stack.pop()]
-                if len(f.link_list) > _MANY_LINKS:
-                    # a ring over thousands of GPUs: filter its links in numpy; links only
-                    # this flow uses lead nowhere
-                    links = f.links[shared[f.links] > 1]
-                    links = links[~seen_link[links]]
-                    seen_link[links] = True
-                    touched.append(links)
-                    links = links.tolist()
-                else:
-                    links = [x for x in f.link_list if x not in seen_small]
-                    seen_small.update(links)
-                for link in links:
-                    on = on_link[link]
-                    if len(on) > 1:
-                        for g in on:
-                            if g not in seen:
-                                seen.add(g)
-                                component.append(g)
-                                stack.append(g)
+            component, frontier = [s], [s]
+            while frontier:
+                reached: list[np.ndarray] = []  # links reached for the first time
+                reached_small: list[int] = []
+                for fid in frontier:
+                    f = flows[fid]
+                    if len(f.link_list) > _MANY_LINKS:
+                        # links only this flow uses lead nowhere
+                        links = f.links[shared[f.links] > 1]
+                        links = links[~visited[links]]
+                        if len(links):
+                            visited[links] = True
+                            touched.append(links)
+                            reached.append(links)
+                    else:
+                        for link in f.link_list:
+                            if link not in seen_small:
+                                seen_small.add(link)
+                                reached_small.append(link)
+                frontier = []
+                found: list[int] = []
+                for link in reached_small:
+                    on = on_link.get(link)
+                    if on is not None:
+                        found.extend(on)
+                for links in reached:
+                    for link in links[has_narrow[links]].tolist():
+                        found.extend(on_link[link])
+                if any_wide and (reached or reached_small):
+                    for links in reached:
+                        mark[links] = True
+                    mark[reached_small] = True
+                    found.extend(self._wide_touching(mark))
+                    for links in reached:
+                        mark[links] = False
+                    mark[reached_small] = False
+                for g in found:
+                    if g not in seen:
+                        seen.add(g)
+                        component.append(g)
+                        frontier.append(g)
             components.append(component)
         for links in touched:
-            seen_link[links] = False
+            visited[links] = False
         return components
 
     def _solve(self, island: Island, component: list[int], t: int) -> None:
