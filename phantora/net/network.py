@@ -316,46 +316,59 @@ class Network:
         """Load on each link as piecewise-constant segments within [start_ns, end_ns), from
         the history still held (call before prune() forgets it). Segments of flows still
         running extend to their currently projected end."""
-        pieces_link, pieces_load, pieces_t0, pieces_t1, counts = [], [], [], [], []
         wanted = None
         if links is not None:  # skip flows that touch none of them (with mirrored ranks, most)
             wanted = np.zeros(len(self.topology.capacity), dtype=bool)
             wanted[np.asarray(links, dtype=np.int64)] = True
-        touches: dict[int, bool] = {}  # id(links) -> any wanted: flows of one routed group share their links
-        for fid in sorted(self._sim.flows):
-            f = self._sim.flows[fid]
+        # flows of one routed group share their links: each group's wanted links and their
+        # coefficients are picked once (None: it touches none of them)
+        picked: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
+        p_links, p_coefs, p_rates, p_t0, p_t1, p_count = [], [], [], [], [], []
+        flows = self._sim.flows
+        for fid in sorted(flows):
+            f = flows[fid]
             if f.state == PENDING:
                 continue
-            if wanted is not None:
-                hit = touches.get(id(f.links))
-                if hit is None:
-                    hit = touches[id(f.links)] = bool(wanted[f.links].any())
-                if not hit:
-                    continue
-            for k, t0 in enumerate(f.seg_t):
-                if k + 1 < len(f.seg_t):
-                    t1 = f.seg_t[k + 1]
-                elif f.state == DONE:
-                    t1 = f.done_t
+            key = id(f.links)
+            sub = picked.get(key, False)
+            if sub is False:
+                if wanted is None:
+                    sub = (f.links, f.coefs)
                 else:
-                    drain = f.projected_drain()
-                    t1 = end_ns if drain is None else drain
-                a, b = max(t0, start_ns), min(t1, end_ns)
-                if a >= b or f.seg_rate[k] <= 0:
+                    sel = wanted[f.links]
+                    sub = (f.links[sel], f.coefs[sel]) if sel.any() else None
+                picked[key] = sub
+            if sub is None:
+                continue
+            seg_t, seg_rate = f.seg_t, f.seg_rate
+            n = len(seg_t)
+            if f.state == DONE:
+                last_end = f.done_t
+            else:
+                drain = f.projected_drain()
+                last_end = end_ns if drain is None else drain
+            rates, t0s, t1s = [], [], []
+            for k in range(n):
+                t1 = seg_t[k + 1] if k + 1 < n else last_end
+                lo, hi = max(seg_t[k], start_ns), min(t1, end_ns)
+                if lo >= hi or seg_rate[k] <= 0:
                     continue
-                pieces_link.append(f.links)
-                pieces_load.append(f.coefs * f.seg_rate[k])
-                pieces_t0.append(a)
-                pieces_t1.append(b)
-                counts.append(len(f.links))
-        if not pieces_link:
+                rates.append(seg_rate[k])
+                t0s.append(lo)
+                t1s.append(hi)
+            if rates:
+                p_links.append(np.tile(sub[0], len(rates)))
+                p_coefs.append(np.tile(sub[1], len(rates)))
+                p_rates.extend(rates)
+                p_t0.extend(t0s)
+                p_t1.extend(t1s)
+                p_count.extend([len(sub[0])] * len(rates))
+        if not p_links:
             return []
-        link = np.concatenate(pieces_link)
-        load = np.concatenate(pieces_load)
-        t0, t1 = np.repeat(np.asarray(pieces_t0), counts), np.repeat(np.asarray(pieces_t1), counts)
-        if wanted is not None:
-            keep = wanted[link]
-            link, load, t0, t1 = link[keep], load[keep], t0[keep], t1[keep]
+        link = np.concatenate(p_links)
+        counts = np.asarray(p_count)
+        load = np.concatenate(p_coefs) * np.repeat(np.asarray(p_rates, dtype=np.float64), counts)
+        t0, t1 = np.repeat(np.asarray(p_t0), counts), np.repeat(np.asarray(p_t1), counts)
         # Loads are summed in integer units (_LOAD_UNITS per GB/s): every + cancels its - exactly,
         # so a level does not depend on which other segments were summed before it (on how
         # the history was cut into windows).
@@ -366,14 +379,13 @@ class Network:
         order = np.lexsort((ev_time, ev_link))
         ev_link, ev_time, ev_delta = ev_link[order], ev_time[order], ev_delta[order]
         level = np.cumsum(ev_delta)  # every + has its -, so the sum restarts at 0 per link
-        out = []
+        at = np.flatnonzero((ev_link[:-1] == ev_link[1:]) & (ev_time[:-1] < ev_time[1:]) & (level[:-1] > 0))
         cap = self.topology.capacity
-        for i in range(len(ev_link) - 1):
-            if ev_link[i] == ev_link[i + 1] and ev_time[i] < ev_time[i + 1] and level[i] > 0:
-                lk = int(ev_link[i])
-                gbps = float(level[i]) / _LOAD_UNITS
-                out.append(LinkSegment(lk, int(ev_time[i]), int(ev_time[i + 1]), gbps, float(gbps / cap[lk])))
-        return out
+        gbps = level[at] / _LOAD_UNITS
+        share = gbps / cap[ev_link[at]]
+        return [LinkSegment(lk, t_a, t_b, g, u) for lk, t_a, t_b, g, u in
+                zip(ev_link[at].tolist(), ev_time[at].tolist(), ev_time[at + 1].tolist(),
+                    gbps.tolist(), share.tolist())]
 
     def stats(self) -> NetworkStats:
         sim = self._sim
