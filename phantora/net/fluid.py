@@ -116,6 +116,64 @@ class DoneByTime:
         return sum(len(at) for at in self._fids.values())
 
 
+class WideIndex:
+    """Flows with many links (a ring over many GPUs, a round of an all-to-all: hundreds of
+    links each), found from a set of links in numpy. Indexing and unindexing such flows link by
+    link, a Python set operation per link each time a flow changed state or was kept or
+    forgotten, was half of a DeepSeek-V3 671B run's network at 256 GPUs.
+
+    The links are held in chunks, one per batch of flows added between two look-ups (a
+    collective's flows come together); a flow discarded stays in its chunk until the chunks are
+    rebuilt (when they hold twice the flows there are, or too many chunks), and look-ups drop
+    it, so adding or discarding a flow costs no numpy work at all."""
+
+    __slots__ = ("flows", "_chunks", "_pending", "_entries")
+    _MAX_CHUNKS = 64
+
+    def __init__(self) -> None:
+        self.flows: dict[int, Flow] = {}
+        self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (fids, links, owner)
+        self._pending: list[Flow] = []
+        self._entries = 0  # flows in the chunks and pending, discarded ones included
+
+    def add(self, f: Flow) -> None:
+        self.flows[f.fid] = f
+        self._pending.append(f)
+        self._entries += 1
+
+    def discard(self, f: Flow) -> None:
+        self.flows.pop(f.fid, None)
+
+    def __bool__(self) -> bool:
+        return bool(self.flows)
+
+    @staticmethod
+    def _chunk(flows: list[Flow]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return (np.array([f.fid for f in flows], dtype=np.int64),
+                np.concatenate([f.links for f in flows]),
+                np.repeat(np.arange(len(flows)), [len(f.links) for f in flows]))
+
+    def touching(self, mark: np.ndarray) -> set[int]:
+        """The fids of the flows that use a link marked in `mark` (a bool per link)."""
+        flows = self.flows
+        if self._entries > 2 * len(flows) + 64 or len(self._chunks) >= self._MAX_CHUNKS:
+            self._chunks = [self._chunk(list(flows.values()))] if flows else []
+            self._pending = []
+            self._entries = len(flows)
+        elif self._pending:
+            kept = [f for f in self._pending if flows.get(f.fid) is f]
+            if kept:
+                self._chunks.append(self._chunk(kept))
+            self._entries -= len(self._pending) - len(kept)
+            self._pending = []
+        out: set[int] = set()
+        for fids, links, owner in self._chunks:
+            hit = np.zeros(len(fids), dtype=bool)
+            hit[owner[mark[links]]] = True
+            out.update(fids[hit].tolist())
+        return {fid for fid in out if fid in flows}
+
+
 class Island:
     __slots__ = ("iid", "fids", "arrivals", "drains", "processed_until")
 
@@ -134,19 +192,12 @@ class FlowSimulator:
         self.islands: dict[int, Island] = {}
         self._island_parent: list[int] = []
         self._link_island = np.full(len(capacity), -1, dtype=np.int64)
-        # Active flows by link, two ways. A flow with few links (a point-to-point transfer) is
-        # indexed per link in _on_link (_has_narrow marks those links). A flow with many (a ring
-        # over many GPUs, a round of an all-to-all: hundreds of links) is not: indexing and
-        # unindexing its links one by one was 22% of a DeepSeek-V3 671B run's network at 256
-        # GPUs, a Python set operation per link per change of state; such flows are found
-        # from a link in numpy, over one concatenation of their links (_wide_index).
+        # Active flows by link, two ways: a flow with few links (a point-to-point transfer) in
+        # _on_link, link by link (_has_narrow marks the links there), one with many in _wide.
         self._on_link: dict[int, set[int]] = {}  # link -> active flows with few links
         self._has_narrow = np.zeros(len(capacity), dtype=bool)
-        self._wide: dict[int, Flow] = {}  # active flows with many links
-        self._wide_index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._wide = WideIndex()  # active flows with many links
         self._flows_on_link = np.zeros(len(capacity), dtype=np.int32)  # every active flow
-        self._link_seen = np.zeros(len(capacity), dtype=bool)
-        self._link_mark = np.zeros(len(capacity), dtype=bool)
         # What a rollback to t can touch: the flows not done yet, and the done ones by the time
         # they finished (rollback.py finds the flows with events at or after t from these two
         # instead of scanning every flow of the island's history).
@@ -154,8 +205,14 @@ class FlowSimulator:
         self.done_by_time = DoneByTime()
         # Every flow not forgotten, by link: rollback_scope walks out from a late flow's links
         # instead of scanning every flow with an event after its start (at 768 GPUs, with
-        # Transformer Engine's rings, that scan was 79% of the simulator's time).
+        # Transformer Engine's rings, that scan was 79% of the simulator's time). Flows with
+        # many links are in kept_wide instead, as the active ones are in _wide.
         self.flows_by_link: dict[int, set[int]] = {}
+        self.kept_narrow = np.zeros(len(capacity), dtype=bool)  # links in flows_by_link
+        self.kept_wide = WideIndex()
+        # scratch marks per link, False between uses
+        self.link_mark = np.zeros(len(capacity), dtype=bool)
+        self.link_seen = np.zeros(len(capacity), dtype=bool)
         self.batches = 0
         self.solves = 0
 
@@ -196,14 +253,18 @@ class FlowSimulator:
                     self._merge(island, self.islands[r])
         self._link_island[links] = island.iid
         iid, by_fid, arrivals = island.iid, self.flows, island.arrivals
-        by_link = self.flows_by_link
+        by_link, kept_narrow, kept_wide = self.flows_by_link, self.kept_narrow, self.kept_wide
         for f in flows:
             by_fid[f.fid] = f
             f.island = iid
+            if len(f.link_list) > _MANY_LINKS:
+                kept_wide.add(f)
+                continue
             for link in f.link_list:
                 on = by_link.get(link)
                 if on is None:
                     by_link[link] = {f.fid}
+                    kept_narrow[link] = True
                 else:
                     on.add(f.fid)
         fids = [f.fid for f in flows]
@@ -270,8 +331,7 @@ class FlowSimulator:
     def activate(self, f: Flow) -> None:
         """Index the flow's links; its caller counts them with count_links, for the whole batch."""
         if len(f.link_list) > _MANY_LINKS:
-            self._wide[f.fid] = f
-            self._wide_index = None
+            self._wide.add(f)
             return
         on_link = self._on_link
         for link in f.link_list:
@@ -285,8 +345,7 @@ class FlowSimulator:
     def deactivate(self, f: Flow) -> None:
         """Unindex the flow's links; its caller counts them with count_links, for the whole batch."""
         if len(f.link_list) > _MANY_LINKS:
-            del self._wide[f.fid]
-            self._wide_index = None
+            self._wide.discard(f)
             return
         on_link = self._on_link
         for link in f.link_list:
@@ -295,20 +354,6 @@ class FlowSimulator:
             if not s:
                 del on_link[link]
                 self._has_narrow[link] = False
-
-    def _wide_touching(self, mark: np.ndarray) -> list[int]:
-        """The active flows with many links that use a link marked in `mark`, by fid."""
-        index = self._wide_index
-        if index is None:
-            wide = list(self._wide.values())
-            index = self._wide_index = (
-                np.array([f.fid for f in wide], dtype=np.int64),
-                np.concatenate([f.links for f in wide]),
-                np.repeat(np.arange(len(wide)), [len(f.links) for f in wide]))
-        fids, links, owner = index
-        hit = np.zeros(len(fids), dtype=bool)
-        hit[owner[mark[links]]] = True
-        return fids[hit].tolist()
 
     def count_links(self, flows: list[Flow], delta: int) -> None:
         """_flows_on_link for a batch of flows just activated (+1) or deactivated (-1), in one
@@ -323,11 +368,15 @@ class FlowSimulator:
         """Forget a finished flow (pruning)."""
         assert f.state == DONE
         del self.flows[f.fid]
-        for link in f.link_list:
-            on = self.flows_by_link[link]
-            on.discard(f.fid)
-            if not on:
-                del self.flows_by_link[link]
+        if len(f.link_list) > _MANY_LINKS:
+            self.kept_wide.discard(f)
+        else:
+            for link in f.link_list:
+                on = self.flows_by_link[link]
+                on.discard(f.fid)
+                if not on:
+                    del self.flows_by_link[link]
+                    self.kept_narrow[link] = False
         self.done_by_time.discard(f.done_t, f.fid)
         island = self.islands.get(f.island)
         if island is not None:
@@ -401,9 +450,9 @@ class FlowSimulator:
                 for link in set(freed[self._has_narrow[freed]].tolist()):
                     seeds |= on_link[link]
             if self._wide:
-                mark = self._link_mark
+                mark = self.link_mark
                 mark[freed] = True
-                seeds.update(self._wide_touching(mark))
+                seeds.update(self._wide.touching(mark))
                 mark[freed] = False
         activated = []
         for f in arrived:
@@ -442,7 +491,7 @@ class FlowSimulator:
         grown from each seed a frontier at a time: the links the frontier reaches first, then
         every active flow on them (flows with few links from _on_link, the others in numpy)."""
         flows, on_link, shared = self.flows, self._on_link, self._flows_on_link
-        visited, has_narrow, mark = self._link_seen, self._has_narrow, self._link_mark
+        visited, has_narrow, mark = self.link_seen, self._has_narrow, self.link_mark
         any_wide = bool(self._wide)
         seen: set[int] = set()
         seen_small: set[int] = set()
@@ -484,7 +533,7 @@ class FlowSimulator:
                     for links in reached:
                         mark[links] = True
                     mark[reached_small] = True
-                    found.extend(self._wide_touching(mark))
+                    found.extend(self._wide.touching(mark))
                     for links in reached:
                         mark[links] = False
                     mark[reached_small] = False

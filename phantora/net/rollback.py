@@ -41,6 +41,7 @@ import heapq
 import numpy as np
 
 from phantora.net.fluid import ACTIVE, DONE, PENDING, Flow, FlowSimulator
+from phantora.net.maxmin import unique_ids
 
 
 # Beyond this many flows looked at, the closure is most of its island (an expert-parallel
@@ -62,30 +63,47 @@ def rollback_scope(sim: FlowSimulator, seeds: list[Flow], t: int) -> list[Flow]:
 
 
 def _walk_from_seeds(sim: FlowSimulator, seeds: list[Flow], t: int) -> dict[int, Flow] | None:
-    """The closure by a walk over the links it reaches (FlowSimulator.flows_by_link); None once
-    the walk has looked at more than _WALK_LIMIT flows."""
+    """The closure by a walk over the links it reaches, a frontier at a time (the flows kept on
+    a link: FlowSimulator.flows_by_link, and kept_wide for flows with many links); None once the
+    walk has looked at more than _WALK_LIMIT flows."""
     scope = {f.fid: f for f in seeds}
-    links = list({link for f in seeds for link in f.link_list})
-    seen = set(links)
-    flows, by_link = sim.flows, sim.flows_by_link
+    flows, by_link, kept_narrow = sim.flows, sim.flows_by_link, sim.kept_narrow
+    kept_wide, seen, mark = sim.kept_wide, sim.link_seen, sim.link_mark
+    touched: list[np.ndarray] = []
+    frontier = seeds
     looked_at = 0
-    while links:
-        on_link = by_link.get(links.pop(), ())
-        looked_at += len(on_link)
-        if looked_at > _WALK_LIMIT:
-            return None
-        for fid in on_link:
-            if fid in scope:
-                continue
-            f = flows[fid]
-            if f.state == DONE and f.done_t < t:
-                continue
-            scope[fid] = f
-            for link in f.link_list:
-                if link not in seen:
-                    seen.add(link)
-                    links.append(link)
-    return scope
+    try:
+        while frontier:
+            reached = (frontier[0].links if len(frontier) == 1
+                       else unique_ids(np.concatenate([f.links for f in frontier]), len(seen)))
+            reached = reached[~seen[reached]]
+            if not len(reached):
+                break
+            seen[reached] = True
+            touched.append(reached)
+            found: list[int] = []
+            for link in reached[kept_narrow[reached]].tolist():
+                found.extend(by_link[link])
+            if kept_wide:
+                mark[reached] = True
+                found.extend(kept_wide.touching(mark))
+                mark[reached] = False
+            looked_at += len(found)
+            if looked_at > _WALK_LIMIT:
+                return None
+            frontier = []
+            for fid in found:
+                if fid in scope:
+                    continue
+                f = flows[fid]
+                if f.state == DONE and f.done_t < t:
+                    continue
+                scope[fid] = f
+                frontier.append(f)
+        return scope
+    finally:
+        for links in touched:
+            seen[links] = False
 
 
 def _scan_island(sim: FlowSimulator, seeds: list[Flow], t: int) -> list[Flow]:
