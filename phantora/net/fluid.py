@@ -125,24 +125,31 @@ class WideIndex:
     The links are held in chunks, one per batch of flows added between two look-ups (a
     collective's flows come together); a flow discarded stays in its chunk until the chunks are
     rebuilt (when they hold twice the flows there are, or too many chunks), and look-ups drop
-    it, so adding or discarding a flow costs no numpy work at all."""
+    it. With `counted`, on_link counts the flows on each link, so that a look-up on links none of
+    them use costs no scan (a numpy update per flow added or discarded: the index of active
+    flows, which change state at every event, leaves it to its caller)."""
 
-    __slots__ = ("flows", "_chunks", "_pending", "_entries")
+    __slots__ = ("flows", "on_link", "_mark", "_chunks", "_pending", "_entries")
     _MAX_CHUNKS = 64
 
-    def __init__(self) -> None:
+    def __init__(self, n_links: int, counted: bool) -> None:
         self.flows: dict[int, Flow] = {}
+        self.on_link = np.zeros(n_links, dtype=np.int32) if counted else None
+        self._mark = np.zeros(n_links, dtype=bool)
         self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (fids, links, owner)
         self._pending: list[Flow] = []
         self._entries = 0  # flows in the chunks and pending, discarded ones included
 
     def add(self, f: Flow) -> None:
         self.flows[f.fid] = f
+        if self.on_link is not None:
+            self.on_link[f.links] += 1
         self._pending.append(f)
         self._entries += 1
 
     def discard(self, f: Flow) -> None:
-        self.flows.pop(f.fid, None)
+        if self.flows.pop(f.fid, None) is not None and self.on_link is not None:
+            self.on_link[f.links] -= 1
 
     def __bool__(self) -> bool:
         return bool(self.flows)
@@ -153,8 +160,12 @@ class WideIndex:
                 np.concatenate([f.links for f in flows]),
                 np.repeat(np.arange(len(flows)), [len(f.links) for f in flows]))
 
-    def touching(self, mark: np.ndarray) -> set[int]:
-        """The fids of the flows that use a link marked in `mark` (a bool per link)."""
+    def touching(self, links: np.ndarray) -> set[int]:
+        """The fids of the flows that use one of `links`."""
+        if self.on_link is not None:
+            links = links[self.on_link[links] > 0]
+        if not len(links):
+            return set()
         flows = self.flows
         if self._entries > 2 * len(flows) + 64 or len(self._chunks) >= self._MAX_CHUNKS:
             self._chunks = [self._chunk(list(flows.values()))] if flows else []
@@ -166,11 +177,14 @@ class WideIndex:
                 self._chunks.append(self._chunk(kept))
             self._entries -= len(self._pending) - len(kept)
             self._pending = []
+        mark = self._mark
+        mark[links] = True
         out: set[int] = set()
-        for fids, links, owner in self._chunks:
+        for fids, chunk_links, owner in self._chunks:
             hit = np.zeros(len(fids), dtype=bool)
-            hit[owner[mark[links]]] = True
+            hit[owner[mark[chunk_links]]] = True
             out.update(fids[hit].tolist())
+        mark[links] = False
         return {fid for fid in out if fid in flows}
 
 
@@ -193,10 +207,11 @@ class FlowSimulator:
         self._island_parent: list[int] = []
         self._link_island = np.full(len(capacity), -1, dtype=np.int64)
         # Active flows by link, two ways: a flow with few links (a point-to-point transfer) in
-        # _on_link, link by link (_has_narrow marks the links there), one with many in _wide.
+        # _on_link, link by link (_narrow_on_link counts them per link), one with many in _wide.
         self._on_link: dict[int, set[int]] = {}  # link -> active flows with few links
-        self._has_narrow = np.zeros(len(capacity), dtype=bool)
-        self._wide = WideIndex()  # active flows with many links
+        self._narrow_on_link = np.zeros(len(capacity), dtype=np.int32)
+        # active flows with many links; those on a link: _flows_on_link - _narrow_on_link
+        self._wide = WideIndex(len(capacity), counted=False)
         self._flows_on_link = np.zeros(len(capacity), dtype=np.int32)  # every active flow
         # What a rollback to t can touch: the flows not done yet, and the done ones by the time
         # they finished (rollback.py finds the flows with events at or after t from these two
@@ -209,10 +224,8 @@ class FlowSimulator:
         # many links are in kept_wide instead, as the active ones are in _wide.
         self.flows_by_link: dict[int, set[int]] = {}
         self.kept_narrow = np.zeros(len(capacity), dtype=bool)  # links in flows_by_link
-        self.kept_wide = WideIndex()
-        # scratch marks per link, False between uses
-        self.link_mark = np.zeros(len(capacity), dtype=bool)
-        self.link_seen = np.zeros(len(capacity), dtype=bool)
+        self.kept_wide = WideIndex(len(capacity), counted=True)
+        self.link_seen = np.zeros(len(capacity), dtype=bool)  # scratch, False between uses
         self.batches = 0
         self.solves = 0
 
@@ -338,9 +351,9 @@ class FlowSimulator:
             s = on_link.get(link)
             if s is None:
                 on_link[link] = {f.fid}
-                self._has_narrow[link] = True
             else:
                 s.add(f.fid)
+        self._narrow_on_link[f.links] += 1
 
     def deactivate(self, f: Flow) -> None:
         """Unindex the flow's links; its caller counts them with count_links, for the whole batch."""
@@ -353,7 +366,7 @@ class FlowSimulator:
             s.discard(f.fid)
             if not s:
                 del on_link[link]
-                self._has_narrow[link] = False
+        self._narrow_on_link[f.links] -= 1
 
     def count_links(self, flows: list[Flow], delta: int) -> None:
         """_flows_on_link for a batch of flows just activated (+1) or deactivated (-1), in one
@@ -445,15 +458,12 @@ class FlowSimulator:
             # the flows still on the drained flows' links, each link once (the flows of an
             # all-to-all that drain together share most of their links)
             freed = drained[0].links if len(drained) == 1 else np.concatenate([f.links for f in drained])
-            on_link = self._on_link
+            on_link, narrow = self._on_link, self._narrow_on_link
             if on_link:
-                for link in set(freed[self._has_narrow[freed]].tolist()):
+                for link in set(freed[narrow[freed] > 0].tolist()):
                     seeds |= on_link[link]
             if self._wide:
-                mark = self.link_mark
-                mark[freed] = True
-                seeds.update(self._wide.touching(mark))
-                mark[freed] = False
+                seeds |= self._wide.touching(freed[self._flows_on_link[freed] > narrow[freed]])
         activated = []
         for f in arrived:
             if f.state != PENDING:
@@ -491,7 +501,7 @@ class FlowSimulator:
         grown from each seed a frontier at a time: the links the frontier reaches first, then
         every active flow on them (flows with few links from _on_link, the others in numpy)."""
         flows, on_link, shared = self.flows, self._on_link, self._flows_on_link
-        visited, has_narrow, mark = self.link_seen, self._has_narrow, self.link_mark
+        visited, narrow = self.link_seen, self._narrow_on_link
         any_wide = bool(self._wide)
         seen: set[int] = set()
         seen_small: set[int] = set()
@@ -527,16 +537,11 @@ class FlowSimulator:
                     if on is not None:
                         found.extend(on)
                 for links in reached:
-                    for link in links[has_narrow[links]].tolist():
+                    for link in links[narrow[links] > 0].tolist():
                         found.extend(on_link[link])
                 if any_wide and (reached or reached_small):
-                    for links in reached:
-                        mark[links] = True
-                    mark[reached_small] = True
-                    found.extend(self._wide.touching(mark))
-                    for links in reached:
-                        mark[links] = False
-                    mark[reached_small] = False
+                    links = np.concatenate([*reached, np.asarray(reached_small, dtype=np.int64)])
+                    found.extend(self._wide.touching(links[shared[links] > narrow[links]]))
                 for g in found:
                     if g not in seen:
                         seen.add(g)

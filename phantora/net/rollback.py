@@ -68,7 +68,7 @@ def _walk_from_seeds(sim: FlowSimulator, seeds: list[Flow], t: int) -> dict[int,
     walk has looked at more than _WALK_LIMIT flows."""
     scope = {f.fid: f for f in seeds}
     flows, by_link, kept_narrow = sim.flows, sim.flows_by_link, sim.kept_narrow
-    kept_wide, seen, mark = sim.kept_wide, sim.link_seen, sim.link_mark
+    kept_wide, seen = sim.kept_wide, sim.link_seen
     touched: list[np.ndarray] = []
     frontier = seeds
     looked_at = 0
@@ -85,9 +85,7 @@ def _walk_from_seeds(sim: FlowSimulator, seeds: list[Flow], t: int) -> dict[int,
             for link in reached[kept_narrow[reached]].tolist():
                 found.extend(by_link[link])
             if kept_wide:
-                mark[reached] = True
-                found.extend(kept_wide.touching(mark))
-                mark[reached] = False
+                found.extend(kept_wide.touching(reached))
             looked_at += len(found)
             if looked_at > _WALK_LIMIT:
                 return None
