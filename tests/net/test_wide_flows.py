@@ -1,0 +1,93 @@
+"""Flows with many links (rings over many GPUs, all-to-all rounds) are indexed apart from the
+others (fluid.WideIndex, found from a link in numpy rather than link by link). The test cluster's
+flows have a few links each, so _MANY_LINKS is lowered here to send some or all of them down that
+path: every answer must be bit-identical to the per-link path's."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from phantora.net import Network, fluid, rollback
+from phantora.net.fluid import DONE, Flow, WideIndex
+
+from .test_rollback import _closure_by_scanning, from_scratch, scenarios
+
+# 0: every flow is wide; 3: those of more than 3 links (most inter-node ones) are
+WIDE_FROM = st.sampled_from([0, 3])
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios(), WIDE_FROM)
+def test_wide_flows_give_the_times_of_the_per_link_index_in_any_arrival_order(small_cluster, case, many):
+    items, order, queries = case
+    expected = from_scratch(small_cluster, items)  # every flow narrow
+    with mock.patch.object(fluid, "_MANY_LINKS", many):
+        net = Network(small_cluster)
+        handle = {}
+        for step, i in enumerate(order):
+            handle[i] = net.submit(*items[i])
+            for j in queries[step]:
+                net.finish_time(handle[order[j]])
+        assert [net.finish_time(handle[i]) for i in range(len(items))] == expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios(), st.integers(0, 400_000), st.data(), WIDE_FROM, st.sampled_from([2048, 1]))
+def test_rollback_scope_with_wide_kept_flows_is_the_closure_by_definition(small_cluster, case, t, data, many,
+                                                                          walk_limit):
+    items, order, queries = case
+    with mock.patch.object(fluid, "_MANY_LINKS", many):
+        net = Network(small_cluster)
+        handles = []
+        for step, i in enumerate(order):
+            handles.append(net.submit(*items[i]))
+            for j in queries[step]:
+                net.finish_time(handles[j])
+        sim = net._sim
+        live = sorted(f.fid for f in sim.flows.values() if f.state != DONE)
+        if not live:
+            return
+        handle = sim.flows[data.draw(st.sampled_from(live))].handle
+        seeds = [f for f in net._collectives[handle].flows if f.fid in sim.flows and f.state != DONE]
+        with mock.patch.object(rollback, "_WALK_LIMIT", walk_limit):
+            scope = rollback.rollback_scope(sim, seeds, t)
+        assert [f.fid for f in scope] == _closure_by_scanning(sim, seeds, t)
+        assert not sim.link_seen.any()  # the walk's scratch marks are cleared
+
+
+def _flow(fid: int, links: list[int]) -> Flow:
+    arr = np.array(links, dtype=np.int64)
+    return Flow(fid, (fid,), 0, 0, 1.0, 0, arr, np.ones(len(arr)), 1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "discard", "look"]), st.integers(0, 11),
+                          st.lists(st.integers(0, 15), min_size=1, max_size=4)), max_size=60),
+       st.booleans())
+def test_wide_index_answers_as_a_set_of_flows_does(ops, counted):
+    """Adds, discards (of flows kept or not, re-added after a discard) and look-ups in any
+    order: touching() names exactly the flows held that use one of the links asked about."""
+    flows = {fid: _flow(fid, sorted({(fid * 5 + k) % 16 for k in range(fid % 4 + 1)})) for fid in range(12)}
+    index, held = WideIndex(16, counted=counted), set()
+    for op, fid, links in ops:
+        f = flows[fid]
+        if op == "add" and fid not in held:
+            index.add(f)
+            held.add(fid)
+        elif op == "discard":
+            index.discard(f)
+            held.discard(fid)
+        else:
+            asked = np.array(links, dtype=np.int64)
+            want = {g for g in held if set(flows[g].link_list) & set(links)}
+            assert index.touching(asked) == want
+        if counted:
+            expect = np.zeros(16, dtype=np.int32)
+            for g in held:
+                expect[flows[g].links] += 1
+            assert (index.on_link == expect).all()
+        assert bool(index) == bool(held)
