@@ -120,7 +120,8 @@ class WideIndex:
     """Flows with many links (a ring over many GPUs, a round of an all-to-all: hundreds of
     links each), found from a set of links in numpy. Indexing and unindexing such flows link by
     link, a Python set operation per link each time a flow changed state or was kept or
-    forgotten, was half of a DeepSeek-V3 671B run's network at 256 GPUs.
+    forgotten, was 37% of the samples of a DeepSeek-V3 671B run's network at 256 GPUs (py-spy
+    over benchmarks/net_replay.py's replay of it).
 
     The links are held in chunks, one per batch of flows added between two look-ups (a
     collective's flows come together); a flow discarded stays in its chunk until the chunks are
