@@ -222,31 +222,35 @@ def _closure_by_scanning(sim, seeds, t):
 
 
 @settings(max_examples=200, deadline=None)
-@given(scenarios(), st.integers(0, 400_000), st.data(), st.sampled_from([2048, 1]))
+@given(scenarios(), st.integers(0, 400_000), st.data(), st.sampled_from([2048, 1]), st.sampled_from([64, 3, 0]))
 def test_the_rollback_scope_walked_or_scanned_is_the_closure_by_definition(small_cluster, case, t, data,
-                                                                           walk_limit):
+                                                                           walk_limit, many_links):
     """Both ways rollback_scope finds it: the walk from the seeds' links, and (beyond
-    walk_limit flows) the vectorized pass over the island."""
+    walk_limit flows) the vectorized pass over the island; with the flows of more than
+    `many_links` links indexed apart (fluid.WideIndex: 64 is the default, which no flow of the
+    small test cluster reaches; 0 sends every flow there)."""
     from unittest import mock
 
-    from phantora.net import rollback
+    from phantora.net import fluid, rollback
 
     items, order, queries = case
-    net = Network(small_cluster)
-    handles = []
-    for step, i in enumerate(order):
-        handles.append(net.submit(*items[i]))
-        for j in queries[step]:
-            net.finish_time(handles[j])
-    sim = net._sim
-    from phantora.net.fluid import DONE
+    with mock.patch.object(fluid, "_MANY_LINKS", many_links):
+        net = Network(small_cluster)
+        handles = []
+        for step, i in enumerate(order):
+            handles.append(net.submit(*items[i]))
+            for j in queries[step]:
+                net.finish_time(handles[j])
+        sim = net._sim
+        from phantora.net.fluid import DONE
 
-    # a rollback's seeds are late flows: not done (they have not even started)
-    live = sorted(f.fid for f in sim.flows.values() if f.state != DONE)
-    if not live:
-        return
-    handle = sim.flows[data.draw(st.sampled_from(live))].handle
-    seeds = [f for f in net._collectives[handle].flows if f.fid in sim.flows and f.state != DONE]
-    with mock.patch.object(rollback, "_WALK_LIMIT", walk_limit):
-        scope = rollback.rollback_scope(sim, seeds, t)
-    assert [f.fid for f in scope] == _closure_by_scanning(sim, seeds, t)
+        # a rollback's seeds are late flows: not done (they have not even started)
+        live = sorted(f.fid for f in sim.flows.values() if f.state != DONE)
+        if not live:
+            return
+        handle = sim.flows[data.draw(st.sampled_from(live))].handle
+        seeds = [f for f in net._collectives[handle].flows if f.fid in sim.flows and f.state != DONE]
+        with mock.patch.object(rollback, "_WALK_LIMIT", walk_limit):
+            scope = rollback.rollback_scope(sim, seeds, t)
+        assert [f.fid for f in scope] == _closure_by_scanning(sim, seeds, t)
+        assert not sim.link_seen.any()  # the walk's scratch marks are cleared

@@ -1,7 +1,8 @@
 """Flows with many links (rings over many GPUs, all-to-all rounds) are indexed apart from the
 others (fluid.WideIndex, found from a link in numpy rather than link by link). The test cluster's
 flows have a few links each, so _MANY_LINKS is lowered here to send some or all of them down that
-path: every answer must be bit-identical to the per-link path's."""
+path: every answer must be bit-identical to the per-link path's. (The rollback scope with such
+flows: test_rollback.py's closure test.)"""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phantora.net import Network, fluid, rollback
-from phantora.net.fluid import DONE, Flow, WideIndex
+from phantora.net import Network, fluid
+from phantora.net.fluid import Flow, WideIndex
 
-from .test_rollback import _closure_by_scanning, from_scratch, scenarios
+from .test_rollback import from_scratch, scenarios
 
 # 0: every flow is wide; 3: those of more than 3 links (most inter-node ones) are
 WIDE_FROM = st.sampled_from([0, 3])
@@ -33,30 +34,6 @@ def test_wide_flows_give_the_times_of_the_per_link_index_in_any_arrival_order(sm
             for j in queries[step]:
                 net.finish_time(handle[order[j]])
         assert [net.finish_time(handle[i]) for i in range(len(items))] == expected
-
-
-@settings(max_examples=150, deadline=None)
-@given(scenarios(), st.integers(0, 400_000), st.data(), WIDE_FROM, st.sampled_from([2048, 1]))
-def test_rollback_scope_with_wide_kept_flows_is_the_closure_by_definition(small_cluster, case, t, data, many,
-                                                                          walk_limit):
-    items, order, queries = case
-    with mock.patch.object(fluid, "_MANY_LINKS", many):
-        net = Network(small_cluster)
-        handles = []
-        for step, i in enumerate(order):
-            handles.append(net.submit(*items[i]))
-            for j in queries[step]:
-                net.finish_time(handles[j])
-        sim = net._sim
-        live = sorted(f.fid for f in sim.flows.values() if f.state != DONE)
-        if not live:
-            return
-        handle = sim.flows[data.draw(st.sampled_from(live))].handle
-        seeds = [f for f in net._collectives[handle].flows if f.fid in sim.flows and f.state != DONE]
-        with mock.patch.object(rollback, "_WALK_LIMIT", walk_limit):
-            scope = rollback.rollback_scope(sim, seeds, t)
-        assert [f.fid for f in scope] == _closure_by_scanning(sim, seeds, t)
-        assert not sim.link_seen.any()  # the walk's scratch marks are cleared
 
 
 def _flow(fid: int, links: list[int]) -> Flow:
