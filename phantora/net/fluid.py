@@ -369,6 +369,11 @@ class FlowSimulator:
                 del on_link[link]
         self._narrow_on_link[f.links] -= 1
 
+    def _wide_on(self, links: np.ndarray) -> set[int]:
+        """The active flows with many links that use one of `links`: only links where the count
+        of active flows exceeds the narrow ones' are looked up."""
+        return self._wide.touching(links[self._flows_on_link[links] > self._narrow_on_link[links]])
+
     def count_links(self, flows: list[Flow], delta: int) -> None:
         """_flows_on_link for a batch of flows just activated (+1) or deactivated (-1), in one
         numpy call: an all-to-all's thousands of flows arrive and drain together."""
@@ -464,7 +469,7 @@ class FlowSimulator:
                 for link in set(freed[narrow[freed] > 0].tolist()):
                     seeds |= on_link[link]
             if self._wide:
-                seeds |= self._wide.touching(freed[self._flows_on_link[freed] > narrow[freed]])
+                seeds |= self._wide_on(freed)
         activated = []
         for f in arrived:
             if f.state != PENDING:
@@ -541,8 +546,8 @@ class FlowSimulator:
                     for link in links[narrow[links] > 0].tolist():
                         found.extend(on_link[link])
                 if any_wide and (reached or reached_small):
-                    links = np.concatenate([*reached, np.asarray(reached_small, dtype=np.int64)])
-                    found.extend(self._wide.touching(links[shared[links] > narrow[links]]))
+                    small = np.asarray(reached_small, dtype=np.int64)
+                    found.extend(self._wide_on(np.concatenate([*reached, small])))
                 for g in found:
                     if g not in seen:
                         seen.add(g)
