@@ -140,8 +140,9 @@ class OpObserver(TorchDispatchMode):
             cuda_rng.note_random_op(func, args, kwargs, out)
         if not any_tensor and not wants_cuda:
             out = _make_small_cpu_factory_real(func, args, kwargs, out)
-        values.note_result(func, args, kwargs, out, exact)
-        values.note_shadow(func, args, kwargs, out, _is_fake, unset_fake_temporarily, exact)
+        if not values.note_view(func, args, out):
+            values.note_result(func, args, kwargs, out, exact)
+            values.note_shadow(func, args, kwargs, out, _is_fake, unset_fake_temporarily, exact)
         out = _real_host_copy(func, args, out)
         if not internal:
             self._report(func, args, kwargs, out, tags)

@@ -881,6 +881,57 @@ def _note_value(func: Any, args: tuple, kwargs: dict, out: Any, exact: ExactInpu
                 first = False
 
 
+_SHADOW_NAME, _VALUE_NAME, _PENDING_NAME = _shadows.name, _values.name, _pending.name
+_plain_views: dict[Any, bool] = {}
+
+
+def _plain_view(func: Any) -> bool:
+    """func returns views of its first argument and writes none of its arguments (cached per op)."""
+    found = _plain_views.get(func)
+    if found is None:
+        found = _plain_views[func] = bool(getattr(func, "is_view", False)) and not _written_args(func)
+    return found
+
+
+def note_view(func: Any, args: tuple, out: Any) -> bool:
+    """note_result and note_shadow in one for the commonest op of a training step, a view (view,
+    t, transpose, detach: over half of GPT-2's ops) of memory that holds no data phantora keeps
+    (no shadow, exact fill or value owed by a collective): there the general path only gives
+    each view its memory's value, and finds nothing to shadow (a mask's pattern is made where
+    it is read; a view shares its memory's draw or mask). Returns False, having done
+    nothing, where the general path must run (another op, or memory holding any of those)."""
+    if not args or not _plain_view(func):
+        return False
+    src = args[0]
+    if not isinstance(src, FakeTensor):
+        return False
+    d = src.__dict__
+    if d.get(_SHADOW_NAME) is not None or d.get(_PENDING_NAME) is not None:
+        return False
+    storage = src.untyped_storage()
+    sd = storage.__dict__
+    if (sd[_EXACT_NAME] if _EXACT_NAME in sd else d.get(_EXACT_NAME)) is not None:
+        return False
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    dtype = src.dtype
+    for o in outs:
+        if not isinstance(o, FakeTensor) or o.dtype != dtype or o.untyped_storage() is not storage or \
+                o.__dict__.get(_SHADOW_NAME) is not None:
+            return False
+    # value_of(src), then set_value(o, it) for each view, written out: its memory is src's
+    v = sd[_VALUE_NAME] if _VALUE_NAME in sd else d.get(_VALUE_NAME)
+    v = None if v is None else as_dtype(v, dtype)
+    if v is not None and v == default_value(dtype):
+        v = None
+    for o in outs:
+        if v is None:
+            o.__dict__.pop(_VALUE_NAME, None)
+        else:
+            o.__dict__[_VALUE_NAME] = v
+    sd[_VALUE_NAME] = v
+    return True
+
+
 # --- draws and masks (masks.py) ------------------------------------------------------------------
 # A mask's pattern is made for reads up to this many elements (1 byte each, plus its indices in
 # chunks); a larger mask reads as its value, as any data beyond what phantora holds.
