@@ -87,10 +87,13 @@ class HostThread:
             self.thread = current
 
     def is_current(self) -> bool:
+        # the host thread while it lives, else the main thread; asked at every record, so the
+        # running thread is compared first (a thread that runs is alive) and is_alive() only
+        # asked for the main thread
         current = threading.current_thread()
-        if self.thread.is_alive():
-            return current is self.thread
-        return current is threading.main_thread()
+        if current is self.thread:
+            return True
+        return current is threading.main_thread() and not self.thread.is_alive()
 
 
 @dataclass

@@ -177,7 +177,7 @@ def _time_pinning(rt: Any) -> None:
 
     def pin_memory(data: Any, device: Any = None) -> Any:
         # the module's own recursion over a batch's fields calls this again: only the outer call
-        if not getattr(beside, "active", False) or getattr(beside, "depth", 0) or not (rt.active and rt.client.connected):
+        if not beside.active or beside.depth or not (rt.active and rt.client.connected):
             return original_pin(data, device)
         pt = rt.python_time
         with pt.own_work:
@@ -200,7 +200,7 @@ def _note_pinned_batches(rt: Any, data_queue: Any, loader: int) -> None:
     put = data_queue.put
 
     def put_pinned(item: Any, *args: Any, **kwargs: Any) -> Any:
-        ns = getattr(beside, "python_ns", None)
+        ns = beside.python_ns
         if ns is not None and isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], int):
             beside.python_ns = None
             if rt.active and rt.client.connected:

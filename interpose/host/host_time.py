@@ -49,6 +49,17 @@ class _OwnWork:
         self._pt.exit()
 
 
+class _ThreadTime(threading.local):
+    """A thread's brackets: nesting depth, the clock when it last left phantora's work (None:
+    not yet), the program's time not yet taken, and a side thread's (take_beside). Defaults on
+    the class: getattr(local, name, default) raises and catches for every unset name, at every op."""
+
+    depth = 0
+    mark: int | None = None
+    pending = 0
+    beside_ns = 0
+
+
 class PythonTime:
     """Per-thread Python time outside phantora, taken with the records that follow it: counted
     work on the reference host (mode "counted", python_work.py) or this machine's CPU time
@@ -72,7 +83,7 @@ class PythonTime:
         # pays its own dispatcher instead, which the op cost model has. Measured per process.
         self.dispatch_floor_ns = 0
         self._probe: list[int] | None = None  # gaps before dispatch entries, while measuring the floor
-        self._tls = threading.local()
+        self._tls = _ThreadTime()
         self.since_speed_probe_ns = 0  # measured Python handed over since this machine's speed was measured
         self.charged = 0  # every thread's Python so far, in the clock's unit (ps counted, ns measured): for probes
         self.own_work = _OwnWork(self)
@@ -83,21 +94,21 @@ class PythonTime:
         if not self.enabled:
             return
         tls = self._tls
-        depth = getattr(tls, "depth", 0)
+        depth = tls.depth
         tls.depth = depth + 1
         if depth:
             return
         now = self._clock()
         if self._counter is not None:
             self._counter.pause()
-        mark = getattr(tls, "mark", None)
+        mark = tls.mark
         if mark is not None:
             gap = now - mark
             if dispatch:
                 if self._probe is not None:
                     self._probe.append(gap)
                 gap = max(0, gap - self.dispatch_floor_ns)
-            tls.pending = getattr(tls, "pending", 0) + gap
+            tls.pending += gap
             self.charged += gap
 
     def exit(self) -> None:
@@ -123,7 +134,7 @@ class PythonTime:
         if isinstance(current, threading._DummyThread) or self.host_thread.is_current():
             self.since_speed_probe_ns += pending
             return pending
-        tls.beside_ns = getattr(tls, "beside_ns", 0) + pending
+        tls.beside_ns += pending
         return 0
 
     def take_beside(self) -> int:
@@ -133,13 +144,13 @@ class PythonTime:
         if not self.enabled:
             return 0
         tls = self._tls
-        total, tls.beside_ns = getattr(tls, "beside_ns", 0) + self._pending_ns(tls), 0
+        total, tls.beside_ns = tls.beside_ns + self._pending_ns(tls), 0
         return total
 
-    def _pending_ns(self, tls: threading.local) -> int:
+    def _pending_ns(self, tls: _ThreadTime) -> int:
         """This thread's Python since its last take, in whole ns, taken off it (counted work is in
         ps: the whole ns go now, the rest with the next take)."""
-        pending = getattr(tls, "pending", 0)
+        pending = tls.pending
         if self.counted:
             pending, tls.pending = divmod(pending, 1000)
         else:
@@ -161,7 +172,7 @@ class PythonTime:
         in a forked child the thread's CPU clock started again at 0)."""
         tls = self._tls
         tls.pending = 0
-        if getattr(tls, "depth", 0) == 0:
+        if tls.depth == 0:
             if self._counter is not None:
                 self._counter.resume()
             tls.mark = self._clock()
@@ -173,7 +184,7 @@ def measure_dispatch_floor(pt: PythonTime, run_op: Callable[[], Any], ops: int =
     if not pt.enabled:
         return 0
     tls = pt._tls
-    saved = getattr(tls, "depth", 0), getattr(tls, "mark", None), getattr(tls, "pending", 0)
+    saved = tls.depth, tls.mark, tls.pending
     pt._probe = probe = []
     tls.depth, tls.mark = 0, pt._clock()  # measured from inside phantora's own work (the connect)
     if pt._counter is not None:
@@ -199,7 +210,7 @@ def exclude_garbage_collection(pt: PythonTime) -> None:
     def bracket(phase: str, info: dict) -> None:
         if phase == "start":
             pt.enter()
-        elif getattr(pt._tls, "depth", 0):
+        elif pt._tls.depth:
             pt.exit()
 
     gc.callbacks.append(bracket)

@@ -25,13 +25,22 @@ import torch
 from phantora import protocol as P
 
 
-_modules = threading.local()  # .depth: nn.Module forwards running on this thread
-beside = threading.local()  # .active: this thread runs beside the training loop (data_loading.py's pin-memory thread)
+class ThreadFlags(threading.local):
+    """Per-thread state read at every op: defaults on the class, as getattr(local, name, default)
+    costs an AttributeError raised and caught in every thread that never set it."""
+
+    depth = 0
+    active = False
+    python_ns = None
+
+
+_modules = ThreadFlags()  # .depth: nn.Module forwards running on this thread
+beside = ThreadFlags()  # .active: this thread runs beside the training loop (data_loading.py's pin-memory thread)
 
 
 def beside_flag() -> int:
     """OP_BESIDE when the op being dispatched runs beside the training loop, else 0."""
-    return P.OP_BESIDE if getattr(beside, "active", False) else 0
+    return P.OP_BESIDE if beside.active else 0
 
 
 def op_flags(args: tuple, in_optimizer: bool) -> int:
@@ -40,7 +49,7 @@ def op_flags(args: tuple, in_optimizer: bool) -> int:
         return P.OP_IN_OPTIMIZER
     if torch._C._current_autograd_node() is not None:
         return P.OP_BACKWARD
-    flags = P.OP_IN_MODULE if getattr(_modules, "depth", 0) > 0 else 0
+    flags = P.OP_IN_MODULE if _modules.depth > 0 else 0
     if torch.is_grad_enabled():
         for a in args:
             if isinstance(a, torch.Tensor) and a.requires_grad:
@@ -125,13 +134,13 @@ def install_python_events(rt: Any) -> None:
         # compiled code has no module calls to charge.
         if torch.compiler.is_compiling():
             return
-        _modules.depth = getattr(_modules, "depth", 0) + 1
+        _modules.depth += 1
         record("module_call", 1)
 
     def module_post_hook(module: Any, args: Any, output: Any) -> None:
         if torch.compiler.is_compiling():
             return
-        _modules.depth = max(0, getattr(_modules, "depth", 0) - 1)
+        _modules.depth = max(0, _modules.depth - 1)
 
     if rt.python_time.mode == "modelled":
         # Only the modelled host charges module calls. Global hooks send every module call down

@@ -13,7 +13,6 @@ It is a TorchDispatchMode entered after FakeTensorMode, so it runs first for eve
 from __future__ import annotations
 
 import contextlib
-import threading
 
 from typing import Any, Iterator
 
@@ -24,12 +23,13 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispat
                                           is_traceable_wrapper_subclass_type)
 
 from interpose.device import cuda_graphs, cuda_rng
+from interpose.device.fake import ProgramFakeTensor
 from interpose.host import host_time
 from interpose.ops import custom_ops, hops
 from interpose.values import data_dependent, routing
 from interpose import runtime as rt_mod
 from interpose.values import policy as values
-from interpose.host.python_events import beside_flag, op_flags, opens_checkpoint_region
+from interpose.host.python_events import ThreadFlags, beside_flag, op_flags, opens_checkpoint_region
 from interpose.ops.signature import signature_data, signature_of
 from phantora import protocol as P
 from phantora.engine.memory import OutOfMemory
@@ -122,7 +122,7 @@ class OpObserver(TorchDispatchMode):
         only rewrite arguments or add to the result call this."""
         if not self.rt.active:
             return func(*args, **kwargs)
-        if getattr(_metadata_only, "depth", 0):
+        if _metadata_only.depth:
             return func(*args, **kwargs)
         any_fake, any_tensor, wants_cuda = _scan(args, kwargs)
         if not any_fake and any_tensor and not wants_cuda:
@@ -151,7 +151,7 @@ class OpObserver(TorchDispatchMode):
     def active(self) -> bool:
         """Whether ops now run as the program's GPU work (not phantora's own set-up, not torch's
         metadata-only propagation)."""
-        return self.rt.active and not getattr(_metadata_only, "depth", 0)
+        return self.rt.active and not _metadata_only.depth
 
     # --- reporting ----------------------------------------------------------------------------
     def _report(self, func: Any, args: tuple, kwargs: dict, out: Any, tags: frozenset[str] = frozenset()) -> None:
@@ -183,7 +183,7 @@ class OpObserver(TorchDispatchMode):
                 rt.client.record([P.R_HOST, "checkpoint", 1])  # the region's Python runs before its first op
             if flags & (P.OP_BACKWARD | P.OP_IN_MODULE | P.OP_RECORDS_GRAD):
                 rt.model_work_since_step = True
-            if device >= 0 and getattr(_compiled, "depth", 0):
+            if device >= 0 and _compiled.depth:
                 flags |= P.OP_COMPILED
             if rt.capturing and device >= 0:
                 capture = rt.capturing.get((device, stream))
@@ -228,8 +228,13 @@ class OpObserver(TorchDispatchMode):
     def _account_outputs(self, func: Any, out: Any, stream: int) -> None:
         rt = self.rt
         try:
-            for t in _cuda_tensors(out):
-                rt.track_storage(t.untyped_storage(), t.device.index or 0, stream)
+            if isinstance(out, torch.Tensor):  # most ops: one output, its device read once
+                dev = _device_of(out)
+                if dev.type == "cuda":
+                    rt.track_storage(out.untyped_storage(), dev.index or 0, stream)
+            else:
+                for t in _cuda_tensors(out):
+                    rt.track_storage(t.untyped_storage(), _device_of(t).index or 0, stream)
             if getattr(func, "overloadpacket", None) in _GEMMS:
                 dev = _first_cuda_device(out)
                 if dev is not None:
@@ -257,14 +262,14 @@ class OpObserver(TorchDispatchMode):
             return host_time.measure_dispatch_floor(self.rt.python_time, lambda: x.add_(1))
 
 
-_metadata_only = threading.local()  # .depth: inside code torch runs only to learn shapes
-_compiled = threading.local()  # .depth: inside a graph compiled by Inductor (interpose/compile/torch_compile.py)
+_metadata_only = ThreadFlags()  # .depth: inside code torch runs only to learn shapes
+_compiled = ThreadFlags()  # .depth: inside a graph compiled by Inductor (interpose/compile/torch_compile.py)
 
 
 @contextlib.contextmanager
-def _nested(counter: threading.local) -> Iterator[None]:
+def _nested(counter: ThreadFlags) -> Iterator[None]:
     """This thread is inside one more region of the kind `counter` counts."""
-    counter.depth = getattr(counter, "depth", 0) + 1
+    counter.depth += 1
     try:
         yield
     finally:
@@ -327,6 +332,8 @@ OpObserver.__torch_dispatch__ = _without_dynamo(getattr(_raw_dispatch, "__wrappe
 def _wraps_other_tensors(types: Any) -> bool:
     """Whether a tensor subclass among the op's argument types wraps inner tensors (a traceable
     wrapper subclass, as torch defines it; FakeTensor is not one)."""
+    if len(types) == 1 and types[0] is ProgramFakeTensor:  # most ops: the program's tensors only
+        return False
     return any(is_traceable_wrapper_subclass_type(t) for t in types)
 
 
@@ -381,7 +388,7 @@ def _cuda_tensors(out: Any) -> list[torch.Tensor]:
     a wrapper subclass such as DTensor: ops on those are left to the subclass, whose ops on its
     inner tensors come through here, see _wraps_other_tensors.)"""
     if isinstance(out, torch.Tensor):
-        return [out] if out.device.type == "cuda" else []
+        return [out] if _device_of(out).type == "cuda" else []
     found: list[torch.Tensor] = []
     if isinstance(out, (tuple, list)):
         for o in out:
@@ -391,7 +398,7 @@ def _cuda_tensors(out: Any) -> list[torch.Tensor]:
 
 def _first_cuda_device(out: Any) -> int | None:
     ts = _cuda_tensors(out)
-    return (ts[0].device.index or 0) if ts else None
+    return (_device_of(ts[0]).index or 0) if ts else None
 
 
 def _pinned_checker(rt: rt_mod.Runtime) -> Any:
@@ -470,10 +477,18 @@ def _real_host_copy(func: Any, args: tuple, out: Any) -> Any:
     return shadow
 
 
+def _device_of(t: torch.Tensor) -> torch.device:
+    """t.device, read as FakeTensor.device reads it without its two properties' calls: the
+    observer reads devices several times per op."""
+    if type(t) is ProgramFakeTensor:
+        return _META if t.fake_mode.in_kernel_invocation else t._fake_device
+    return t.device
+
+
 def _tensor_key(t: torch.Tensor, rt: rt_mod.Runtime) -> tuple:
-    dev = t.device
+    dev = _device_of(t)
     pinned = dev.type == "cpu" and rt.storage_is_pinned(t.untyped_storage())
-    return (tuple(t.shape), t.dtype, t.stride(), dev, pinned)
+    return (t.shape, t.dtype, t.stride(), dev, pinned)  # torch.Size hashes and compares as a tuple
 
 
 def _signature_key(func: Any, args: tuple, kwargs: dict, rt: rt_mod.Runtime) -> tuple[tuple, int]:
@@ -485,9 +500,10 @@ def _signature_key(func: Any, args: tuple, kwargs: dict, rt: rt_mod.Runtime) -> 
     parts: list[Any] = [func, *positional]
     for k, v in kwargs.items():
         if isinstance(v, torch.Tensor):
-            parts.append((k, _tensor_key(v, rt)))
-            if device < 0 and v.device.type == "cuda":
-                device = v.device.index or 0
+            key = _tensor_key(v, rt)
+            parts.append((k, key))
+            if device < 0 and key[3].type == "cuda":
+                device = key[3].index or 0
         elif isinstance(v, float):
             parts.append((k, float))
         elif isinstance(v, (list, tuple)):
@@ -509,9 +525,10 @@ def _sequence_key(a: list | tuple, device: int, rt: rt_mod.Runtime) -> tuple[tup
     sub = []
     for x in a:
         if isinstance(x, torch.Tensor):
-            sub.append(_tensor_key(x, rt))
-            if device < 0 and x.device.type == "cuda":
-                device = x.device.index or 0
+            key = _tensor_key(x, rt)
+            sub.append(key)
+            if device < 0 and key[3].type == "cuda":
+                device = key[3].index or 0
         elif isinstance(x, float):
             sub.append(float)
         elif isinstance(x, (list, tuple)):
