@@ -167,6 +167,7 @@ _exact = _StorageAttr("_phantora_exact")
 # masks.Unknown seed: what a comparison on it selects (masks.py)
 _dists = _StorageAttr("_phantora_dist")
 _pending = _TensorAttr("_phantora_pending")  # virtual tensor -> values other ranks still owe it
+_SHADOW_NAME, _VALUE_NAME, _PENDING_NAME = _shadows.name, _values.name, _pending.name  # read inline per op
 
 
 class _Once:
@@ -518,6 +519,41 @@ def _with_masks(a: Any) -> Any:
     return a
 
 
+def _holds_nothing(a: Any, exact: ExactInputs | None) -> bool:
+    """a is virtual and holds no data: no shadow, none owed by a collective (read as it is now,
+    nothing settled), no exact fill (per `exact`, as _lacks_data counts one) and no mask."""
+    if not isinstance(a, FakeTensor):
+        return False
+    d = a.__dict__
+    if d.get(_SHADOW_NAME) is not None or d.get(_PENDING_NAME) is not None:
+        return False
+    if exact is not None and exact.has(a):
+        return False
+    return not isinstance(_dists.get(a), masks.Mask)
+
+
+def _an_input_holds_nothing(args: tuple, kwargs: dict, exact: ExactInputs | None) -> bool:
+    """Some tensor argument (or one in a list argument) holds no data (_holds_nothing), so
+    _lacks_data would find the op's inputs lacking, and no result gets a shadow."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, (list, tuple)):
+            if any(_holds_nothing(x, exact) for x in a):
+                return True
+        elif _holds_nothing(a, exact):
+            return True
+    return False
+
+
+def _any_kept(outs: tuple) -> bool:
+    """A result holds a shadow or a value owed by a collective (an in-place op's argument)."""
+    for o in outs:
+        if isinstance(o, torch.Tensor):
+            d = o.__dict__
+            if d.get(_SHADOW_NAME) is not None or d.get(_PENDING_NAME) is not None:
+                return True
+    return False
+
+
 def _any_shadow(a: Any) -> bool:
     if isinstance(a, FakeTensor):
         return shadow_of(a) is not None
@@ -599,6 +635,8 @@ def note_shadow(func: Any, args: tuple, kwargs: dict, out: Any, is_fake: Callabl
     where another input has a shadow or every result is small; else their value and exactness
     carry over (note_result) without copying them to the CPU."""
     outs = out if isinstance(out, (tuple, list)) else (out,)
+    if func not in _SHAPE_ONLY and _an_input_holds_nothing(args, kwargs, exact) and not _any_kept(outs):
+        return  # what follows would end in no shadow for any result, and none to forget
     base = _shadow_cap(func)
     from_tensors = func not in _SHAPE_ONLY and (_has_tensor(args) or _has_tensor(tuple(kwargs.values())))
     # An uninitialized result (empty, empty_like) holds nothing a program may read, so it is index
@@ -881,7 +919,6 @@ def _note_value(func: Any, args: tuple, kwargs: dict, out: Any, exact: ExactInpu
                 first = False
 
 
-_SHADOW_NAME, _VALUE_NAME, _PENDING_NAME = _shadows.name, _values.name, _pending.name
 _plain_views: dict[Any, bool] = {}
 
 

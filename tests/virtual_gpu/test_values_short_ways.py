@@ -1,15 +1,21 @@
-"""values.note_view, the observer's short way through a view op (view, t, transpose, detach,
-unbind...), leaves every tensor reading what the general path (note_result, then note_shadow)
-leaves: the same value, shadow, exact fill and draw or mask, through the source and through
-every view, before and after a write through one of them. Sources in each state the general path
-knows (nothing, a value, an exact fill, a shadow, a draw, a mask, dtypes), so that the test fails
-where note_view takes an op it should leave to the general path or gives a view another value."""
+"""The value policy's short ways leave every tensor reading what its general path leaves:
+
+* values.note_view, the observer's way through a view op (view, t, transpose, detach, unbind...)
+  instead of note_result and note_shadow: the same value, shadow, exact fill and draw or mask,
+  through the source and through every view, before and after a write through one of them;
+* note_shadow's return where an input holds no data (_an_input_holds_nothing): the same state
+  after ops of every kind (pointwise, matmul, reductions, in place, copies, fills, comparisons).
+
+Sources in each state the general path knows (nothing, a value, an exact fill, a shadow, a draw, a
+mask, dtypes), so that a test fails where a short way takes an op it should leave to the general
+path or leaves a tensor another value or shadow."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 import torch
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
@@ -125,3 +131,48 @@ def test_the_short_way_is_taken_for_views_of_memory_holding_nothing_kept() -> No
     assert _run(True, "nothing", torch.float32, 4, "t", "none")[1] == []  # a small empty is shadowed (its default)
     assert _run(True, "mask", torch.bool, 40, "t", "none")[1] == ["aten.t.default"]  # made where read
     assert "aten.view.dtype" not in _run(True, "nothing", torch.float32, 40, "view as another dtype", "none")[1]
+
+
+# ops after which note_shadow may take its short way (or must not: fills, in-place writes of
+# shadowed memory, factories), each on a source and a second tensor of the same shape
+OPS: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {
+    "add": lambda x, y: x + y,
+    "mul by a number": lambda x, y: x * 3,
+    "matmul": lambda x, y: x.float() @ y.float(),
+    "sum": lambda x, y: x.float().sum(),
+    "amax": lambda x, y: x.float().amax(0),
+    "add_ in place": lambda x, y: x.add_(y),
+    "copy_ into": lambda x, y: y.copy_(x),
+    "clone": lambda x, y: x.clone(),
+    "to another dtype": lambda x, y: x.to(torch.float64),
+    "zeros_like": lambda x, y: torch.zeros_like(x),
+    "fill_": lambda x, y: x.fill_(3),
+    "compare": lambda x, y: x > 0,
+    "where": lambda x, y: torch.where(x > 0, x, y),
+    "cat": lambda x, y: torch.cat([x, y]),
+    "nonzero count": lambda x, y: (x != 0).sum(),
+}
+
+
+def _run_op(short_way: bool, source: str, other: str, dtype: torch.dtype, n: int, op: str,
+            monkeypatch: pytest.MonkeyPatch) -> list:
+    values._fallback_draws = 0
+    with monkeypatch.context() as m:
+        if not short_way:
+            m.setattr(values, "_an_input_holds_nothing", lambda args, kwargs, exact: False)
+        with FakeTensorMode(allow_non_fake_inputs=True), _Mode(False):
+            x, y = SOURCES[source](n, dtype), SOURCES[other](n, dtype)
+            out = OPS[op](x, y)
+            outs = [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, torch.Tensor)]
+            return [_state(t) for t in (x, y, *outs)] + [o.float().amax().item() for o in (x, y, *outs)]
+
+
+@FAST
+@given(source=st.sampled_from(sorted(SOURCES)), other=st.sampled_from(sorted(SOURCES)), dtype=DTYPES,
+       n=st.sampled_from([4, 40]), op=st.sampled_from(sorted(OPS)))
+def test_an_op_reads_as_the_general_path_leaves_it(source: str, other: str, dtype: torch.dtype, n: int,
+                                                    op: str) -> None:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        general = _run_op(False, source, other, dtype, n, op, monkeypatch)
+        short = _run_op(True, source, other, dtype, n, op, monkeypatch)
+    assert short == general
