@@ -374,9 +374,13 @@ class Placement:
         return True
 
     def _want(self, t: int) -> None:
+        """The attempt needs the network final up to t: finality.py tries t as a horizon, and
+        the stream is tried again once the horizon reaches it (_comm_overlap then knows)."""
         self.wanted.add(t)
-        if self._why is not None:
-            self._why.wanted.add(t)
+        why = self._why
+        if why is not None:
+            why.wanted.add(t)
+            why.time_ns = t if why.time_ns is None else min(why.time_ns, t)
 
     def _comm_overlap(self, st: RankState, device: int, seq: int, start: int, end: int, force: bool) -> int | None:
         """How much of [start, end) the NCCL kernels of collectives this rank called on `device`
@@ -389,6 +393,12 @@ class Placement:
         for a in log.settle(seq, c.work_end_ns, c.dropped):
             if not a.placed and a.host_ns + self.timing.launch_latency_ns >= end:
                 continue  # its NCCL kernel cannot start before `end`
+            if not a.placed and not force and end <= c.final_ns:
+                # nor can it where `end` is final: the horizon is proven below every waiting
+                # arrival's ready time (finality.py). Waiting for the arrival instead deadlocked
+                # where its stream waits, through an event, on work queued behind this kernel
+                # (TorchTitan's DeepSeek-V3 with EP over 2 nodes under --sync conservative).
+                continue
             if not a.placed and not self.place_stream(st, a.stream, a, force):
                 # It queues behind the collective in flight on its communicator (NCCL runs them
                 # in order): if that one still runs at `end`, this one starts after.
