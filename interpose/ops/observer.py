@@ -228,13 +228,8 @@ class OpObserver(TorchDispatchMode):
     def _account_outputs(self, func: Any, out: Any, stream: int) -> None:
         rt = self.rt
         try:
-            if isinstance(out, torch.Tensor):  # most ops: one output, its device read once
-                dev = _device_of(out)
-                if dev.type == "cuda":
-                    rt.track_storage(out.untyped_storage(), dev.index or 0, stream)
-            else:
-                for t in _cuda_tensors(out):
-                    rt.track_storage(t.untyped_storage(), _device_of(t).index or 0, stream)
+            for t, index in _cuda_outputs(out):
+                rt.track_storage(t.untyped_storage(), index, stream)
             if getattr(func, "overloadpacket", None) in _GEMMS:
                 dev = _first_cuda_device(out)
                 if dev is not None:
@@ -383,22 +378,24 @@ def _is_internal_detach(func: Any) -> bool:
         torch._C.DispatchKey.ADInplaceOrView)
 
 
-def _cuda_tensors(out: Any) -> list[torch.Tensor]:
-    """The CUDA tensors among an op's outputs whose storages hold device memory. (No output is
+def _cuda_outputs(out: Any) -> list[tuple[torch.Tensor, int]]:
+    """The CUDA tensors among an op's outputs whose storages hold device memory, each with its
+    device index (read once: the observer reads devices several times per op). (No output is
     a wrapper subclass such as DTensor: ops on those are left to the subclass, whose ops on its
     inner tensors come through here, see _wraps_other_tensors.)"""
     if isinstance(out, torch.Tensor):
-        return [out] if _device_of(out).type == "cuda" else []
-    found: list[torch.Tensor] = []
+        dev = _device_of(out)
+        return [(out, dev.index or 0)] if dev.type == "cuda" else []
+    found: list[tuple[torch.Tensor, int]] = []
     if isinstance(out, (tuple, list)):
         for o in out:
-            found.extend(_cuda_tensors(o))
+            found.extend(_cuda_outputs(o))
     return found
 
 
 def _first_cuda_device(out: Any) -> int | None:
-    ts = _cuda_tensors(out)
-    return (_device_of(ts[0]).index or 0) if ts else None
+    outs = _cuda_outputs(out)
+    return outs[0][1] if outs else None
 
 
 def _pinned_checker(rt: rt_mod.Runtime) -> Any:

@@ -519,13 +519,16 @@ def _with_masks(a: Any) -> Any:
     return a
 
 
+def _kept(t: torch.Tensor) -> bool:
+    """t holds a shadow or values owed by a collective, read as it is now (nothing settled)."""
+    d = t.__dict__
+    return d.get(_SHADOW_NAME) is not None or d.get(_PENDING_NAME) is not None
+
+
 def _holds_nothing(a: Any, exact: ExactInputs | None) -> bool:
-    """a is virtual and holds no data: no shadow, none owed by a collective (read as it is now,
-    nothing settled), no exact fill (per `exact`, as _lacks_data counts one) and no mask."""
-    if not isinstance(a, FakeTensor):
-        return False
-    d = a.__dict__
-    if d.get(_SHADOW_NAME) is not None or d.get(_PENDING_NAME) is not None:
+    """a is virtual and holds no data: no shadow, none owed by a collective (_kept), no exact
+    fill (per `exact`, as _lacks_data counts one) and no mask."""
+    if not isinstance(a, FakeTensor) or _kept(a):
         return False
     if exact is not None and exact.has(a):
         return False
@@ -546,12 +549,7 @@ def _an_input_holds_nothing(args: tuple, kwargs: dict, exact: ExactInputs | None
 
 def _any_kept(outs: tuple) -> bool:
     """A result holds a shadow or a value owed by a collective (an in-place op's argument)."""
-    for o in outs:
-        if isinstance(o, torch.Tensor):
-            d = o.__dict__
-            if d.get(_SHADOW_NAME) is not None or d.get(_PENDING_NAME) is not None:
-                return True
-    return False
+    return any(isinstance(o, torch.Tensor) and _kept(o) for o in outs)
 
 
 def _any_shadow(a: Any) -> bool:
@@ -940,23 +938,17 @@ def note_view(func: Any, args: tuple, out: Any) -> bool:
     if not args or not _plain_view(func):
         return False
     src = args[0]
-    if not isinstance(src, FakeTensor):
-        return False
-    d = src.__dict__
-    if d.get(_SHADOW_NAME) is not None or d.get(_PENDING_NAME) is not None:
+    if not isinstance(src, FakeTensor) or _kept(src) or _marked_exact(src):
         return False
     storage = src.untyped_storage()
-    sd = storage.__dict__
-    if (sd[_EXACT_NAME] if _EXACT_NAME in sd else d.get(_EXACT_NAME)) is not None:
-        return False
     outs = out if isinstance(out, (tuple, list)) else (out,)
     dtype = src.dtype
     for o in outs:
-        if not isinstance(o, FakeTensor) or o.dtype != dtype or o.untyped_storage() is not storage or \
-                o.__dict__.get(_SHADOW_NAME) is not None:
+        if not isinstance(o, FakeTensor) or o.dtype != dtype or o.untyped_storage() is not storage or _kept(o):
             return False
     # value_of(src), then set_value(o, it) for each view, written out: its memory is src's
-    v = sd[_VALUE_NAME] if _VALUE_NAME in sd else d.get(_VALUE_NAME)
+    sd = storage.__dict__
+    v = sd[_VALUE_NAME] if _VALUE_NAME in sd else src.__dict__.get(_VALUE_NAME)  # _values.get(src)
     v = None if v is None else as_dtype(v, dtype)
     if v is not None and v == default_value(dtype):
         v = None

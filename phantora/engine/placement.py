@@ -203,6 +203,12 @@ class Placement:
             if prov is not None:
                 t = prov if t is None else min(t, prov)
         if t is not None:
+            self._try_again_at(t)
+
+    def _try_again_at(self, t: int) -> None:
+        """The attempt under way may succeed once the horizon reaches t."""
+        why = self._why
+        if why is not None:
             why.time_ns = t if why.time_ns is None else min(why.time_ns, t)
 
     def _note(self, why: _Why, force: bool) -> None:
@@ -377,10 +383,9 @@ class Placement:
         """The attempt needs the network final up to t: finality.py tries t as a horizon, and
         the stream is tried again once the horizon reaches it (_comm_overlap then knows)."""
         self.wanted.add(t)
-        why = self._why
-        if why is not None:
-            why.wanted.add(t)
-            why.time_ns = t if why.time_ns is None else min(why.time_ns, t)
+        if self._why is not None:
+            self._why.wanted.add(t)
+        self._try_again_at(t)
 
     def _comm_overlap(self, st: RankState, device: int, seq: int, start: int, end: int, force: bool) -> int | None:
         """How much of [start, end) the NCCL kernels of collectives this rank called on `device`
