@@ -270,8 +270,10 @@ def check_accelerate(run: Run, samples: int, batch: int, shards: int, seed: int 
         # two points, which the first steps' warm-up shifts; steady steps agree within 2%.
         if int(step) > 2:
             assert float(ms) == pytest.approx(durations[int(rank)][int(step) - 1] * 1e3, rel=0.02), (rank, step, ms)
-    # the shuffled loader: each rank's order, together one permutation of the data set
-    orders = {int(r): json.loads(o) for r, o in re.findall(r"rank (\d+) order (\[.*\])", run.proc.stdout)}
+    # the shuffled loader: each rank's order, together one permutation of the data set. torchrun
+    # runs workers as `python -u`, so print's text and its newline are two writes and another
+    # rank's line can land between them, as on a GPU: a list ends at its own bracket.
+    orders = {int(r): json.loads(o) for r, o in re.findall(r"rank (\d+) order (\[[^\]]*\])", run.proc.stdout)}
     assert sorted(orders) == list(range(run.ranks)), orders
     assert sorted(i for o in orders.values() for i in o) == list(range(samples)), orders
     assert all(len(o) == samples // run.ranks for o in orders.values()), orders
