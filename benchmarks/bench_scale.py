@@ -288,7 +288,11 @@ def main() -> None:
                                                                      ("activation-checkpoint:full",)),
                           int(g)) for g in args.moe.split(",") if g]
         for make, gpus in rows:
-            name, gpus, one, two, step_ms = make(gpus, tmp)
+            try:
+                name, gpus, one, two, step_ms = make(gpus, tmp)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:  # one failed row: say so, run the rest
+                print(f"{'(failed)':<34} {gpus:>5} {str(e).splitlines()[0][:200]}\n{str(e)[-1500:]}", flush=True)
+                continue
             step = f"{step_ms:11.1f}"
             print(f"{name:<34} {gpus:>5} {two.processes:>9} {one.wall_s:>13.1f} {two.wall_s - one.wall_s:>11.1f} "
                   f"{two.cpu_s - one.cpu_s:>10.1f} {two.network_s - one.network_s:>14.1f} {step} {two.peak_mib:>12.0f} {two.trace_mib:>9.1f}", flush=True)
