@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import datetime as _dt
+import hashlib
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ import interpose
 from interpose.host.host_time import ENV as HOST_TIME_ENV
 from interpose.launch.warm import STDERR_ENV, STDOUT_ENV
 from phantora import __version__
+from phantora.cache import build_once, cache_dir
 from phantora.cost import EstimatorChoice, choose_estimator
 from phantora.cost import host_bench
 from phantora.cost.host import DEFAULT_HOST, DEFAULT_HOST_TIME, HostSpec, lookup_host
@@ -52,6 +54,7 @@ from phantora.trace.kineto import KinetoExport, KinetoSink
 
 BOOTSTRAP_DIR = Path(interpose.__file__).resolve().parent / "launch" / "bootstrap"
 PACKAGE_ROOT = Path(interpose.__file__).resolve().parent.parent
+PACKAGES = ("phantora", "interpose")  # what the command's processes import of phantora
 # A rank that ended leaves its peers waiting in collectives it never joined. If it failed, this
 # launcher stops them (SIGTERM) as soon as it sees its exit code, as torchrun does; they fail
 # with "exited without joining" only if it is still running this long after the rank said bye
@@ -148,9 +151,31 @@ class TraceResult:
     refuted: RolesRefuted | None = None  # --ranks auto was refuted: the run stopped, to start again
 
 
+def import_dir(root: Path = PACKAGE_ROOT) -> Path:
+    """The folder the command's processes import phantora's two packages from (on their
+    PYTHONPATH). From a checkout, its root. From an installed phantora, whose packages sit in a
+    site-packages with the rest of phantora's environment, a folder of links to the two only: the
+    whole site-packages would come before the command's own, so a script run by another
+    environment's Python (one with a CUDA build of torch, a framework's venv) imported phantora's
+    torch instead of its own, or failed on another Python version's binary modules."""
+    if root.name not in ("site-packages", "dist-packages") and next(root.glob("*.dist-info"), None) is None:
+        return root
+    target = cache_dir() / "import-dir" / hashlib.sha256(str(root).encode()).hexdigest()[:16]
+
+    def link_packages(target: Path) -> None:
+        staging = target.with_name(f"{target.name}.{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        for name in PACKAGES:
+            (staging / name).symlink_to(root / name, target_is_directory=True)
+        staging.rename(target)  # whole: a concurrent run never sees one link of two
+
+    return build_once(target, link_packages)
+
+
 def child_env(run: TraceRun, socket_path: str) -> dict[str, str]:
     env = dict(os.environ)
-    paths = [str(BOOTSTRAP_DIR), str(PACKAGE_ROOT)]
+    paths = [str(BOOTSTRAP_DIR), str(import_dir())]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
