@@ -300,7 +300,7 @@ class CollectiveLifecycle:
                 specs.append((CollectiveSpec(first.net_op, max(first.nbytes, 1), gpus,
                                              root=self.global_gpu(first.root) if first.root is not None else None,
                                              label=f"{first.op} group {list(first.group)} #{first.seq}",
-                                             split_bytes=split), start))
+                                             split_bytes=split, transport=first.transport), start))
                 on_network.append(work)
         if specs:
             assert self.network is not None

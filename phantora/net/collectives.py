@@ -48,7 +48,8 @@ import numpy as np
 
 from phantora.net.records import CollectiveSpec
 from phantora.net.topology import SWITCH, Topology
-from phantora.net.tuning import P2P, GroupShape, NcclConstants, p2p_latency_us
+from phantora.net.tuning import (P2P, USERBUFFERS, GroupShape, NcclConstants, p2p_latency_us,
+                                 userbuffers_latency_us)
 
 
 @dataclass
@@ -327,6 +328,34 @@ def p2p_plan(spec: CollectiveSpec, topo: Topology, const: NcclConstants) -> Coll
     protocols = set(protocol_of)
     protocol = protocols.pop() if len(protocols) == 1 else "mixed"
     return CollectivePlan(P2P, protocol, groups)
+
+
+def userbuffers_plan(spec: CollectiveSpec, topo: Topology, const: NcclConstants) -> CollectivePlan:
+    """A Transformer Engine userbuffers transfer (spec.transport "userbuffers") inside one node:
+    the ring exchange's copy to the next rank (send_recv), or the kernels that reduce-scatter or
+    all-gather by reading and writing every peer's buffer directly. On an NVSwitch those move
+    (n-1)/n of the buffer out of and into each GPU, as a ring does, so the ring's flows carry them
+    at the link's full rate (no NCCL protocol's flags); the latency is one step's
+    (tuning.userbuffers_latency_us), where NCCL pays its kernel's base latency and, in a ring,
+    n - 1 handshakes. Userbuffers never leave the node (TE asserts INTRANODE)."""
+    if len({r // topo.gpus_per_node for r in spec.ranks}) > 1:
+        raise ValueError(f"userbuffers transfer {spec.op} over GPUs {list(spec.ranks)}: userbuffers "
+                         "connect the GPUs of one node only")
+    if spec.op == "send_recv":
+        plan = p2p_plan(spec, topo, const)
+        plan = CollectivePlan(P2P, "Simple", plan.groups)
+        for g in plan.groups:
+            g.weight = np.ones(len(g.src))  # a copy engine's copy: no LL flags, whatever the size
+    elif spec.op in ("all_gather", "reduce_scatter"):
+        plan = ring_plan(spec, "Simple", topo, const, np.inf)
+    else:
+        raise ValueError(f"userbuffers move all_gather, reduce_scatter and send_recv, not {spec.op}")
+    hw = "nvlink" if topo.nvswitch else "pcie"
+    path_ns = float(topo.route_latency_many(np.array(spec.ranks[:1]), np.array(spec.ranks[1:2]))[0])
+    latency_ns = int(round(userbuffers_latency_us(hw, const, path_ns / 1e3) * 1e3))
+    for g in plan.groups:
+        g.latency_ns = latency_ns
+    return CollectivePlan(USERBUFFERS, "Simple", plan.groups)
 
 
 def p2p_rounds(ranks: tuple[int, ...], topo: Topology) -> np.ndarray:

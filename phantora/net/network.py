@@ -31,12 +31,12 @@ import numpy as np
 from phantora.net import collectives as coll
 from phantora.net.cluster import Cluster
 from phantora.net.fluid import ACTIVE, DONE, PENDING, Flow, FlowSimulator
-from phantora.net.records import (OPS, CollectiveInfo, CollectiveSpec, Correction, FlowRecord,
+from phantora.net.records import (OPS, TRANSPORTS, CollectiveInfo, CollectiveSpec, Correction, FlowRecord,
                                   LinkInfo, LinkSegment, NetworkStats, RollbackRecord)
 from phantora.net.rollback import prune_history, roll_back, rollback_scope
 from phantora.net.topology import Topology
-from phantora.net.tuning import (P2P, NcclConstants, collective_latency_us, default_algorithms,
-                                 parse_override, predicted_time_us, ring_plateau_applies,
+from phantora.net.tuning import (P2P, USERBUFFERS, NcclConstants, collective_latency_us,
+                                 default_algorithms, parse_override, predicted_time_us, ring_plateau_applies,
                                  runnable_algorithms, runnable_protocols)
 
 MODES = ("optimistic", "conservative")
@@ -482,6 +482,8 @@ class Network:
             raise TypeError(f"expected a CollectiveSpec, got {type(spec).__name__}")
         if spec.op not in OPS:
             raise ValueError(f"op: {spec.op!r} is not allowed (allowed: {', '.join(OPS)})")
+        if spec.transport not in TRANSPORTS:
+            raise ValueError(f"transport: {spec.transport!r} is not allowed (allowed: {', '.join(TRANSPORTS)})")
         if isinstance(spec.nbytes, bool) or not isinstance(spec.nbytes, (int, np.integer)) \
                 or spec.nbytes < 0:
             raise ValueError(f"nbytes: must be an integer >= 0, got {spec.nbytes!r}")
@@ -517,7 +519,9 @@ class Network:
 
     def _choose(self, spec: CollectiveSpec) -> _Choice:
         """Algorithm and protocol, the way NCCL picks them: the smallest time NCCL's own model
-        predicts (tuning.predicted_time_us)."""
+        predicts (tuning.predicted_time_us); a userbuffers transfer is not NCCL's."""
+        if spec.transport == "userbuffers":
+            return self._routed(spec, USERBUFFERS, "Simple")
         if spec.op in ("send_recv", "all_to_all"):
             return self._routed(spec, P2P, "")
         # A run repeats the same collectives every step, and mirrored ranks repeat each one on
@@ -572,8 +576,8 @@ class Network:
         return pairs
 
     def _routed(self, spec: CollectiveSpec, algorithm: str, protocol: str) -> _Choice:
-        if algorithm == P2P:
-            key = (spec.op, spec.ranks, spec.nbytes, spec.split_bytes, P2P)
+        if algorithm in (P2P, USERBUFFERS):
+            key = (spec.op, spec.ranks, spec.nbytes, spec.split_bytes, algorithm)
         else:
             key = (spec.op, spec.ranks, spec.root, algorithm, protocol)
         choice = self._plans.get(key)
@@ -592,6 +596,8 @@ class Network:
         topo, const = self.topology, self.config.constants
         if algorithm == P2P:
             plan = coll.p2p_plan(spec, topo, const)
+        elif algorithm == USERBUFFERS:
+            plan = coll.userbuffers_plan(spec, topo, const)
         else:
             comm = self._communicator(spec.ranks)
             ll_cap = const.ll_max_busbw(comm.shape.n_nodes, self.cluster.gpu_spec.capability[0])

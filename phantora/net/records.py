@@ -31,6 +31,10 @@ class CollectiveSpec:
     root: global GPU index of the root for broadcast and reduce, else None.
     split_bytes: all_to_allv only; split_bytes[i][j] = bytes ranks[i] sends to ranks[j].
     label: free text carried into trace records (e.g. "tp allreduce layer 3").
+    transport: "nccl", or "userbuffers": Transformer Engine's comm+GEMM overlap moves the same
+      bytes inside one node with copy-engine copies (send_recv) or its own kernels reading and
+      writing the peers' memory (all_gather, reduce_scatter), not NCCL's protocol
+      (collectives.userbuffers_plan).
     """
 
     op: str
@@ -39,6 +43,10 @@ class CollectiveSpec:
     root: int | None = None
     label: str = ""
     split_bytes: tuple[tuple[int, ...], ...] | None = None
+    transport: str = "nccl"
+
+
+TRANSPORTS = ("nccl", "userbuffers")
 
 
 @dataclass(frozen=True)

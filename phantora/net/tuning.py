@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree")  # NCCL's enum order: ties go to the first
 PROTOCOLS = ("LL", "LL128", "Simple")
 P2P = "p2p"  # send/recv and all-to-all are grouped point-to-point transfers, not an algorithm
+USERBUFFERS = "userbuffers"  # Transformer Engine's comm+GEMM overlap transfers, not NCCL's (collectives.userbuffers_plan)
 
 _ALGO_ALIASES = {"tree": "tree", "ring": "ring", "nvls": "nvls", "nvlstree": "nvls_tree",
                  "nvls_tree": "nvls_tree"}
@@ -214,6 +215,16 @@ def p2p_latency_us(nbytes: int, intra_node: bool, shape_intra_hw: str,
     protocol = "LL" if nbytes <= const.p2p_ll_threshold else "Simple"
     hw = const.hw_latency_us[shape_intra_hw if intra_node else "net"][("ring", protocol)]
     return protocol, const.base_latency_us[("ring", protocol)] + hw + path_us
+
+
+def userbuffers_latency_us(intra_hw: str, const: NcclConstants, path_us: float) -> float:
+    """Latency of one Transformer Engine userbuffers transfer inside a node. Each is one step
+    (userbuffers.cu): a copy-engine copy to the peer and a one-thread flag kernel (the ring
+    exchange's userbuffers_send/recv), or one kernel that reads or writes every peer's buffer
+    at once and then sets flags (reducescatter2/allgather2_userbuff_*). So no NCCL kernel's base
+    latency and no ring's n - 1 handshakes: the hardware latency of one Simple step over the
+    node's fabric, plus the route's."""
+    return const.hw_latency_us[intra_hw][("ring", "Simple")] + path_us
 
 
 def runnable_algorithms(op: str, n_nodes: int, min_ppn: int, nvls: bool) -> list[str]:
