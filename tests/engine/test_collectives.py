@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -490,3 +491,40 @@ def test_a_conservative_wait_that_cannot_be_proven_is_answered_with_a_warning_wh
 def test_sync_mode_is_checked():
     with pytest.raises(ValueError, match="sync"):
         Engine(lookup_gpu("h100"), FixedEstimator(), NullSink(), TIMING, sync="pessimistic")
+
+
+@pytest.mark.parametrize("gemm_ns", [100_000, 300_000])
+def test_a_userbuffers_ring_step_runs_beside_the_gemm_chunk_it_does_not_feed(gemm_ns):
+    """Transformer Engine's ring exchange at TP 2 (interpose/device/transformer_engine/
+    userbuffers.py, _ring_all_gather): each rank multiplies its own chunk while one ring step (a
+    send and a receive on the send stream) brings the other's, and the second chunk waits for the
+    step. So the two chunks take max(GEMM, step) + GEMM, not GEMM + step + GEMM. By hand, the step
+    of a 64 MiB chunk over dgx-h100's NVLink (370.8 GB/s, 3.6 us for one step): 184.6 us."""
+    sink = SliceRecorder()
+    e = Engine(lookup_gpu("h100"), FixedEstimator(), sink, TIMING, network=Network(load_cluster("dgx-h100", nodes=1)))
+    for r in (0, 1):
+        e.add_rank(RankInfo(r, 0, r, 100 + r))
+    nbytes, send_stream = 64 << 20, 7
+    step_ns = 3_600 + math.ceil(nbytes / 370.8)
+    for r in (0, 1):
+        e.apply(r, [[P.R_STREAM, r, send_stream, 0]])
+        kernel(e, r, gemm_ns, 0)  # its own chunk, on the main stream
+        wire = {"seq": 0, "nbytes": nbytes, "dtype": "bfloat16", "device": r, "stream": send_stream,
+                "transport": "userbuffers"}
+        works = [e.join_collective(r, dict(wire, op="send", group=[r, 1 - r])),
+                 e.join_collective(r, dict(wire, op="recv", group=[1 - r, r]))]
+        e.apply(r, [[P.R_WORK_WAIT, w, r, 0, 0] for w in works])  # the main stream waits for the step
+        kernel(e, r, gemm_ns, 0)  # the chunk the step brought
+    e.close({})
+    for r in (0, 1):
+        pid = e.ranks[r].info.trace_pid
+        (first, first_end), (second, end) = sorted((s["ts"], s["ts"] + s["dur"]) for s in sink.slices
+                                                   if s["pid"] == pid and s["name"] == "k")
+        steps = [s for s in sink.slices if s["pid"] == pid and s["name"] == "ncclDevKernel_SendRecv"]
+        assert {s["args"]["network ns"] for s in steps} == {step_ns}
+        step_end = max(s["ts"] + s["dur"] for s in steps)
+        assert first < min(s["ts"] for s in steps) < first_end  # the step runs beside the first chunk
+        assert (second, end) == (max(first_end, step_end), max(first_end, step_end) + gemm_ns)
+        # overlapped: not the chunk, then the step, then the chunk (the step starts after the
+        # host's two calls, 2 x 4.5 us, and its launch latency)
+        assert end - first < max(gemm_ns, step_ns) + gemm_ns + 20_000
