@@ -341,21 +341,20 @@ def userbuffers_plan(spec: CollectiveSpec, topo: Topology, const: NcclConstants)
     if len({r // topo.gpus_per_node for r in spec.ranks}) > 1:
         raise ValueError(f"userbuffers transfer {spec.op} over GPUs {list(spec.ranks)}: userbuffers "
                          "connect the GPUs of one node only")
-    if spec.op == "send_recv":
-        plan = p2p_plan(spec, topo, const)
-        plan = CollectivePlan(P2P, "Simple", plan.groups)
-        for g in plan.groups:
-            g.weight = np.ones(len(g.src))  # a copy engine's copy: no LL flags, whatever the size
-    elif spec.op in ("all_gather", "reduce_scatter"):
-        plan = ring_plan(spec, "Simple", topo, const, np.inf)
-    else:
-        raise ValueError(f"userbuffers move all_gather, reduce_scatter and send_recv, not {spec.op}")
     hw = "nvlink" if topo.nvswitch else "pcie"
     path_ns = float(topo.route_latency_many(np.array(spec.ranks[:1]), np.array(spec.ranks[1:2]))[0])
     latency_ns = int(round(userbuffers_latency_us(hw, const, path_ns / 1e3) * 1e3))
-    for g in plan.groups:
-        g.latency_ns = latency_ns
-    return CollectivePlan(USERBUFFERS, "Simple", plan.groups)
+    if spec.op == "send_recv":  # a copy engine's copy: no LL flags, whatever the size
+        ends = np.array(spec.ranks, dtype=np.int64)
+        groups = [FlowGroup(src=ends[:1], dst=ends[1:], weight=np.ones(1), payload=np.ones(1), fraction=0.0,
+                            cap=np.inf, salt=0, latency_ns=latency_ns, fixed_bytes=spec.nbytes)]
+    elif spec.op in ("all_gather", "reduce_scatter"):
+        groups = ring_plan(spec, "Simple", topo, const, np.inf).groups
+        for g in groups:
+            g.latency_ns = latency_ns
+    else:
+        raise ValueError(f"userbuffers move all_gather, reduce_scatter and send_recv, not {spec.op}")
+    return CollectivePlan(USERBUFFERS, "Simple", groups)
 
 
 def p2p_rounds(ranks: tuple[int, ...], topo: Topology) -> np.ndarray:

@@ -520,7 +520,7 @@ class Network:
     def _choose(self, spec: CollectiveSpec) -> _Choice:
         """Algorithm and protocol, the way NCCL picks them: the smallest time NCCL's own model
         predicts (tuning.predicted_time_us); a userbuffers transfer is not NCCL's."""
-        if spec.transport == "userbuffers":
+        if spec.transport == USERBUFFERS:
             return self._routed(spec, USERBUFFERS, "Simple")
         if spec.op in ("send_recv", "all_to_all"):
             return self._routed(spec, P2P, "")

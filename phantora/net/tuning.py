@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree")  # NCCL's enum order: ties go to the first
 PROTOCOLS = ("LL", "LL128", "Simple")
 P2P = "p2p"  # send/recv and all-to-all are grouped point-to-point transfers, not an algorithm
-USERBUFFERS = "userbuffers"  # Transformer Engine's comm+GEMM overlap transfers, not NCCL's (collectives.userbuffers_plan)
+USERBUFFERS = "userbuffers"  # TE's comm+GEMM overlap transfers, not NCCL's (collectives.userbuffers_plan)
 
 _ALGO_ALIASES = {"tree": "tree", "ring": "ring", "nvls": "nvls", "nvlstree": "nvls_tree",
                  "nvls_tree": "nvls_tree"}
