@@ -45,8 +45,11 @@ def excluded_prefixes() -> tuple[str, ...]:
     """Source files whose code is phantora's work, not the program's: phantora itself and what it
     runs in place of a GPU (FakeTensorMode, its fake kernels, the dispatch-mode plumbing).
     benchmarks/host/count_probe.py compares what is counted with and without phantora."""
-    here = Path(__file__).resolve().parents[2]  # the checkout or site-packages holding interpose/ and phantora/
-    prefixes = [str(here / "interpose") + os.sep, str(here / "phantora") + os.sep]
+    # the folder holding interpose/ and phantora/ as imported (an installed phantora's traced
+    # command imports them through the links of launch.import_dir, and code objects keep that path)
+    # and as resolved (the checkout or site-packages)
+    roots = dict.fromkeys([Path(os.path.abspath(__file__)).parents[2], Path(__file__).resolve().parents[2]])
+    prefixes = [str(root / name) + os.sep for root in roots for name in ("interpose", "phantora")]
     spec = importlib.util.find_spec("torch")
     if spec is not None and spec.submodule_search_locations:
         torch_dir = Path(list(spec.submodule_search_locations)[0])
