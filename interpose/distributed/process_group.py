@@ -16,6 +16,7 @@ import contextlib
 import os
 import pickle
 import sys
+import sysconfig
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,6 +29,7 @@ from torch.futures import Future
 
 from interpose.distributed import collective_checks as check
 from interpose.device import cuda_graphs
+from interpose.host.python_work import own_source_dirs
 from interpose.values import policy as values
 from interpose.ops.observer import current_stream_id
 from phantora import protocol as P
@@ -59,8 +61,9 @@ SIMULATED_NCCL_VERSION = (2, 27, 5)  # what torch.cuda.nccl.version() reports un
 _groups: dict[str, "SimProcessGroup"] = {}  # group name -> its simulated backend
 _live_works: dict[int, "SimWork"] = {}  # work id -> work, until waited (oldest dropped past the cap)
 _MAX_LIVE_WORKS = 100_000
-_SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)),
-              os.path.dirname(os.__file__))  # torch, phantora, the standard library
+# torch and phantora (interpose/ and phantora/ as imported and as resolved): never a call site
+_SKIP_DIRS = (os.path.dirname(torch.__file__) + os.sep, *own_source_dirs())
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
 
 def _roles() -> RankRoles:
@@ -91,15 +94,27 @@ def _processes(members: tuple[int, ...] | list[int]) -> int:
     return sum(1 for r in members if roles.runs(r))
 
 
+def _installed(path: str) -> bool:
+    return f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
+
+
 def call_site() -> str:
-    """file:line of the user's code that led to this collective (first frame outside torch)."""
+    """Where the program issued this collective: the innermost frame of its own files, outside
+    torch, phantora and the standard library; for a program run from an installed framework
+    (`torchrun -m torchtitan.train`), the innermost installed frame outside those."""
+    installed_site = None
     f = sys._getframe(1)
     while f is not None:
         path = f.f_code.co_filename
-        if not path.startswith(_SKIP_DIRS) and not path.startswith("<") and "site-packages" not in path:
-            return f"{path}:{f.f_lineno} in {f.f_code.co_name}"
+        if not (path.startswith(_SKIP_DIRS) or path.startswith("<")):
+            installed = _installed(path)
+            if installed or not path.startswith(_STDLIB):  # a pyenv's site-packages lies inside its stdlib
+                where = f"{path}:{f.f_lineno} in {f.f_code.co_name}"
+                if not installed:
+                    return where
+                installed_site = installed_site or where
         f = f.f_back
-    return "<torch internals>"
+    return installed_site or "<torch internals>"
 
 
 def _reduce_name(op: Any) -> str:

@@ -41,15 +41,19 @@ class CounterBuildError(RuntimeError):
     pass
 
 
+def own_source_dirs() -> tuple[str, ...]:
+    """interpose/ and phantora/ (each ending in a separator) as imported and as resolved: an
+    installed phantora's traced command imports them through the links of launch.import_dir, and
+    code objects keep that path; the resolved one is the checkout or site-packages."""
+    roots = dict.fromkeys([Path(os.path.abspath(__file__)).parents[2], Path(__file__).resolve().parents[2]])
+    return tuple(str(root / name) + os.sep for root in roots for name in ("interpose", "phantora"))
+
+
 def excluded_prefixes() -> tuple[str, ...]:
     """Source files whose code is phantora's work, not the program's: phantora itself and what it
     runs in place of a GPU (FakeTensorMode, its fake kernels, the dispatch-mode plumbing).
     benchmarks/host/count_probe.py compares what is counted with and without phantora."""
-    # the folder holding interpose/ and phantora/ as imported (an installed phantora's traced
-    # command imports them through the links of launch.import_dir, and code objects keep that path)
-    # and as resolved (the checkout or site-packages)
-    roots = dict.fromkeys([Path(os.path.abspath(__file__)).parents[2], Path(__file__).resolve().parents[2]])
-    prefixes = [str(root / name) + os.sep for root in roots for name in ("interpose", "phantora")]
+    prefixes = list(own_source_dirs())
     spec = importlib.util.find_spec("torch")
     if spec is not None and spec.submodule_search_locations:
         torch_dir = Path(list(spec.submodule_search_locations)[0])

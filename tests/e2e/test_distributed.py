@@ -62,6 +62,11 @@ def test_every_collective_kind_is_matched_and_timed_by_the_network_model(tmp_pat
     stale = re.search(r"; (\d+) of them stale", proc.stderr)
     assert (meta["network_rollbacks"], meta["stale_replies"]) == (rollbacks, int(stale.group(1)) if stale else 0)
     assert stale or "none of them changed afterwards" in proc.stderr
+    # every collective, the functional one (through phantora's dispatch mode) included, names the
+    # script's line that issued it
+    sites = {k["args"]["call site"] for k in nccl_kernels(out)}
+    assert all(s.startswith(str(SCRIPTS / "dist_collectives.py") + ":") for s in sites), sites
+    assert any(":25 in <module>" in s for s in sites), sites  # fc.all_reduce
     # participants are linked by flow arrows
     assert sum(1 for e in events(out) if e.get("ph") == "s" and e.get("cat") == "collective") == 10
 
