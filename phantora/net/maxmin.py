@@ -103,10 +103,10 @@ def _max_min_small(links, coefs, caps, capacity) -> np.ndarray:
 
 
 def unique_ids(ids: np.ndarray, bound: int) -> np.ndarray:
-    """np.unique(ids) for ids in [0, bound): by marking rather than sorting once there are many
-    (a round of a 1,024-GPU all-to-all loads hundreds of thousands of (flow, link) pairs, and
-    the sort was 8% of its simulation)."""
-    if len(ids) < _MARK_ABOVE:
+    """np.unique(ids) for ids in [0, bound): by marking rather than sorting once there are many,
+    or many for the bound (a round of a 1,024-GPU all-to-all loads hundreds of thousands of
+    (flow, link) pairs, and the sort was 8% of its simulation)."""
+    if len(ids) < _MARK_ABOVE and len(ids) * 16 < bound:
         return np.unique(ids)
     mark = np.zeros(bound, dtype=bool)
     mark[ids] = True

@@ -41,13 +41,14 @@ def _flow(fid: int, links: list[int]) -> Flow:
     return Flow(fid, (fid,), 0, 0, 1.0, 0, arr, np.ones(len(arr)), 1.0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["add", "discard", "look"]), st.integers(0, 11),
-                          st.lists(st.integers(0, 15), min_size=1, max_size=4)), max_size=60),
+                          st.lists(st.integers(0, 15), min_size=1, max_size=300)), max_size=60),
        st.booleans())
 def test_wide_index_answers_as_a_set_of_flows_does(ops, counted):
-    """Adds, discards (of flows kept or not, re-added after a discard) and look-ups in any
-    order: touching() names exactly the flows held that use one of the links asked about."""
+    """Adds, discards (of flows kept or not, re-added after a discard) and look-ups (of links
+    repeated or not) in any order: touching() names exactly the flows held that use one of the
+    links asked about."""
     flows = {fid: _flow(fid, sorted({(fid * 5 + k) % 16 for k in range(fid % 4 + 1)})) for fid in range(12)}
     index, held = WideIndex(16, counted=counted), set()
     for op, fid, links in ops:
@@ -68,3 +69,18 @@ def test_wide_index_answers_as_a_set_of_flows_does(ops, counted):
                 expect[flows[g].links] += 1
             assert (index.on_link == expect).all()
         assert bool(index) == bool(held)
+
+
+@given(st.lists(st.lists(st.integers(0, 15), min_size=1, max_size=6, unique=True), min_size=1, max_size=40),
+       st.lists(st.integers(0, 15), min_size=1, max_size=100))
+@settings(max_examples=200, deadline=None)
+def test_flows_added_together_are_found_by_any_of_their_links(links_of, asked):
+    """Flows added together make one chunk, eight flows to a byte of its bits: every link asked
+    about alone, and any list of links (repeats included), names exactly the flows that use them."""
+    flows = [_flow(fid, sorted(links)) for fid, links in enumerate(links_of)]
+    index = WideIndex(16, counted=False)
+    for f in flows:
+        index.add(f)
+    for link in range(16):
+        assert index.touching(np.array([link])) == {f.fid for f in flows if link in f.link_list}
+    assert index.touching(np.array(asked)) == {f.fid for f in flows if set(f.link_list) & set(asked)}
