@@ -454,6 +454,11 @@ def routing_lines(model: str, layers: list[dict], most: int = 8) -> list[str]:
     return lines
 
 
+# a stale read off by this much can move a step by a visible fraction (steps are milliseconds or more);
+# errors of a few microseconds, as in the examples of docs/design.md, do not
+STALE_HINT_NS = 100_000
+
+
 def collective_lines(run: TraceRun, s: Any) -> list[str]:
     """Collectives, rollbacks and stale replies, each in words a user can act on."""
     lines = [f"  collectives {s.collectives:,} (per rank, summed)   communication busy {s.comm_busy_ns / 1e9:.6f} s",
@@ -466,6 +471,10 @@ def collective_lines(run: TraceRun, s: Any) -> list[str]:
         stale = "none stale: conservative mode holds a waiting rank until the end is final"
     lines.append(f"  --sync {run.sync}: {s.early_reads} collective end(s) were read by a waiting host (synchronize, "
                  f".item(), Work.wait) before they were final; {stale}")
+    if run.sync != "conservative" and s.largest_stale_error_ns >= STALE_HINT_NS:
+        lines.append("    what the script did after those reads depends on how phantora's processes raced, so its "
+                     "step times may move between runs; --sync conservative holds each read until the end is final "
+                     "(the reference, no stale read; docs/design.md)")
     return lines
 
 

@@ -33,7 +33,15 @@ def test_stale_replies_and_early_reads_are_explained():
     assert "network rollbacks 3: times the network re-simulated" in text
     assert "9 collective end(s) were read by a waiting host" in text
     assert "2 of them stale (a later rollback moved that end, by up to 4.7 us" in text
+    assert "--sync conservative" not in text  # microseconds: no advice
     text = "\n".join(collective_lines(run, _summary(0, 0, 0, 4)))
     assert "none of them changed afterwards" in text
     conservative = "\n".join(collective_lines(SimpleNamespace(sync="conservative"), _summary(1, 0, 0, 0)))
     assert "0 collective end(s)" in conservative and "none stale: conservative mode holds" in conservative
+
+
+def test_stale_replies_large_enough_to_move_a_step_point_to_conservative_sync():
+    # the 671B at 1,024 GPUs under --ranks auto: 844 stale reads, the largest off by 121.9 ms
+    text = "\n".join(collective_lines(SimpleNamespace(sync="optimistic"), _summary(1531, 844, 121_936_800, 4163)))
+    assert "by up to 121936.8 us" in text
+    assert "--sync conservative holds each read until the end is final" in text
