@@ -31,6 +31,18 @@ INDEX_BYTES = 8
 # embedding_dense_backward_cuda takes a sort-free kernel up to this many indices (ATen source,
 # Embedding.cu: num_indices <= 3072 and not scale_grad_by_freq).
 EMBEDDING_DIRECT_MAX_INDICES = 3072
+# That kernel (embedding_backward_feature_kernel) runs a block of 32 x 32 threads per 32 features;
+# each block walks the indices 32 rows at a time, and each such chunk is two dependent memory round
+# trips (load the rows' gradient; then the warp leading each group of equal indices adds into its
+# row of grad_weight), so its time is chunks x a latency, nearly whatever the width. Per chunk,
+# with grad_weight's rows in L2: 0.89 us, the median of the H100 profiles' position embeddings
+# (tests/data/groundtruth/examples: 512 and 1,024 ids, widths 512-1,024, fp32: 0.87-0.91 us);
+# held out, the lent H200's (0.87-0.91 us). With rows in HBM: 1.88 us, from the lent H200's one
+# profile of a table far larger than L2 (Llama 8B-shaped, 2,048 ids into 128,256 x 4,096 bf16:
+# 116.5 us a call); between the two, by the share of the table L2 holds.
+FEATURE_CHUNK_ROWS = 32
+FEATURE_CHUNK_L2_NS = 890.0
+FEATURE_CHUNK_HBM_NS = 1880.0
 # The small kernels of the embedding backward's segment pipeline (H100 sweep kernel lists).
 EMBEDDING_PIPELINE_KERNELS = ("arange_cuda_out", "DeviceCompactInitKernel", "DeviceUniqueByKeySweepKernel",
                               "DeviceScanInitKernel", "DeviceScanKernel", "krn_partials_per_segment",
@@ -82,12 +94,13 @@ def embedding_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
     "embedding_pipeline" (~15 us), the two segment kernels as "embedding_segments" (their time
     follows the gradient's bytes at ~0.27 TB/s together, not the number of weight rows). A
     gradient with broadcast strides (the backward of a `.sum()`) is made contiguous first. Up to
-    3072 indices torch skips the sort (embedding_backward_feature_kernel). Held out: an H100 profile
-    of 8192 ids into 50304x768 fp32 (tests/data/groundtruth/h100_kernel_profile.json) took 248.5 us,
-    modelled 250.5; the GPT examples' real profiles (tests/data/groundtruth/examples, self time, so
-    without the zero fill): token embeddings of 8192 ids 199-213 us (modelled +0..+7%; the model
-    before the sweep -2..-3%), of 4096 ids 106-131 us (+19..+33%; before +36, -21%), position
-    embeddings of 512-1024 ids 14.5-29 us (+47..+135%; before +117..+300%).
+    3072 indices torch skips the sort (embedding_backward_feature_kernel, feature_kernel_ns). Held
+    out: an H100 profile of 8192 ids into 50304x768 fp32 (tests/data/groundtruth/h100_kernel_profile.json)
+    took 248.5 us, modelled 250.5; the GPT examples' real profiles (tests/data/groundtruth/examples,
+    self time, so without the zero fill): token embeddings of 8192 ids 199-213 us (modelled +0..+7%;
+    the model before the sweep -2..-3%), of 4096 ids 106-131 us (+19..+33%; before +36, -21%).
+    Position embeddings of 512-1024 ids (the sort-free kernel) 14.5-29 us: -2..+2% (fitted; by the
+    segment kernels' curve +47..+135%).
     """
     grad_out = sig.args[0]
     indices = next(t for t in sig.tensors_in()[1:] if _is_index(t))
@@ -98,9 +111,7 @@ def embedding_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
     if footprint_bytes(grad_out) < dense_grad:  # broadcast: contiguous() writes it out
         kernels.append(elementwise_kernel("elementwise_kernel<direct_copy>", ctx.gpu, 2 * dense_grad))
     if n <= EMBEDDING_DIRECT_MAX_INDICES:
-        # torch's embedding_backward_feature_kernel: no sort, each block walks the indices and adds
-        # their gradient rows: the per-row accumulation of the segment kernels, timed by their curve
-        kernels.append(Kernel("embedding_backward_feature_kernel", kernel_ns("embedding_segments", dense_grad, 1, ctx.gpu),
+        kernels.append(Kernel("embedding_backward_feature_kernel", feature_kernel_ns(n, grad_weight, ctx),
                               float(grad_out.numel), dense_grad))
         return OpCost(tuple(kernels))
     index_bytes = float(n * INDEX_BYTES)
@@ -111,6 +122,19 @@ def embedding_backward(sig: OpSignature, ctx: CostContext) -> OpCost:
     kernels.append(Kernel("compute_grad_weight", segments / 2, float(grad_out.numel), dense_grad))
     kernels.append(Kernel("sum_and_scatter", segments / 2, float(grad_out.numel), dense_grad))
     return OpCost(tuple(kernels))
+
+
+def feature_kernel_ns(n: int, grad_weight: TensorMeta, ctx: CostContext) -> float:
+    """torch's embedding_backward_feature_kernel for n indices into grad_weight [rows, width]:
+    ceil(n / 32) chunks a block, at the latency of grad_weight rows in L2 or in HBM (by the share
+    of the table L2 holds), in as many waves as its width / 32 blocks of 1,024 threads need at two
+    blocks an SM."""
+    width = grad_weight.shape[-1] if grad_weight.shape else 1
+    table = float(footprint_bytes(grad_weight))
+    in_l2 = min(1.0, ctx.gpu.l2_cache_bytes / table) if table else 1.0
+    per_chunk = FEATURE_CHUNK_HBM_NS - (FEATURE_CHUNK_HBM_NS - FEATURE_CHUNK_L2_NS) * in_l2
+    waves = ceil_div(ceil_div(width, 32), 2 * ctx.gpu.sm_count)
+    return ceil_div(n, FEATURE_CHUNK_ROWS) * per_chunk * waves
 
 
 # --- scatters -------------------------------------------------------------------------------
