@@ -1,9 +1,12 @@
 """Benchmark driver: run GPT training steps and report REAL wall time per step.
 
     python benchmarks/_gpt_steps.py --fake-only      # shim + FakeTensorMode alone, no simulator
+    python benchmarks/_gpt_steps.py --fake-only phantora   # the same with phantora's faster mode
     phantora trace -o x.json -- python benchmarks/_gpt_steps.py   # the whole pipeline
 Prints one JSON line: {"mode", "steps", "wall_s_per_step", "cpu_s_per_step", "simulated_s_per_step",
-"ops_per_step"}; cpu is this process's CPU time (time.process_time, which phantora leaves real), so
+"ops_per_step"}. --fake-only runs FakeTensorMode's own per-op work (its dispatch cache's key and
+rebuilt outputs as torch does them) with the fixes phantora's mode needs to run the program;
+`--fake-only phantora` uses phantora's mode as it is (interpose/device/fake.py FASTER_THAN_STOCK). cpu is this process's CPU time (time.process_time, which phantora leaves real), so
 it leaves out the simulator process, which shares the machine's cores with it.
 
 Real time is read with datetime.now(): under phantora every time.* clock reads the rank's
@@ -27,7 +30,7 @@ def real_s() -> float:
 
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--fake-only", action="store_true")
+ap.add_argument("--fake-only", nargs="?", const="stock", choices=["stock", "phantora"])
 ap.add_argument("--warmup", type=int, default=2)
 ap.add_argument("--steps", type=int, default=5)
 args = ap.parse_args()
@@ -40,13 +43,19 @@ if args.fake_only:
     ctypes.CDLL(str(shim_path()), mode=ctypes.RTLD_GLOBAL)
     import torch
 
-    from interpose.device.fake import install_fake_fixes, make_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from interpose.device.fake import FASTER_THAN_STOCK, install_fake_fixes, make_fake_mode
 
     install_fake_fixes()
     torch.cuda.is_available = lambda: True  # autocast("cuda") checks these two
     torch.cuda.is_bf16_supported = lambda including_emulation=True: True
     torch.cuda.amp.common.amp_definitely_not_available = lambda: False
-    make_fake_mode().__enter__()
+    mode = make_fake_mode()
+    if args.fake_only == "stock":
+        for name in FASTER_THAN_STOCK:
+            setattr(mode, name, getattr(FakeTensorMode, name).__get__(mode))
+    mode.__enter__()
 else:
     import torch
 
@@ -86,5 +95,5 @@ wall = (real_s() - t0) / args.steps
 cpu = (time.process_time() - cpu0) / args.steps
 simulated = (time.perf_counter() - sim0) / args.steps
 ops = None if ops0 is None else (runtime.get().observer.ops_seen - ops0) / args.steps
-print(json.dumps({"mode": "fake-only" if args.fake_only else "phantora", "steps": args.steps,
+print(json.dumps({"mode": f"fake-only ({args.fake_only})" if args.fake_only else "phantora", "steps": args.steps,
                   "wall_s_per_step": wall, "cpu_s_per_step": cpu, "simulated_s_per_step": simulated, "ops_per_step": ops}))

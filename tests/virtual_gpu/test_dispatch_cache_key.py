@@ -14,3 +14,12 @@ from tests.virtual_gpu.harness import BUILDS, assert_ran, run_traced
 def test_dispatch_cache_key_distinguishes_what_stock_does(tmp_path: Path, user_python: str) -> None:
     proc, _ = run_traced(tmp_path, user_python, "dispatch_cache_key.py")
     assert_ran(proc, "made", "same_distinctions", "scalars", "stock_path", "cache_hits", "unsafe_view")
+
+
+@BUILDS
+def test_dispatch_cache_rebuilds_outputs_as_stock_does(tmp_path: Path, user_python: str) -> None:
+    """A cache hit's outputs are built by phantora's short way (VirtualCudaFakeMode.
+    _get_output_tensor_from_cache_entry) for plain, view and tuple outputs, and are what stock's
+    build gives: class, Python attributes, metadata, dispatch keys, autograd state, shared storage."""
+    proc, _ = run_traced(tmp_path, user_python, "dispatch_cache_output.py")
+    assert_ran(proc, "same_outputs")
