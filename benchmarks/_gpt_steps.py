@@ -6,7 +6,7 @@
 Prints one JSON line: {"mode", "steps", "wall_s_per_step", "cpu_s_per_step", "simulated_s_per_step",
 "ops_per_step"}. --fake-only runs FakeTensorMode's own per-op work (its dispatch cache's key and
 rebuilt outputs as torch does them) with the fixes phantora's mode needs to run the program;
-`--fake-only phantora` uses phantora's mode as it is (interpose/device/fake.py FASTER_THAN_STOCK). cpu is this process's CPU time (time.process_time, which phantora leaves real), so
+`--fake-only phantora` uses phantora's mode as it is (interpose/device/fake.py PER_OP_OVERRIDES). cpu is this process's CPU time (time.process_time, which phantora leaves real), so
 it leaves out the simulator process, which shares the machine's cores with it.
 
 Real time is read with datetime.now(): under phantora every time.* clock reads the rank's
@@ -45,7 +45,7 @@ if args.fake_only:
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from interpose.device.fake import FASTER_THAN_STOCK, install_fake_fixes, make_fake_mode
+    from interpose.device.fake import PER_OP_OVERRIDES, install_fake_fixes, make_fake_mode
 
     install_fake_fixes()
     torch.cuda.is_available = lambda: True  # autocast("cuda") checks these two
@@ -53,7 +53,7 @@ if args.fake_only:
     torch.cuda.amp.common.amp_definitely_not_available = lambda: False
     mode = make_fake_mode()
     if args.fake_only == "stock":
-        for name in FASTER_THAN_STOCK:
+        for name in PER_OP_OVERRIDES:
             setattr(mode, name, getattr(FakeTensorMode, name).__get__(mode))
     mode.__enter__()
 else:

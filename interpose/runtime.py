@@ -170,6 +170,9 @@ class Runtime:
         self.client = SimClient(config.socket_path, self._hello, config.call_timeout_s)
         self.devices: dict[int, DeviceMemory] = {}
         self.sig_ids: dict[Any, int] = {}
+        # id(FakeTensorMode dispatch-cache entry) -> (entry, op, sig_id, device): ops the cache
+        # answers are not keyed again (interpose/ops/observer.py _report)
+        self.sig_by_cache_entry: dict[int, tuple[Any, Any, int, int]] = {}
         self.hosted_store: Any = None  # the job's c10d store where this process hosts it (process_group.py)
         # Page-locked host storages, by StorageImpl address. Weak: an address is reused once its
         # storage is freed, and a stale entry would make a fresh pageable tensor look pinned

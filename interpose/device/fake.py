@@ -83,6 +83,28 @@ class VirtualCudaFakeMode(FakeTensorMode):
             else:
                 super()._prep_args_for_hash(result, iter((arg,)), state, id_hashed_objects)
 
+    # Which cache entry answered an op the observer runs (CacheHitWatch): the first key made after
+    # the observer's call is its op's (nothing runs before it on FakeTensorMode's dispatch), a
+    # miss or bypass goes on to _dispatch_impl before any op inside it, and a hit builds its
+    # outputs from the entry before anything else runs.
+    def _cache_key(self, state: Any, func: Any, args: Any, kwargs: Any) -> Any:
+        watch = cache_hit_watch
+        if watch.func is not None:
+            watch.armed = func is watch.func
+            watch.func = None
+        return super()._cache_key(state, func, args, kwargs)
+
+    def _dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        cache_hit_watch.armed = False
+        return super()._dispatch_impl(func, types, args, kwargs)
+
+    def _output_from_cache_entry(self, state: Any, entry: Any, key: Any, func: Any, args: Any) -> Any:
+        watch = cache_hit_watch
+        if watch.armed:
+            watch.armed = False
+            watch.entry = entry
+        return super()._output_from_cache_entry(state, entry, key, func, args)
+
     # A dispatch-cache hit still builds each output: stock does it through a generator context
     # manager (in_kernel_invocation_manager), a generator per shape and stride, and FakeTensor's
     # general __new__ (argument checks, device normalisation, five memo descriptors): about a
@@ -150,9 +172,33 @@ class VirtualCudaFakeMode(FakeTensorMode):
         return attributes
 
 
-# VirtualCudaFakeMode's own versions of FakeTensorMode's per-op work, which give the same results
-# faster: benchmarks/bench_pipeline.py compares phantora against FakeTensorMode with the stock ones.
-FASTER_THAN_STOCK = ("_prep_args_for_hash", "_get_output_tensor_from_cache_entry")
+# VirtualCudaFakeMode's own versions of FakeTensorMode's per-op methods (faster ones giving the
+# same results, and the cache-hit watch): benchmarks/bench_pipeline.py compares phantora against
+# FakeTensorMode with the stock ones.
+PER_OP_OVERRIDES = ("_prep_args_for_hash", "_get_output_tensor_from_cache_entry", "_cache_key", "_dispatch_impl",
+                    "_output_from_cache_entry")
+
+
+class CacheHitWatch(threading.local):
+    """The dispatch-cache entry that answered the op the observer runs on this thread, if the
+    cache answered it: `watch(func)` before calling it, `take()` after. One entry always gives the
+    same op on the same metadata, so the observer reuses what it derived from it
+    (interpose/ops/observer.py)."""
+
+    func: Any = None
+    armed = False
+    entry: Any = None
+
+    def watch(self, func: Any) -> None:
+        self.func, self.armed, self.entry = func, False, None
+
+    def take(self) -> Any:
+        entry = self.entry
+        self.func, self.armed, self.entry = None, False, None
+        return entry
+
+
+cache_hit_watch = CacheHitWatch()
 
 
 class _KernelFlag(threading.local):

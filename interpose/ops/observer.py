@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispat
                                           is_traceable_wrapper_subclass_type)
 
 from interpose.device import cuda_graphs, cuda_rng
-from interpose.device.fake import ProgramFakeTensor
+from interpose.device.fake import ProgramFakeTensor, cache_hit_watch
 from interpose.host import host_time
 from interpose.ops import custom_ops, hops
 from interpose.values import data_dependent, routing
@@ -135,7 +135,12 @@ class OpObserver(TorchDispatchMode):
             return out
         internal = _is_internal_detach(func)
         exact = values.exact_inputs(func, args, kwargs)  # before an in-place op changes them
-        out = _CACHED_EQUIVALENT.get(func, func)(*args, **kwargs)
+        called = _CACHED_EQUIVALENT.get(func, func)
+        cache_hit_watch.watch(called)
+        try:
+            out = called(*args, **kwargs)
+        finally:
+            cache_entry = cache_hit_watch.take()
         if func in cuda_rng.RANDOM_OPS:
             cuda_rng.note_random_op(func, args, kwargs, out)
         if not any_tensor and not wants_cuda:
@@ -145,7 +150,7 @@ class OpObserver(TorchDispatchMode):
             values.note_shadow(func, args, kwargs, out, _is_fake, unset_fake_temporarily, exact)
         out = _real_host_copy(func, args, out)
         if not internal:
-            self._report(func, args, kwargs, out, tags)
+            self._report(func, args, kwargs, out, tags, cache_entry)
         return out
 
     def active(self) -> bool:
@@ -154,26 +159,40 @@ class OpObserver(TorchDispatchMode):
         return self.rt.active and not _metadata_only.depth
 
     # --- reporting ----------------------------------------------------------------------------
-    def _report(self, func: Any, args: tuple, kwargs: dict, out: Any, tags: frozenset[str] = frozenset()) -> None:
+    def _report(self, func: Any, args: tuple, kwargs: dict, out: Any, tags: frozenset[str] = frozenset(),
+                cache_entry: Any = None) -> None:
         """Send the op to the simulator. `tags` join its signature's (phantora/ops.py), e.g.
-        HOST_SYNC for an op whose CUDA implementation reads a count back to the host."""
+        HOST_SYNC for an op whose CUDA implementation reads a count back to the host.
+        `cache_entry`: FakeTensorMode's dispatch-cache entry that answered the op, if one did."""
         rt = self.rt
         self.ops_seen += 1
-        key, device = _signature_key(func, args, kwargs, rt)
-        data = signature_data(func, args, kwargs)
-        if tags or data:
-            key = (*key, tags, data)
-        if device < 0 and not rt.client.connected:
-            return  # host-only work of a process that is not a rank (yet)
-        if device >= 0 and not rt.config.device_count:
-            rt.check_device(device)  # CUDA_VISIBLE_DEVICES hides every GPU: fail before becoming a rank
+        # An entry stands for one op on one set of metadata and scalars (FakeTensorMode's key),
+        # which decide the signature too, unless pinned memory (CPU tensors), argument data or
+        # tags enter it: such ops are never remembered by entry.
+        known = rt.sig_by_cache_entry.get(id(cache_entry)) if cache_entry is not None else None
+        if known is not None and known[0] is cache_entry and known[1] is func and not tags:
+            sig_id, device = known[2], known[3]
+        else:
+            key, device = _signature_key(func, args, kwargs, rt)
+            data = signature_data(func, args, kwargs)
+            if tags or data:
+                key = (*key, tags, data)
+            if device < 0 and not rt.client.connected:
+                return  # host-only work of a process that is not a rank (yet)
+            if device >= 0 and not rt.config.device_count:
+                rt.check_device(device)  # CUDA_VISIBLE_DEVICES hides every GPU: fail before becoming a rank
+            with rt.lock:
+                sig_id = rt.sig_ids.get(key)
+                if sig_id is None:
+                    sig_id = rt.sig_ids[key] = len(rt.sig_ids)
+                    sig = signature_of(func, args, kwargs, out, is_pinned=_pinned_checker(rt), extra_tags=tags,
+                                       data=data)
+                    rt.client.record([P.R_SIG, sig_id, sig.to_wire()])
+            if cache_entry is not None and not tags and not data and device >= 0 and not _holds_cpu_tensor(args, kwargs):
+                if len(rt.sig_by_cache_entry) >= _MAX_REMEMBERED_ENTRIES:
+                    rt.sig_by_cache_entry.clear()
+                rt.sig_by_cache_entry[id(cache_entry)] = (cache_entry, func, sig_id, device)  # holds the entry: its id stays its own
         with rt.lock:
-            sig_id = rt.sig_ids.get(key)
-            if sig_id is None:
-                sig_id = rt.sig_ids[key] = len(rt.sig_ids)
-                sig = signature_of(func, args, kwargs, out, is_pinned=_pinned_checker(rt), extra_tags=tags,
-                                   data=data)
-                rt.client.record([P.R_SIG, sig_id, sig.to_wire()])
             peer = _peer_copy_devices(func, args, out)
             if peer is not None:  # it runs on the source device's current stream (copy_kernel_cuda)
                 device = peer[0]
@@ -480,6 +499,16 @@ def _device_of(t: torch.Tensor) -> torch.device:
     if type(t) is ProgramFakeTensor:
         return _META if t.fake_mode.in_kernel_invocation else t._fake_device
     return t.device
+
+
+_MAX_REMEMBERED_ENTRIES = 1 << 17
+
+
+def _holds_cpu_tensor(args: tuple, kwargs: dict) -> bool:
+    """Whether the op has a tensor argument off the GPU (whose pinned memory, part of its
+    signature, FakeTensorMode's dispatch-cache key does not know)."""
+    return any(isinstance(x, torch.Tensor) and _device_of(x).type != "cuda"
+               for x in torch.utils._pytree.arg_tree_leaves(*args, **kwargs))
 
 
 def _tensor_key(t: torch.Tensor, rt: rt_mod.Runtime) -> tuple:

@@ -58,15 +58,29 @@ def nccl_kernel_name(op: str, dtype: str, reduce_op: str, algorithm: str, protoc
 
 
 def shape_args(sig: OpSignature) -> tuple[list[Any], list[str]]:
-    """The input shapes and dtypes of an op, as its slices show them (at most _MAX_ARG_SHAPES)."""
+    """The input shapes and dtypes of an op, as its slices show them (at most _MAX_ARG_SHAPES).
+    The same lists for the same signature object (the engine keeps one per signature id, so a
+    repeated op reuses them): the trace sinks only read them."""
+    hit = _SHAPE_ARGS.get(id(sig))
+    if hit is not None and hit[0] is sig:
+        return hit[1]
     shapes, dtypes = [], []
-    for t in sig.tensors_in()[:_MAX_ARG_SHAPES]:
+    tensors = sig.tensors_in()
+    for t in tensors[:_MAX_ARG_SHAPES]:
         shapes.append(list(t.shape))
         dtypes.append(t.dtype)
-    n = len(sig.tensors_in())
-    if n > _MAX_ARG_SHAPES:
-        shapes.append(f"... {n - _MAX_ARG_SHAPES} more tensors")
+    if len(tensors) > _MAX_ARG_SHAPES:
+        shapes.append(f"... {len(tensors) - _MAX_ARG_SHAPES} more tensors")
+    if len(_SHAPE_ARGS) >= _SHAPE_ARGS_MAX:
+        _SHAPE_ARGS.clear()
+    _SHAPE_ARGS[id(sig)] = (sig, (shapes, dtypes))  # holding sig keeps its id from being reused
     return shapes, dtypes
+
+
+# id(signature) -> (signature, shape_args): OpSignature hashes by value, which costs as much as
+# the walk over its arguments it would save
+_SHAPE_ARGS: dict[int, tuple[OpSignature, tuple[list[Any], list[str]]]] = {}
+_SHAPE_ARGS_MAX = 1 << 16
 
 
 def _fused_args(sig: OpSignature) -> dict[str, Any]:

@@ -5,6 +5,7 @@ dtype, device, requires_grad, inference, conjugate and negative views; scalars b
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tests.virtual_gpu.harness import BUILDS, assert_ran, run_traced
@@ -23,3 +24,20 @@ def test_dispatch_cache_rebuilds_outputs_as_stock_does(tmp_path: Path, user_pyth
     build gives: class, Python attributes, metadata, dispatch keys, autograd state, shared storage."""
     proc, _ = run_traced(tmp_path, user_python, "dispatch_cache_output.py")
     assert_ran(proc, "same_outputs")
+
+
+@BUILDS
+def test_ops_answered_by_the_cache_keep_their_signatures(tmp_path: Path, user_python: str) -> None:
+    """The observer reports an op the dispatch cache answered by the signature it remembered for
+    that cache entry; with nothing remembered (every op keyed afresh) the trace's ops, shapes,
+    dtypes, streams and times are the same, pinned and pageable copies told apart."""
+    runs = []
+    for name, extra in (("reuse.json", ()), ("fresh.json", ("--no-reuse",))):
+        proc, out = run_traced(tmp_path, user_python, "signature_by_cache_entry.py", *extra, name=name)
+        assert_ran(proc, "ran")
+        events = json.loads(out.read_text())["traceEvents"]
+        runs.append([e for e in events if e.get("ph") != "M"])
+    assert runs[0] == runs[1]
+    names = {e["name"] for e in runs[0]}
+    copies = [e for e in runs[0] if e.get("args", {}).get("op") == "aten::_to_copy.default"]
+    assert copies and len(names) > 10
