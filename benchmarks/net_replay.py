@@ -113,7 +113,7 @@ def replay(log_path: Path, profile: bool) -> int:
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     print(f"{sum(counts.values())} calls ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})")
     print(f"replayed in {wall:.2f} s ({cpu:.2f} s of CPU); rollbacks {net.rollback_count} (recorded {recorded_rollbacks}); "
-          f"flows submitted {net.flows_submitted}; differing answers {sum(differing.values())} {differing or ''}")
+          f"flows submitted {net.flows_submitted}; event batches {net.event_batches}; differing answers {sum(differing.values())} {differing or ''}")
     if prof:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
     return 1 if differing else 0

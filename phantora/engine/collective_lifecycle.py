@@ -508,6 +508,9 @@ class CollectiveLifecycle:
     def read_all(self) -> None:
         for work in sorted(self.unread):
             self.read(work)
+        if self.network is not None:  # the run is over: every end a rollback undid, simulated again
+            self.network.settle()
+            self._record_corrections()
 
     def _write_launch(self, st: RankState, call: CollectiveCall, ran: bool = True) -> int | None:
         """The host slice of `call`, written once the collective has run so that it links to its

@@ -8,9 +8,10 @@
                                       # the history before it (smaller islands, less memory)
 
 Modes. "optimistic": finish_time simulates ahead; a collective that later arrives with an
-earlier start rolls the affected part of the network back (rollback.py), re-simulates, and
-every completion time already returned that changed is reported by take_corrections(), the
-rollback itself by take_rollbacks(). "conservative": the caller promises, through
+earlier start rolls the affected part of the network back (rollback.py), and every completion
+time already returned that changed is reported by take_corrections() once the network has
+simulated that far again (settle() simulates it at once), the rollback itself by
+take_rollbacks(). "conservative": the caller promises, through
 advance_horizon(t), that no future submission starts before t; the network never simulates
 past that horizon, finish_time returns None while the answer could still change, and no
 rollback ever happens. Both give the same times for the same submissions.
@@ -133,6 +134,8 @@ class Network:
         self._next_fid = 0
         self._horizon = 0
         self._corrections: list[Correction] = []
+        # reported ends a rollback undid, not yet simulated again (take_corrections, settle)
+        self._unsettled: set[int] = set()
         self._rollbacks: list[RollbackRecord] = []
         self._rollback_count = 0
         self._plans: OrderedDict[tuple, _Choice] = OrderedDict()  # LRU of routed plans
@@ -231,6 +234,10 @@ class Network:
         """Completion time (ns) of a collective. Optimistic: simulates as far as needed.
         Conservative: None until no submission allowed by the horizon can change it."""
         c = self._get(handle)
+        if handle in self._unsettled:  # the end told before a rollback undid it: corrected first
+            self._unsettled.discard(handle)
+            self._correct(c)
+            return c.reported
         end = self._end(c)
         if end is not None:
             c.reported = end
@@ -254,8 +261,37 @@ class Network:
             self._sim.run_before(island, int(t_ns))
 
     def take_corrections(self) -> list[Correction]:
+        """Ends already reported that a rollback changed, as far as the network has simulated
+        again: an end whose new value needs more simulation is held until a later call finds it
+        simulated (by the finish_time of another collective, prune) or settle() simulates it."""
+        self._settle(force=False)
         out, self._corrections = self._corrections, []
         return out
+
+    @_timed
+    def settle(self) -> None:
+        """Simulate as far as every reported end that a rollback undid needs: take_corrections
+        then holds all of them (the run is over, or the caller needs them now)."""
+        self._settle(force=True)
+
+    def _settle(self, force: bool) -> None:
+        if not self._unsettled:
+            return
+        for h in sorted(self._unsettled):
+            c = self._collectives.get(h)
+            if c is None:  # retired by prune, which settled it
+                self._unsettled.discard(h)
+                continue
+            if not force and c.end is None and any(f.state != DONE for f in c.flows):
+                continue
+            self._unsettled.discard(h)
+            self._correct(c)
+
+    def _correct(self, c: "_Collective") -> None:
+        new = self._end(c)
+        if new != c.reported:
+            self._corrections.append(Correction(c.handle, c.spec.label, c.reported, new))
+            c.reported = new
 
     def take_rollbacks(self) -> list[RollbackRecord]:
         out, self._rollbacks = self._rollbacks, []
@@ -277,6 +313,9 @@ class Network:
             if all(f.state == DONE and f.done_t < h for f in c.flows):
                 end = self._end(c)
                 if end is not None and end <= h:
+                    if handle in self._unsettled:  # its correction, before it is forgotten
+                        self._unsettled.discard(handle)
+                        self._correct(c)
                     retired.append(self._info(c, end, self.config.record_flows))
                     for f in c.flows:
                         sim.remove(f)
@@ -460,21 +499,16 @@ class Network:
         from_ns = island.processed_until
         handles = sorted({f.handle for f in affected})
         for h in handles:
-            self._collectives[h].end = None
-        corrections = []
-        for h in handles:
             c = self._collectives[h]
-            if c.reported is None:
-                continue
-            new = self._end(c)
-            if new != c.reported:
-                corrections.append(Correction(h, c.spec.label, c.reported, new))
-                c.reported = new
-        self._corrections.extend(corrections)
+            c.end = None
+            if c.reported is not None:
+                # its new end is found when the network simulates that far anyway: a later
+                # arrival may undo it again before anyone needs it (take_corrections, settle)
+                self._unsettled.add(h)
         self._rollbacks.append(RollbackRecord(
             seq=self._rollback_count, handle=first.handle, label=first.spec.label,
             network_time_ns=network_time, from_ns=from_ns, to_ns=first.start,
-            flows_rolled_back=len(affected), corrections=tuple(corrections)))
+            flows_rolled_back=len(affected), undone=tuple(h for h in handles if h in self._unsettled)))
         self._rollback_count += 1
 
     def _validated(self, spec: CollectiveSpec) -> CollectiveSpec:

@@ -67,6 +67,8 @@ class RollbackRecord:
     from_ns / to_ns: the rolled-back part of the network had simulated up to from_ns and was
     rewound to just before to_ns (the late collective's start).
     flows_rolled_back: flows whose state was rewound (reset, truncated or revived).
+    undone: collectives whose reported end it undid; their corrections (if the end changed)
+    come from Network.take_corrections once the network has simulated them again.
     """
 
     seq: int
@@ -76,7 +78,7 @@ class RollbackRecord:
     from_ns: int
     to_ns: int
     flows_rolled_back: int
-    corrections: tuple[Correction, ...]
+    undone: tuple[int, ...]  # handles of collectives whose reported end it undid
 
 
 @dataclass(frozen=True)

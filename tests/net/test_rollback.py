@@ -55,10 +55,16 @@ def test_any_arrival_order_gives_the_times_of_a_run_that_knew_everything(small_c
             told[c.handle] = c.new_end_ns
         for j in queries[step]:
             h = handle[order[j]]
-            told[h] = net.finish_time(h)
+            answer = net.finish_time(h)
+            for c in net.take_corrections():  # asking again about an undone end corrects it first
+                assert told[c.handle] == c.old_end_ns
+                told[c.handle] = c.new_end_ns
+            told[h] = answer
     final = [net.finish_time(handle[i]) for i in range(len(items))]
     assert final == expected  # bit-identical, not approximately
+    net.settle()
     for c in net.take_corrections():
+        assert told[c.handle] == c.old_end_ns
         told[c.handle] = c.new_end_ns
     assert all(told[handle[i]] == final[i] for i in range(len(items)) if handle[i] in told)
 
@@ -111,6 +117,8 @@ def test_a_late_arrival_corrects_a_reported_end_and_records_the_rollback(small_c
     first = net.submit(CollectiveSpec("all_reduce", 1 << 26, (0, 1, 2, 3), label="A"), 0)
     old = net.finish_time(first)
     late = net.submit(CollectiveSpec("all_reduce", 1 << 26, (0, 1, 2, 3), label="B"), 1_000)
+    assert net.take_corrections() == []  # A's new end is not simulated yet
+    net.settle()
     (correction,) = net.take_corrections()
     assert correction.handle == first and correction.label == "A"
     assert correction.old_end_ns == old and correction.new_end_ns > old
@@ -121,7 +129,7 @@ def test_a_late_arrival_corrects_a_reported_end_and_records_the_rollback(small_c
     assert record.to_ns == 1_000
     assert record.from_ns == record.network_time_ns == old - net.collective_info(first).latency_ns
     assert record.flows_rolled_back == 1
-    assert record.corrections == (correction,)
+    assert record.undone == (first,)
     assert net.take_corrections() == [] and net.take_rollbacks() == []
 
 
@@ -131,6 +139,7 @@ def test_unchanged_ends_are_not_reported_as_corrections(small_cluster):
     long = net.submit(CollectiveSpec("all_reduce", 1 << 28, (0, 1)), 0)
     t_short, t_long = net.finish_time(short), net.finish_time(long)
     net.submit(CollectiveSpec("send_recv", 1 << 28, (0, 1)), t_short + 1000)
+    net.settle()
     corrections = net.take_corrections()
     assert [c.handle for c in corrections] == [long]
     assert corrections[0].old_end_ns == t_long
@@ -146,7 +155,7 @@ def test_a_late_arrival_rolls_back_only_the_part_of_the_network_it_touches():
     net.submit(CollectiveSpec("all_reduce", 1 << 20, tuple(range(8, 16))), 10_000)
     (record,) = net.take_rollbacks()
     assert record.flows_rolled_back == 1  # node 1's all-reduce; node 0 untouched
-    assert [c.handle for c in record.corrections] == [node1]
+    assert record.undone == (node1,)
     assert net.finish_time(node0) == t0 and net.finish_time(node1) > t1
 
 
@@ -254,3 +263,30 @@ def test_the_rollback_scope_walked_or_scanned_is_the_closure_by_definition(small
             scope = rollback.rollback_scope(sim, seeds, t)
         assert [f.fid for f in scope] == _closure_by_scanning(sim, seeds, t)
         assert not sim.link_seen.any()  # the walk's scratch marks are cleared
+
+
+def test_an_undone_end_is_corrected_when_the_network_simulates_it_again():
+    """A rollback does not re-simulate the ends it undid: their corrections come when a later
+    question (another collective's end, prune) has simulated that far, or at settle()."""
+    net = Network(load_cluster("dgx-h100", nodes=1))
+    a = net.submit(CollectiveSpec("all_reduce", 1 << 26, (0, 1, 2, 3), label="A"), 0)
+    old = net.finish_time(a)
+    batches = net.event_batches
+    net.submit(CollectiveSpec("all_reduce", 1 << 26, (0, 1, 2, 3), label="B"), 1_000)
+    assert net.event_batches == batches and net.take_corrections() == []  # nothing simulated yet
+    c = net.submit(CollectiveSpec("all_reduce", 1 << 26, (0, 1, 2, 3), label="C"), 2_000)
+    net.finish_time(c)  # simulates past A's new end
+    (correction,) = net.take_corrections()
+    assert correction.handle == a and correction.old_end_ns == old and correction.new_end_ns > old
+    assert net.finish_time(a) == correction.new_end_ns and net.take_corrections() == []
+
+
+def test_prune_corrects_an_undone_end_before_forgetting_it():
+    net = Network(load_cluster("dgx-h100", nodes=1))
+    a = net.submit(CollectiveSpec("all_reduce", 1 << 26, (0, 1, 2, 3), label="A"), 0)
+    old = net.finish_time(a)
+    net.submit(CollectiveSpec("all_reduce", 1 << 26, (0, 1, 2, 3), label="B"), 1_000)
+    retired = net.prune(10 * old)
+    (correction,) = net.take_corrections()
+    assert correction.handle == a and correction.old_end_ns == old
+    assert [r.end_ns for r in retired if r.handle == a] == [correction.new_end_ns]
