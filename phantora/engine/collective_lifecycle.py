@@ -375,9 +375,31 @@ class CollectiveLifecycle:
         retired = self._retired.get(sub.handle)
         return retired.end_ns if retired is not None else self.network.provisional_end(sub.handle)
 
+    def end_hint(self, sub: SubmittedCollective) -> int | None:
+        """When a collective that is not final yet may be: its end where the network has
+        simulated that far, else just after the proven horizon (it ends later); nothing is
+        simulated for it in optimistic mode (see _is_final)."""
+        assert self.network is not None and sub.handle is not None
+        retired = self._retired.get(sub.handle)
+        if retired is not None:
+            return retired.end_ns
+        if self.network.config.mode != "optimistic":  # it never simulates past its horizon
+            return self.network.provisional_end(sub.handle)
+        end = self.network.known_end(sub.handle)
+        return max(self.final_ns + 1, end if end is not None else 0)
+
     def _is_final(self, sub: SubmittedCollective) -> bool:
-        end = self.provisional_end(sub)
-        return end is not None and end <= self.final_ns
+        """Its end is at or before the proven horizon: no later submission can move it. Asked of
+        the network up to that horizon only (`end_by`), so nothing it simulates for this is ever
+        rolled back."""
+        assert self.network is not None and sub.handle is not None
+        retired = self._retired.get(sub.handle)
+        if retired is not None:
+            return retired.end_ns <= self.final_ns
+        if self.network.config.mode != "optimistic":
+            end = self.network.provisional_end(sub.handle)
+            return end is not None and end <= self.final_ns
+        return self.network.end_by(sub.handle, self.final_ns) is not None
 
     def _force_arrivals(self, work: int) -> bool:
         """Place every member's arrival at `work` (reading ends early); False if some member

@@ -192,16 +192,18 @@ class Placement:
     def _waits_for(self, work: int, t: int | None) -> None:
         """The attempt under way needs the end of `work` (or, with t, min(end, t)), not known
         yet: it may be once the work is submitted, read or dropped, once the horizon reaches t,
-        or, once submitted, once the horizon reaches its provisional end."""
+        or, once submitted, once the horizon reaches its end as the network has it so far (or
+        the next horizon: the network is not made to simulate ahead for this, which a later
+        submission would roll back)."""
         why = self._why
         if why is None:
             return
         why.works.add(work)
         sub = self.collectives.unread.get(work)
         if sub is not None and sub.handle is not None:
-            prov = self.collectives.provisional_end(sub)
-            if prov is not None:
-                t = prov if t is None else min(t, prov)
+            hint = self.collectives.end_hint(sub)
+            if hint is not None:
+                t = hint if t is None else min(t, hint)
         if t is not None:
             self._try_again_at(t)
 

@@ -249,6 +249,32 @@ class Network:
         correction to an answer the caller used (take_corrections leaves it out)."""
         return self._end(self._get(handle))
 
+    @_timed
+    def end_by(self, handle: int, t_ns: int) -> int | None:
+        """The collective's end if it is at or before t_ns, else None, simulating only the events
+        of its island before t_ns: where no submission can start before t_ns (the engine's proven
+        horizon), nothing simulated for this answer is ever rolled back, where provisional_end
+        would have simulated as far as the collective runs. (A flow that drains exactly at t_ns
+        gives None.)"""
+        c = self._get(handle)
+        if c.end is None:
+            sim = self._sim
+            for f in c.flows:
+                if f.state != DONE:
+                    sim.run_before(sim.island_of(f), int(t_ns))
+                    if f.state != DONE:
+                        return None
+        end = self._end(c)  # every flow done: nothing more to simulate
+        return end if end is not None and end <= t_ns else None
+
+    def known_end(self, handle: int) -> int | None:
+        """The collective's end if the network has simulated it to its last byte, else None;
+        nothing is simulated for the answer."""
+        c = self._get(handle)
+        if c.end is None and any(f.state != DONE for f in c.flows):
+            return None
+        return self._end(c)
+
     def advance_horizon(self, t_ns: int) -> None:
         """Promise: no future submit() starts before t_ns."""
         self._horizon = max(self._horizon, int(t_ns))
