@@ -357,6 +357,8 @@ def _trace_once(run: TraceRun) -> TraceResult:
             "network_rollbacks": summary.rollbacks,
             # the network simulator's share of wall_seconds (docs/scale.md reports it per layout)
             "network_wall_seconds": round(engine.network.wall_s, 3) if engine.network is not None else 0.0,
+            # its event batches, re-simulation after rollbacks included (how much it simulated)
+            "network_event_batches": engine.network.event_batches if engine.network is not None else 0,
             "stale_replies": summary.stale_replies,
             "largest_stale_error_ns": summary.largest_stale_error_ns,
             "sync": run.sync,

@@ -62,6 +62,8 @@ def test_every_collective_kind_is_matched_and_timed_by_the_network_model(tmp_pat
     stale = re.search(r"; (\d+) of them stale", proc.stderr)
     assert (meta["network_rollbacks"], meta["stale_replies"]) == (rollbacks, int(stale.group(1)) if stale else 0)
     assert stale or "none of them changed afterwards" in proc.stderr
+    # and how much the network simulated: at least one event batch per collective that moved bytes
+    assert meta["network_event_batches"] >= len(nccl_kernels(out, 1)) - 1
     # every collective, the functional one (through phantora's dispatch mode) included, names the
     # script's line that issued it
     sites = {k["args"]["call site"] for k in nccl_kernels(out)}
