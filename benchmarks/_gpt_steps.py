@@ -6,8 +6,9 @@
 Prints one JSON line: {"mode", "steps", "wall_s_per_step", "cpu_s_per_step", "simulated_s_per_step",
 "ops_per_step"}. --fake-only runs FakeTensorMode's own per-op work (its dispatch cache's key and
 rebuilt outputs as torch does them) with the fixes phantora's mode needs to run the program;
-`--fake-only phantora` uses phantora's mode as it is (interpose/device/fake.py PER_OP_OVERRIDES). cpu is this process's CPU time (time.process_time, which phantora leaves real), so
-it leaves out the simulator process, which shares the machine's cores with it.
+`--fake-only phantora` uses phantora's mode as it is (interpose/device/fake.py PER_OP_OVERRIDES).
+cpu is this process's CPU time (time.process_time, which phantora leaves real), so it leaves out
+the simulator process, which shares the machine's cores with it.
 
 Real time is read with datetime.now(): under phantora every time.* clock reads the rank's
 simulated host clock, including copies bound before torch was imported (`from time import

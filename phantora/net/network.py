@@ -235,7 +235,6 @@ class Network:
         Conservative: None until no submission allowed by the horizon can change it."""
         c = self._get(handle)
         if handle in self._unsettled:  # the end told before a rollback undid it: corrected first
-            self._unsettled.discard(handle)
             self._correct(c)
             return c.reported
         end = self._end(c)
@@ -271,9 +270,7 @@ class Network:
         """The collective's end if the network has simulated it to its last byte, else None;
         nothing is simulated for the answer."""
         c = self._get(handle)
-        if c.end is None and any(f.state != DONE for f in c.flows):
-            return None
-        return self._end(c)
+        return self._end(c) if self._simulated_to_end(c) else None
 
     def advance_horizon(self, t_ns: int) -> None:
         """Promise: no future submit() starts before t_ns."""
@@ -303,17 +300,19 @@ class Network:
     def _settle(self, force: bool) -> None:
         if not self._unsettled:
             return
-        for h in sorted(self._unsettled):
-            c = self._collectives.get(h)
-            if c is None:  # retired by prune, which settled it
-                self._unsettled.discard(h)
-                continue
-            if not force and c.end is None and any(f.state != DONE for f in c.flows):
-                continue
-            self._unsettled.discard(h)
-            self._correct(c)
+        for h in sorted(self._unsettled):  # prune corrects an undone end before it forgets it
+            c = self._collectives[h]
+            if force or self._simulated_to_end(c):
+                self._correct(c)
+
+    @staticmethod
+    def _simulated_to_end(c: "_Collective") -> bool:
+        """Whether its end is known without simulating any further."""
+        return c.end is not None or all(f.state == DONE for f in c.flows)
 
     def _correct(self, c: "_Collective") -> None:
+        """An undone end simulated again: its correction, if it changed."""
+        self._unsettled.discard(c.handle)
         new = self._end(c)
         if new != c.reported:
             self._corrections.append(Correction(c.handle, c.spec.label, c.reported, new))
@@ -340,7 +339,6 @@ class Network:
                 end = self._end(c)
                 if end is not None and end <= h:
                     if handle in self._unsettled:  # its correction, before it is forgotten
-                        self._unsettled.discard(handle)
                         self._correct(c)
                     retired.append(self._info(c, end, self.config.record_flows))
                     for f in c.flows:
