@@ -33,17 +33,21 @@ from sortedcontainers import SortedList
 from phantora.net.maxmin import max_min_rates, unique_ids
 
 PENDING, ACTIVE, DONE = 0, 1, 2
-_MANY_LINKS = 64  # above this, a flow's links are handled in numpy, and kept out of the per-link index
+# Above this, a flow's links are handled in numpy, and kept out of the per-link index. A ring over
+# 16 nodes crossing leaves holds 40 rate constraints (Topology.solve_scale): at 64, those went
+# link by link, and the 671B's replay at 1,024 GPUs took 83-84 s against 75 s at 16.
+_MANY_LINKS = 16
 
 
 class Flow:
     __slots__ = ("fid", "key", "handle", "start", "nbytes", "latency_ns", "links", "coefs",
                  "link_list", "cap", "state", "seg_t", "seg_rem", "seg_rate", "done_t",
-                 "version", "island", "members")
+                 "version", "island", "members", "loads")
 
     def __init__(self, fid: int, key: tuple, handle: int, start: int, nbytes: float,
                  latency_ns: int, links: np.ndarray, coefs: np.ndarray, cap: float,
-                 members=None, link_list: list[int] | None = None):
+                 members=None, link_list: list[int] | None = None,
+                 loads: tuple[np.ndarray, np.ndarray] | None = None):
         self.fid = fid
         self.key = key  # canonical order: independent of arrival order
         self.handle = handle
@@ -63,6 +67,9 @@ class Flow:
         self.version = 0  # bumps whenever a queued drain event of this flow goes stale
         self.island = -1
         self.members = members  # (src, dst, weight, salt) of the transfers it stands for
+        # every real link it loads and by how much (links/coefs may stand one link for a group
+        # that always carries the same load: Topology.solve_scale); what link_utilization reports
+        self.loads = (links, coefs) if loads is None else loads
 
     def projected_drain(self) -> int | None:
         return drain_time(self.seg_t[-1], self.seg_rem[-1], self.seg_rate[-1])

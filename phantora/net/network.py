@@ -67,14 +67,15 @@ class NetworkConfig:
 class _RoutedGroup:
     """A FlowGroup with its routes folded into per-link load coefficients."""
 
-    links: np.ndarray
-    coefs: np.ndarray
+    links: np.ndarray  # the links that constrain its rate (Topology.solve_scale), with
+    coefs: np.ndarray  # their load per byte (an aggregated group's: its size x one link's)
     cap: float
     latency_ns: int
     fraction: float
     fixed_bytes: int | None
     members: tuple  # (src, dst, payload, salt), for FlowRecords
     link_list: list[int] = field(default_factory=list)  # links.tolist(), once for every flow made from it
+    loads: tuple[np.ndarray, np.ndarray] | None = None  # every real link and its load per byte (link_utilization)
 
 
 @dataclass
@@ -128,7 +129,7 @@ class Network:
         self._algorithms = parse_override(config.algorithm, "algorithm")
         self._protocols = parse_override(config.protocol, "protocol")
         self.topology = Topology(cluster)
-        self._sim = FlowSimulator(self.topology.capacity)
+        self._sim = FlowSimulator(self.topology.solve_capacity)
         self._collectives: dict[int, _Collective] = {}
         self._next_handle = 0
         self._next_fid = 0
@@ -220,7 +221,7 @@ class Network:
             flow_latency = (g.latency_ns if latency_scale == 1.0 and type(g.latency_ns) is int
                             else int(round(g.latency_ns * latency_scale)))
             flows.append(Flow(fid, (start, key, i), handle, start, float(nbytes), flow_latency, g.links, g.coefs,
-                              g.cap, g.members, g.link_list))
+                              g.cap, g.members, g.link_list, g.loads))
             fid += 1
         self._next_fid = fid
         self.flows_submitted += len(c.flows)
@@ -392,14 +393,15 @@ class Network:
             f = flows[fid]
             if f.state == PENDING:
                 continue
-            key = id(f.links)
+            all_links, all_coefs = f.loads
+            key = id(all_links)
             sub = picked.get(key, False)
             if sub is False:
                 if wanted is None:
-                    sub = (f.links, f.coefs)
+                    sub = (all_links, all_coefs)
                 else:
-                    sel = wanted[f.links]
-                    sub = (f.links[sel], f.coefs[sel]) if sel.any() else None
+                    sel = wanted[all_links]
+                    sub = (all_links[sel], all_coefs[sel]) if sel.any() else None
                 picked[key] = sub
             if sub is None:
                 continue
@@ -693,13 +695,18 @@ class Network:
         group_of, link_of = uniq // topo.n_links, uniq % topo.n_links
         bounds = np.searchsorted(group_of, np.arange(len(groups) + 1))
         out = []
+        scale = topo.solve_scale
         for i, g in enumerate(groups):
             a, b = bounds[i], bounds[i + 1]
-            links = link_of[a:b].copy()
-            out.append(_RoutedGroup(links=links, coefs=coefs[a:b].copy(),
+            links, loads = link_of[a:b].copy(), coefs[a:b].copy()
+            s = scale[links]
+            keep = s > 0
+            solve = links[keep]
+            out.append(_RoutedGroup(links=solve, coefs=loads[keep] * s[keep],
                                     cap=g.cap, latency_ns=g.latency_ns, fraction=g.fraction,
                                     fixed_bytes=g.fixed_bytes,
-                                    members=(g.src, g.dst, g.payload, g.salt), link_list=links.tolist()))
+                                    members=(g.src, g.dst, g.payload, g.salt), link_list=solve.tolist(),
+                                    loads=(links, loads)))
         return out
 
     def _flow_records(self, c: _Collective, flows: list[Flow]) -> list[FlowRecord]:
@@ -733,7 +740,7 @@ class Network:
 
 
 def _entries(choice: _Choice) -> int:
-    return sum(len(g.links) for g in choice.groups)
+    return sum(len(g.links) + len(g.loads[0]) for g in choice.groups)
 
 
 def _content_key(spec: CollectiveSpec, choice: _Choice) -> tuple:

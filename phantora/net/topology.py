@@ -105,6 +105,57 @@ class Topology:
         for local in range(G - 1, -1, -1):
             first[self.nic_of_local[local]] = local
         self.first_local_of_nic = first
+        self.solve_scale, self.solve_capacity = self._rate_constraints()
+
+    def _rate_constraints(self) -> tuple[np.ndarray, np.ndarray]:
+        """The links the rate solve (fluid.py) needs, as (coefficient scale per link, 0 where
+        the link is no constraint of its own; capacity per link as the solve sees it).
+
+        Two kinds of links always carry the same transfers in the same proportion, so one
+        constraint stands for them and the solve holds fewer (flow, link) pairs: a round of a
+        1,024-GPU all-to-all loads 384 links, 128 of them PCIe twins of NICs, and a ring
+        crossing leaves 16 spine links per hop.
+        - Adaptive routing spreads every transfer evenly over all equal-cost up-links of its leaf
+          (or pod), and likewise down: the group is one link of the summed capacity, loaded by
+          the group's size times one link's coefficient (exactly the same rates when the group's
+          size is a power of two, since that scaling is exact in floating point).
+        - With a NIC per GPU and NVSwitch (PXN), a GPU's PCIe up-link carries exactly the
+          inter-node transfers its NIC sends (its own, and those it proxies for its rail), and
+          its PCIe down-link what its NIC receives: the pair is one constraint, the tighter one
+          (the other can never fill first; pairs within 1e-9 of each other stay both).
+        Reports (link_utilization, flow records) still name every real link."""
+        scale = np.ones(self.n_links)
+        capacity = self.capacity.copy()
+
+        def as_one(start: int, groups: int, size: int) -> None:
+            if size < 2:
+                return
+            first = start + np.arange(groups) * size
+            capacity[first] = self.capacity[first] * size
+            scale[first] = size
+            rest = (first[:, None] + np.arange(1, size)).ravel()
+            scale[rest] = 0.0
+
+        if self.adaptive:
+            if not self.fat_tree:
+                for start in (self.leaf_up0, self.leaf_down0):
+                    as_one(start, self.leafs, self.spines)
+            else:
+                for start in (self.leaf_up0, self.leaf_down0):
+                    as_one(start, self.leafs, self.aggs)
+                for start in (self.agg_up0, self.agg_down0):
+                    as_one(start, self.pods, self.aggs * self.cores_per_agg)
+        G, K = self.gpus_per_node, self.nics
+        if self.nvswitch and G == K:  # nic_of_local is the identity: GPU g's rail is NIC g
+            gpus = np.arange(self.num_gpus)
+            nic = (gpus // G) * K + gpus % G
+            for pcie, nic_link in ((self.pcie_up0 + gpus, self.nic_tx0 + nic),
+                                   (self.pcie_down0 + gpus, self.nic_rx0 + nic)):
+                a, b = self.capacity[pcie], self.capacity[nic_link]
+                scale[pcie[a >= b * (1 + 1e-9)]] = 0.0  # the NIC fills first (or they are equal)
+                scale[pcie[a == b]] = 0.0
+                scale[nic_link[b >= a * (1 + 1e-9)]] = 0.0
+        return scale, capacity
 
     def _block(self, kind: str, shape: tuple[int, ...], names: tuple[str, ...],
                spec: LinkSpec) -> int:
