@@ -67,3 +67,54 @@ def test_a_mask_mod_that_is_not_elementwise_is_evaluated_per_element() -> None:
         return q_idx - q_idx.min() + 300 >= kv_idx
 
     _assert_same_block_mask(shifted_causal, 1, 1, 1000, 1000)
+
+
+def test_a_mask_of_the_same_form_reuses_the_elementwise_check(monkeypatch) -> None:
+    """A loop's next document mask (new data, same code) is evaluated on broadcast indices without
+    checking it against vmap again, and still matches torch's; a mask_mod of another form (here,
+    one only vmap evaluates right) is checked on its own."""
+    checks = []
+    agree = hops._agree
+    monkeypatch.setattr(hops, "_agree", lambda *a: checks.append(a[2]) or agree(*a))
+    monkeypatch.setattr(hops, "_elementwise", {})
+
+    def causal_document(ids):
+        def document(b, h, q_idx, kv_idx):
+            return ids[b, q_idx] == ids[b, kv_idx]
+
+        def causal(b, h, q_idx, kv_idx):
+            return q_idx >= kv_idx
+
+        return and_masks(causal, document)
+
+    first, second = _document_ids([300, 500, 224], 2), _document_ids([100, 700, 224], 2)
+    _assert_same_block_mask(causal_document(first), 2, None, 1024, 1024)
+    assert sorted(checks) == [0, 896]  # the first and last query blocks
+    _assert_same_block_mask(causal_document(second), 2, None, 1024, 1024)
+    assert len(checks) == 2
+
+    def shifted_causal(b, h, q_idx, kv_idx):
+        return q_idx - q_idx.min() + 300 >= kv_idx
+
+    _assert_same_block_mask(shifted_causal, 2, None, 1024, 1024)
+    assert len(checks) > 2
+
+
+def test_mask_forms_tell_code_captured_values_and_tensor_kinds_apart() -> None:
+    def make(limit, ids):
+        def mod(b, h, q_idx, kv_idx):
+            return (q_idx - kv_idx < limit) & (ids[b, q_idx] >= 0)
+
+        return mod
+
+    ids = torch.zeros(2, 8, dtype=torch.int64)
+    assert hops._mask_form(make(4, ids)) == hops._mask_form(make(4, ids + 1))  # data alone differs
+    assert hops._mask_form(make(4, ids)) != hops._mask_form(make(5, ids))
+    assert hops._mask_form(make(4, ids)) != hops._mask_form(make(4, ids.int()))
+    assert hops._mask_form(make(4, ids)) != hops._mask_form(make(4, ids[0]))
+
+    class Window:
+        def __call__(self, b, h, q_idx, kv_idx):
+            return q_idx >= kv_idx
+
+    assert hops._mask_form(Window()) is None  # an object's state is not known: checked every time
