@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from phantora.net import Network, cluster_from_toml, load_cluster
+from phantora.net import cluster_from_toml, load_cluster
 from phantora.net.topology import Topology
 
 from .conftest import SMALL_TOML
-from .test_rollback import scenarios
+from .test_rollback import arrived, scenarios
 
 ADAPTIVE = SMALL_TOML.replace('routing = "ecmp"', 'routing = "adaptive"')
 SLOW_PCIE = ADAPTIVE.replace('bandwidth = "64 GB/s"', 'bandwidth = "32 GB/s"')  # PCIe tighter than a 50 GB/s NIC
@@ -36,12 +36,7 @@ def _full_constraints(self):
 def _run(cluster, items, order, queries):
     """Ends (after arrivals in `order`, with finish_time questions that make the network
     simulate ahead and roll back) and the link loads over the whole run."""
-    net = Network(cluster)
-    handle = {}
-    for step, i in enumerate(order):
-        handle[i] = net.submit(*items[i])
-        for j in queries[step]:
-            net.finish_time(handle[order[j]])
+    net, handle = arrived(cluster, items, order, queries)
     ends = [net.finish_time(handle[i]) for i in range(len(items))]
     last = max(e for e in ends if e is not None) + 1
     return ends, net.link_utilization(0, last)

@@ -34,6 +34,18 @@ def scenarios(draw):
     return items, order, queries
 
 
+def arrived(cluster, items, order, queries) -> tuple[Network, dict[int, int]]:
+    """A network given the collectives in `order`, asked after each arrival for the ends in
+    `queries` (so it simulates ahead, and later arrivals roll it back); and each item's handle."""
+    net = Network(cluster)
+    handle = {}
+    for step, i in enumerate(order):
+        handle[i] = net.submit(*items[i])
+        for j in queries[step]:
+            net.finish_time(handle[order[j]])
+    return net, handle
+
+
 def from_scratch(cluster, items, config=None):
     net = Network(cluster, config)
     handles = [net.submit(spec, start) for spec, start in items]

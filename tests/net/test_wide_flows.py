@@ -12,10 +12,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phantora.net import Network, fluid
+from phantora.net import fluid
 from phantora.net.fluid import Flow, WideIndex
 
-from .test_rollback import from_scratch, scenarios
+from .test_rollback import arrived, from_scratch, scenarios
 
 # 0: every flow is wide; 3: those of more than 3 links (most inter-node ones) are
 WIDE_FROM = st.sampled_from([0, 3])
@@ -27,12 +27,7 @@ def test_wide_flows_give_the_times_of_the_per_link_index_in_any_arrival_order(sm
     items, order, queries = case
     expected = from_scratch(small_cluster, items)  # every flow narrow
     with mock.patch.object(fluid, "_MANY_LINKS", many):
-        net = Network(small_cluster)
-        handle = {}
-        for step, i in enumerate(order):
-            handle[i] = net.submit(*items[i])
-            for j in queries[step]:
-                net.finish_time(handle[order[j]])
+        net, handle = arrived(small_cluster, items, order, queries)
         assert [net.finish_time(handle[i]) for i in range(len(items))] == expected
 
 
