@@ -424,9 +424,9 @@ _FORMS_KEPT = 64
 
 def _mask_form(value: Any, depth: int = 0) -> Any:
     """How a mask_mod computes, apart from the values of the tensors it reads: its code and,
-    recursively, what it captured (functions by their form, tensors by dtype and dimensions,
-    plain values and the plain module-level names its code reads as they are, containers item by
-    item); None when it captured anything else."""
+    recursively, what it captured (_captures: functions by their form, tensors by dtype and
+    dimensions, plain values as they are, containers item by item); None when it captured
+    anything else, or is a callable object or a method of one (whose state is not seen here)."""
     if depth > 16:
         return None
     if isinstance(value, torch.Tensor):
@@ -436,21 +436,17 @@ def _mask_form(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (tuple, list)):
         items = tuple(_mask_form(v, depth + 1) for v in value)
         return None if any(i is None and v is not None for i, v in zip(items, value)) else (type(value), items)
-    fn = getattr(value, "__func__", value)
-    code = getattr(fn, "__code__", None)
-    if code is None or fn is not value and not isinstance(getattr(value, "__self__", None), _PLAIN):
-        return None  # not a plain function (a callable object, or a method of one)
-    try:
-        captured = [c.cell_contents for c in (fn.__closure__ or ())] + list(fn.__defaults__ or ())
-    except ValueError:  # an empty closure cell
+    if getattr(value, "__func__", value) is not value and not isinstance(getattr(value, "__self__", None), _PLAIN):
         return None
-    fn_globals = getattr(fn, "__globals__", {})
-    names = tuple((name, fn_globals[name]) for name in code.co_names
-                  if isinstance(fn_globals.get(name), _PLAIN) and fn_globals.get(name) is not None)
-    parts = tuple(_mask_form(v, depth + 1) for v in captured)
-    if any(p is None and v is not None for p, v in zip(parts, captured)):
+    found = _captures(value)
+    if found is None:
         return None
-    form = (code, parts, names)
+    code, captured, named = found
+    values = captured + [v for _, v in named]
+    parts = tuple(_mask_form(v, depth + 1) for v in values)
+    if any(p is None and v is not None for p, v in zip(parts, values)):
+        return None
+    form = (code, parts, tuple(name for name, _ in named))
     try:
         hash(form)
     except TypeError:
@@ -505,10 +501,10 @@ _REAL_MASKS_KEPT = 16
 _PLAIN = (int, float, bool, str, type(None))
 
 
-def _mask_key(mask_mod: Any, call: tuple) -> tuple | None:
-    """What a mask_mod's values depend on, when that is its code, the plain values it captured
-    (closure cells, defaults, the module-level names it reads) and the call's arguments; None
-    when it reads anything else (a tensor, an object), which could change between calls."""
+def _captures(mask_mod: Any) -> tuple[Any, list[Any], list[tuple[str, Any]]] | None:
+    """A mask_mod's code, the values it captured (closure cells, then defaults) and the
+    module-level names its code reads with their values (modules, functions and attribute names
+    left out); None when it has no code or an empty closure cell."""
     fn = getattr(mask_mod, "__func__", mask_mod)
     code = getattr(fn, "__code__", None)
     if code is None:
@@ -518,16 +514,29 @@ def _mask_key(mask_mod: Any, call: tuple) -> tuple | None:
     except ValueError:  # an empty closure cell
         return None
     fn_globals = getattr(fn, "__globals__", {})
+    named = []
     for name in code.co_names:
         value = fn_globals.get(name)
         is_code = isinstance(value, type(sys)) or callable(value) and not isinstance(value, torch.Tensor)
         if value is None or is_code:
             continue  # a module, a function, or an attribute name
-        captured.append((name, value))
-    if not all(isinstance(v[1] if isinstance(v, tuple) else v, _PLAIN) for v in captured):
+        named.append((name, value))
+    return code, captured, named
+
+
+def _mask_key(mask_mod: Any, call: tuple) -> tuple | None:
+    """What a mask_mod's values depend on, when that is its code, the plain values it captured
+    (closure cells, defaults, the module-level names it reads: _captures) and the call's
+    arguments; None when it reads anything else (a tensor, an object), which could change
+    between calls."""
+    found = _captures(mask_mod)
+    if found is None:
+        return None
+    code, captured, named = found
+    if not all(isinstance(v, _PLAIN) for v in captured + [v for _, v in named]):
         return None
     try:
-        key = (code, tuple(captured), call)
+        key = (code, tuple(captured), tuple(named), call)
         hash(key)
     except TypeError:
         return None
