@@ -74,8 +74,8 @@ class _RoutedGroup:
     fraction: float
     fixed_bytes: int | None
     members: tuple  # (src, dst, payload, salt), for FlowRecords
+    loads: tuple[np.ndarray, np.ndarray]  # every real link and its load per byte (link_utilization)
     link_list: list[int] = field(default_factory=list)  # links.tolist(), once for every flow made from it
-    loads: tuple[np.ndarray, np.ndarray] | None = None  # every real link and its load per byte (link_utilization)
 
 
 @dataclass

@@ -146,15 +146,13 @@ class Topology:
                 for start in (self.agg_up0, self.agg_down0):
                     as_one(start, self.pods, self.aggs * self.cores_per_agg)
         G, K = self.gpus_per_node, self.nics
-        if self.nvswitch and G == K:  # nic_of_local is the identity: GPU g's rail is NIC g
+        if self.nvswitch and G == K:  # nic_of_local is the identity: GPU g's NIC is NIC g of the cluster
             gpus = np.arange(self.num_gpus)
-            nic = (gpus // G) * K + gpus % G
-            for pcie, nic_link in ((self.pcie_up0 + gpus, self.nic_tx0 + nic),
-                                   (self.pcie_down0 + gpus, self.nic_rx0 + nic)):
-                a, b = self.capacity[pcie], self.capacity[nic_link]
-                scale[pcie[a >= b * (1 + 1e-9)]] = 0.0  # the NIC fills first (or they are equal)
-                scale[pcie[a == b]] = 0.0
-                scale[nic_link[b >= a * (1 + 1e-9)]] = 0.0
+            for pcie, nic in ((self.pcie_up0 + gpus, self.nic_tx0 + gpus),
+                              (self.pcie_down0 + gpus, self.nic_rx0 + gpus)):
+                a, b = self.capacity[pcie], self.capacity[nic]
+                scale[pcie[(a >= b * (1 + 1e-9)) | (a == b)]] = 0.0  # the NIC fills first, or with it
+                scale[nic[b >= a * (1 + 1e-9)]] = 0.0
         return scale, capacity
 
     def _block(self, kind: str, shape: tuple[int, ...], names: tuple[str, ...],
