@@ -4,9 +4,8 @@
     python benchmarks/net_replay.py replay LOG [--profile] [--check OTHER_LOG_RESULTS]
 
 `record` runs `phantora trace` in this process with phantora.net.Network replaced by a subclass
-that appends every call of the engine's interface (submit_many, finish_time, provisional_end,
-prune, advance_horizon, run_before, collective_info, take_corrections, take_rollbacks) and its
-answer to LOG (a pickle stream). `replay` feeds the same calls, in the same order, to a fresh
+that appends every call of the engine's interface (CALLS: submit_many, finish_time,
+provisional_end, end_by, known_end, prune, ..., settle) and its answer to LOG (a pickle stream). `replay` feeds the same calls, in the same order, to a fresh
 Network on the same cluster and compares every answer with the recorded one: the network's cost
 of a large run (a 1,024-GPU pipeline spends nearly all its wall time there, docs/scale.md) can
 then be measured and profiled in seconds, and a faster network checked to answer exactly as the
@@ -27,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-CALLS = ("submit_many", "finish_time", "provisional_end", "prune", "advance_horizon", "run_before",
-         "collective_info", "take_corrections", "take_rollbacks", "link_utilization")
+CALLS = ("submit_many", "finish_time", "provisional_end", "end_by", "known_end", "prune", "advance_horizon",
+         "run_before", "collective_info", "take_corrections", "take_rollbacks", "settle", "link_utilization")
 
 
 def _recording_network(log):
