@@ -862,6 +862,9 @@ def _read_owed_values_before_leaving() -> None:
 
     def excepthook(kind: Any, value: BaseException, tb: Any) -> None:
         failing.append(value)
+        # a store host that fails must not wait at its goodbye for the others: its exit is what
+        # makes the launcher stop them, as torchrun's agent does (phantora/simulator/server.py)
+        _rt.client.exit_info["failed"] = True
         stock_hook(kind, value, tb)
 
     sys.excepthook = excepthook

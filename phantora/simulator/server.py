@@ -137,6 +137,7 @@ class SimulatorServer:
         # answered once every other rank process is done, as torchrun's agent keeps its store
         # until the workers exit: ranks run at their own wall speed here, and one still using the
         # store (phantora carries values through it) failed with "Broken pipe" when rank 0 left.
+        # A host leaving on an uncaught exception is not held: its failure stops the others.
         self._store_host: tuple[Connection, int] | None = None
 
     def _heard_from(self, rank: int) -> float:
@@ -502,8 +503,8 @@ class SimulatorServer:
             conn.said_bye = True
             self.engine.finish_rank(conn.rank)
             self._abandoned(conn.rank)
-            if isinstance(call[2], dict) and call[2].get("hosts_store") and not self.stopping \
-                    and self._others_running(conn):
+            if isinstance(call[2], dict) and call[2].get("hosts_store") and not call[2].get("failed") \
+                    and not self.stopping and self._others_running(conn):
                 self._store_host = (conn, call[0])
                 return _PARKED
             self._release_store_host()

@@ -141,11 +141,16 @@ def test_a_rank_that_raises_ends_all_ranks_with_a_valid_trace(tmp_path):
 
 
 def test_a_rank_that_never_joins_times_out_naming_it(tmp_path):
+    """Rank 0 hosts the job's c10d store (phantora starts the workers, no agent), so its goodbye
+    waits for the other ranks, except when it leaves on an exception: then its exit stops rank 1,
+    as torchrun's agent stops the workers, where rank 1 went on to its 120 s wait's end."""
     proc, out = trace_script(tmp_path, str(SCRIPTS / "dist_missing_rank.py"),
                              options=("--nproc-per-node", "2", "--collective-timeout", "3"))
     assert proc.returncode == 1
     assert "waiting for rank(s) [1] to join all_reduce(4,000 bytes" in proc.stderr
     assert "dist_missing_rank.py:14" in proc.stderr
+    assert "1 other rank(s) stopped because of it: ranks [1]" in proc.stderr, proc.stderr[-3000:]
+    assert "unreachable" not in proc.stdout
     assert check_chrome_trace(out).ok
 
 
