@@ -1,7 +1,7 @@
 """Simulated GPUs far beyond the processes run: representative ranks (`--ranks auto`), issue 17.
 
-    python benchmarks/bench_scale.py [--gpus 8,64,128,1024,4096] [--titan 256,1024] [--moe 1024]
-                                     [--megatron-moe 64,1024] [--only fsdp|titan|megatron|megatron-moe|moe]
+    python benchmarks/bench_scale.py [--gpus 8,64,128,1024,4096] [--titan 256,1024] [--moe 1024] [--moe-pp 1024]
+                                     [--megatron-moe 64,1024] [--only fsdp|titan|megatron|megatron-moe|moe|moe-pp]
     python benchmarks/bench_scale.py --equivalence [--equivalence-gpus 8,16,32,64]
 
 Rows:
@@ -9,7 +9,9 @@ Rows:
   batch 1 x 8192; tests/e2e/scripts/fsdp2_llama_memory.py, plain PyTorch) on 8-GPU DGX H100
   nodes: one process stands for every rank.
 - TorchTitan 0.3.0 DeepSeek-V3 671B (MoE) with expert parallelism 64 over FSDP on every GPU, local
-  batch 1 x 4096, full activation checkpointing: two processes (rank 0 and a witness).
+  batch 1 x 4096, full activation checkpointing: two processes (rank 0 and a witness). With PP 8
+  (Interleaved1F1B, local batch 8 in microbatches of 1, the same global batch): one process per stage
+  and a witness of the last.
 - Megatron-Core MoE, OLMoE-1B-7B's shape (64 experts, top-8), EP 8 x DP, through the Megatron-Core
   stand-in (tests/frameworks/megatron/pretrain_gpt.py, alltoall dispatcher): two processes.
 - TorchTitan 0.3.0 Llama 3 8B with TP 8 x PP 4 x FSDP (local batch 8, seq 8192, its default
@@ -62,8 +64,14 @@ class PeakPss(threading.Thread):
         self.pid, self.peak_kib, self.stop = pid, 0, threading.Event()
 
     def run(self) -> None:
-        while not self.stop.wait(0.5):
+        # Reading smaps_rollup walks a process's page tables: with ten 5 GB rank processes a
+        # sample took ~0.1 s of CPU, and sampling every 0.5 s took a fifth of one of the two
+        # cores the measured run shares. The wait grows with the sample, keeping it near 5%.
+        wait = 0.5
+        while not self.stop.wait(wait):
+            started = time.thread_time()
             self.peak_kib = max(self.peak_kib, sum(pss_kib(p) for p in [self.pid, *descendants(self.pid)]))
+            wait = max(0.5, 20 * (time.thread_time() - started))
 
 
 @dataclass
@@ -143,6 +151,10 @@ TITAN_8B = ["--module", "llama3", "--config", "llama3_8b", "--parallelism.tensor
 # activation checkpointing (NVIDIA's DGX Cloud recipe's layout, docs/moe.md), H100s.
 TITAN_671B_MOE = ["--module", "deepseek_v3", "--config", "deepseek_v3_671b", "--parallelism.expert_parallel_degree",
                   "64", "--training.local_batch_size", "1", "--training.seq_len", "4096"]
+# The same with pipeline parallelism 8 (TorchTitan's Interleaved1F1B, 2 stages a rank) and local batch 8 (8
+# microbatches of 1 x 4096): a data-parallel group is 8x smaller, so the global batch is the EP x FSDP row's.
+TITAN_671B_MOE_PP = [*TITAN_671B_MOE[:-4], "--training.local_batch_size", "8", "--training.seq_len", "4096",
+                     "--parallelism.pipeline_parallel_degree", "8"]
 
 
 def titan_row(gpus: int, tmp: Path, python: str, name: str = "TorchTitan 8B TP8 x PP4 x FSDP",
@@ -252,8 +264,9 @@ def main() -> None:
     ap.add_argument("--titan", default="256,1024", help="GPU counts of the TorchTitan TP x PP x FSDP rows")
     ap.add_argument("--megatron", default="64,256,1024", help="GPU counts of the Megatron-Core TP x PP x DP rows")
     ap.add_argument("--moe", default="1024", help="GPU counts of the TorchTitan DeepSeek-V3 671B EP x FSDP rows")
+    ap.add_argument("--moe-pp", default="1024", help="GPU counts of the TorchTitan DeepSeek-V3 671B EP x FSDP x PP 8 rows")
     ap.add_argument("--megatron-moe", default="64,1024", help="GPU counts of the Megatron-Core MoE EP x DP rows")
-    ap.add_argument("--only", choices=("fsdp", "titan", "megatron", "megatron-moe", "moe"), default=None)
+    ap.add_argument("--only", choices=("fsdp", "titan", "megatron", "megatron-moe", "moe", "moe-pp"), default=None)
     ap.add_argument("--equivalence", action="store_true", help="compare --ranks auto with --ranks all instead")
     ap.add_argument("--equivalence-gpus", default="8,16,32,64")
     ap.add_argument("--examples", default=",".join(EXAMPLES), help="which examples --equivalence runs")
@@ -287,6 +300,10 @@ def main() -> None:
                 rows += [(lambda g, t, p=python: titan_row(g, t, p, "TorchTitan 671B MoE EP64 x FSDP", TITAN_671B_MOE,
                                                                      ("activation-checkpoint:full",)),
                           int(g)) for g in args.moe.split(",") if g]
+            if args.only in (None, "moe-pp"):
+                rows += [(lambda g, t, p=python: titan_row(g, t, p, "TorchTitan 671B MoE EP64 x FSDP x PP8",
+                                                           TITAN_671B_MOE_PP, ("activation-checkpoint:full",)),
+                          int(g)) for g in args.moe_pp.split(",") if g]
         for make, gpus in rows:
             try:
                 name, gpus, one, two, step_ms = make(gpus, tmp)
