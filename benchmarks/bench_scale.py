@@ -65,7 +65,7 @@ class PeakPss(threading.Thread):
 
     def run(self) -> None:
         # Reading smaps_rollup walks a process's page tables: with ten 5 GB rank processes a
-        # sample took ~0.1 s of CPU, and sampling every 0.5 s took a fifth of one of the two
+        # sample took 0.185 s of CPU, and sampling every 0.5 s took a fifth of one of the two
         # cores the measured run shares. The wait grows with the sample, keeping it near 5%.
         wait = 0.5
         while not self.stop.wait(wait):
@@ -149,12 +149,12 @@ TITAN_8B = ["--module", "llama3", "--config", "llama3_8b", "--parallelism.tensor
 # DeepSeek-V3 671B (61 layers, 58 of them MoE: 256 routed experts, top-8, and one shared) with
 # expert parallelism 64 over FSDP across every GPU, TorchTitan's all-to-all dispatcher, full
 # activation checkpointing (NVIDIA's DGX Cloud recipe's layout, docs/moe.md), H100s.
-TITAN_671B_MOE = ["--module", "deepseek_v3", "--config", "deepseek_v3_671b", "--parallelism.expert_parallel_degree",
-                  "64", "--training.local_batch_size", "1", "--training.seq_len", "4096"]
+_TITAN_671B = ["--module", "deepseek_v3", "--config", "deepseek_v3_671b", "--parallelism.expert_parallel_degree", "64",
+               "--training.seq_len", "4096"]
+TITAN_671B_MOE = [*_TITAN_671B, "--training.local_batch_size", "1"]
 # The same with pipeline parallelism 8 (TorchTitan's Interleaved1F1B, 2 stages a rank) and local batch 8 (8
 # microbatches of 1 x 4096): a data-parallel group is 8x smaller, so the global batch is the EP x FSDP row's.
-TITAN_671B_MOE_PP = [*TITAN_671B_MOE[:-4], "--training.local_batch_size", "8", "--training.seq_len", "4096",
-                     "--parallelism.pipeline_parallel_degree", "8"]
+TITAN_671B_MOE_PP = [*_TITAN_671B, "--training.local_batch_size", "8", "--parallelism.pipeline_parallel_degree", "8"]
 
 
 def titan_row(gpus: int, tmp: Path, python: str, name: str = "TorchTitan 8B TP8 x PP4 x FSDP",
